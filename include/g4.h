@@ -1,0 +1,75 @@
+/* g4: an inference engine for Gemma 4 QAT checkpoints with static int8 activations.
+ *
+ * Load a checkpoint folder (config.json + model.safetensors in the Hugging Face
+ * "gemma-4-*-qat-mobile-transformers" format), open a session (run state + KV cache), feed
+ * token ids, read logits. Every function that can fail returns NULL or a negative value and
+ * leaves a one-line message in g4_last_error(). */
+#ifndef G4_H
+#define G4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define G4_VERSION "0.1.0"
+
+typedef struct g4_model g4_model;
+typedef struct g4_session g4_session;
+
+/* How activations are treated at the linear boundaries (spec: activation-quant.md). */
+typedef enum {
+    G4_ACT_FLOAT = 0, /* activation scales ignored: the defective fp baseline */
+    G4_ACT_FAKE = 1,  /* s * clamp(round(x / s), -128, 127) in float at every enabled point */
+    G4_ACT_INT = 2,   /* true int8 x intN -> int32 -> requantized linears */
+} g4_act_mode;
+
+typedef struct {
+    g4_act_mode act;
+    int linear_quant;  /* points A1-A4, A7-A17 */
+    int kv_quant;      /* points A5-A6: int8 K/V storage with k/v_cache_scale */
+    int pmp_quant;     /* points G1-G2: per_layer_model_projection input/output */
+    int pmp_out_raw;   /* G2 placement: 0 = after x H^-1/2 ("scaled"), 1 = before ("raw") */
+    float pmp_s_in, pmp_s_out;
+    int ctx;           /* KV-cache length in tokens */
+} g4_options;
+
+/* Defaults of the spec's "litert" profile in `fake` mode, context 4096. */
+void g4_options_default(g4_options *o);
+
+const char *g4_last_error(void);
+
+g4_model *g4_model_load(const char *dir);
+void g4_model_free(g4_model *m);
+int g4_model_vocab_size(const g4_model *m);
+/* Stop ids from generation_config.json / config.json (eos). */
+int g4_model_stop_ids(const g4_model *m, const int **ids);
+int g4_model_bos_id(const g4_model *m);
+/* Writes a human-readable description (layers, linears, totals) to `out` (a FILE*). */
+void g4_model_describe(const g4_model *m, void *out);
+
+/* Observes intermediate tensors during a forward pass (for debugging and golden comparison).
+ * name: "inputs_embeds", "per_layer_inputs_token", "per_layer_inputs", "k_layer<L>",
+ * "v_layer<L>", "hidden_after_layer<L>", "final_norm", "logits". The data are rows
+ * [pos0, pos0 + n), each of shape row_shape[0..row_ndim) (e.g. {n_layers, ple_dim}). */
+typedef void (*g4_trace_fn)(void *user, const char *name, int pos0, int n, int row_ndim, const int *row_shape,
+                            const float *data);
+
+g4_session *g4_session_new(const g4_model *m, const g4_options *o);
+void g4_session_free(g4_session *s);
+void g4_session_reset(g4_session *s);
+int g4_session_pos(const g4_session *s);
+void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
+/* Feeds n tokens at the current position. logits: NULL, or room for vocab floats (the last
+ * token's logits) or n * vocab floats when all_logits is set. */
+int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
+
+/* Index of the largest logit (the first one on ties). */
+int g4_argmax(const float *logits, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

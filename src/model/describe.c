@@ -1,0 +1,78 @@
+/* `g4 inspect`: the model as loaded, with sizes and the bytes a decoded token touches. */
+#include <stdio.h>
+#include <string.h>
+
+#include "model.h"
+
+/* Bytes of a linear as stored: packed weight + f32 row scales + two f32 activation scales. */
+static size_t linear_bytes(const g4_linear *L) {
+    if (L->w.bits == 16) return (size_t)L->w.out * L->w.row_bytes;
+    return (size_t)L->w.out * L->w.row_bytes + (size_t)L->w.out * 4 + 8;
+}
+
+static double linear_params(const g4_linear *L) { return (double)L->w.in * L->w.out; }
+
+static void print_linear(FILE *f, const g4_linear *L, const char *short_name) {
+    fprintf(f, "    %-22s %2d-bit %6d -> %-6d %11zu B  act scales: in %s, out %s\n", short_name, L->w.bits, L->w.in,
+            L->w.out, linear_bytes(L), L->s_in != 0 ? "on " : "off", L->s_out != 0 ? "on " : "off");
+}
+
+void g4_model_describe(const g4_model *m, void *out) {
+    FILE *f = out;
+    const g4_config *c = &m->cfg;
+    int H = c->hidden, P = c->ple_dim;
+    fprintf(f, "model: %s\n", m->dir);
+    fprintf(f, "files: %d safetensors file(s), %d tensors\n", m->st.n_files, m->st.n_tensors);
+    fprintf(f, "text decoder: hidden %d, %d layers, %d heads, vocab %d, PLE %d per layer, sliding window %d, "
+               "%d KV-shared layers, final softcap %g\n",
+            H, c->n_layers, c->n_heads, c->vocab, P, c->sliding_window, c->n_kv_shared, c->final_softcap);
+    double params = 0;
+    size_t per_token = 0, kv_f32 = 0;
+    fprintf(f, "layers:\n");
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *L = &m->layers[l];
+        int producer = L->kv_source == l;
+        fprintf(f, "  layer %2d: %-7s head_dim %3d  KV %s %2d  MLP %5d (%d-bit)  layer_scalar %g\n", l,
+                L->type == G4_LAYER_FULL ? "full" : "sliding", L->head_dim, producer ? "own   " : "from  ", L->kv_source,
+                L->mlp_dim, L->gate.w.bits, L->layer_scalar);
+        const g4_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->pl_gate, &L->pl_proj};
+        const char *names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "per_layer_input_gate",
+                               "per_layer_projection"};
+        for (int i = 0; i < 9; i++) {
+            if (!producer && (i == 1 || i == 2)) continue;
+            print_linear(f, lins[i], names[i]);
+            params += linear_params(lins[i]);
+            per_token += linear_bytes(lins[i]);
+        }
+        params += 5.0 * H + L->head_dim * (producer ? 2 : 1) + 1;
+        per_token += (5 * (size_t)H + (size_t)L->head_dim * (producer ? 2 : 1)) * 2 + 2;
+        if (producer) kv_f32 += 2 * (size_t)L->n_kv_heads * L->head_dim * 4;
+    }
+    fprintf(f, "global:\n");
+    fprintf(f, "    %-22s %2d-bit %6d x %-6d (gathered: one row per token)\n", "embed_tokens", m->embed.bits, m->embed.rows,
+            m->embed.cols);
+    fprintf(f, "    %-22s %2d-bit %6d x %-6d (gathered: one row per token, %d scale blocks)\n", "embed_tokens_per_layer",
+            m->embed_ple.bits, m->embed_ple.rows, m->embed_ple.cols, m->embed_ple.nblocks);
+    print_linear(f, &m->pmp, "per_layer_model_proj");
+    print_linear(f, &m->lm_head, "lm_head");
+    params += (double)m->embed.rows * m->embed.cols + (double)m->embed_ple.rows * m->embed_ple.cols;
+    params += linear_params(&m->pmp) + P + H;
+    if (m->lm_head.w.w != m->embed.codes) params += linear_params(&m->lm_head);
+    per_token += linear_bytes(&m->pmp) + linear_bytes(&m->lm_head) + (size_t)(P + H) * 2;
+    per_token += m->embed.row_bytes + (size_t)m->embed.nblocks * 4 + m->embed_ple.row_bytes + (size_t)m->embed_ple.nblocks * 4;
+    size_t disk = 0, text = 0;
+    for (int i = 0; i < m->st.n_files; i++) disk += m->st.maps[i].size;
+    for (int i = 0; i < m->st.n_tensors; i++) {
+        const char *n = m->st.tensors[i].name;
+        if (!strncmp(n, m->prefix, strlen(m->prefix)) || !strncmp(n, "lm_head.", 8)) text += m->st.tensors[i].nbytes;
+    }
+    fprintf(f, "totals:\n");
+    fprintf(f, "  parameters (text decoder, live): %.0f (%.2f M)\n", params, params / 1e6);
+    fprintf(f, "  bytes on disk: %zu (text tensors %zu)\n", disk, text);
+    fprintf(f, "  bytes touched per decoded token: %zu (%.2f MB), plus the KV cache\n", per_token, per_token / 1e6);
+    fprintf(f, "  KV cache per token: %zu B as f32\n", kv_f32);
+    fprintf(f, "  stop ids:");
+    for (int i = 0; i < c->n_stop_ids; i++) fprintf(f, " %d", c->stop_ids[i]);
+    fprintf(f, "\n");
+}

@@ -1,0 +1,349 @@
+/* Weight binding: derives every tensor the text decoder needs from config.json, checks its
+ * dtype, shape and bit width against the file, and binds it (checkpoint.md §5-§10). */
+#define _POSIX_C_SOURCE 200809L
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/pack.h"
+#include "util/err.h"
+
+static void *own(g4_model *m, size_t bytes) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 256;
+        void **p = realloc(m->owned, sizeof *p * (size_t)cap);
+        if (!p) return NULL;
+        m->owned = p;
+        m->cap_owned = cap;
+    }
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (p) m->owned[m->n_owned++] = p;
+    return p;
+}
+
+static const g4_tensor *find(const g4_model *m, const char *name) {
+    const g4_tensor *t = g4_st_find(&m->st, name);
+    if (!t) g4_fail("%s: tensor %s missing from the checkpoint", m->dir, name);
+    return t;
+}
+
+static int shape_is(const g4_tensor *t, int ndim, int64_t d0, int64_t d1) {
+    if (t->ndim != ndim) return 0;
+    return (ndim < 1 || t->shape[0] == d0) && (ndim < 2 || t->shape[1] == d1);
+}
+
+static int wrong(const g4_model *m, const g4_tensor *t, const char *expected) {
+    char sh[96];
+    return g4_fail("%s: tensor %s: expected %s, found %s %s", g4_st_path(&m->st, t), t->name, expected,
+                   g4_dtype_name(t->dtype), g4_shape_str(t, sh, sizeof sh));
+}
+
+static int is_float_dtype(g4_dtype dt) { return dt == G4_DT_F32 || dt == G4_DT_BF16 || dt == G4_DT_F16; }
+
+/* A float vector (norm weight) of n elements, copied to f32. */
+static float *load_vector(g4_model *m, const char *name, int n) {
+    const g4_tensor *t = find(m, name);
+    if (!t) return NULL;
+    if (!is_float_dtype(t->dtype) || !shape_is(t, 1, n, 0)) {
+        char want[64];
+        snprintf(want, sizeof want, "BF16 [%d]", n);
+        wrong(m, t, want);
+        return NULL;
+    }
+    float *v = own(m, sizeof *v * (size_t)n);
+    if (!v) {
+        g4_fail("%s: out of memory", name);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) v[i] = g4_tensor_float(t, i);
+    return v;
+}
+
+/* A scalar stored as shape [] or [1]. */
+static int load_scalar(g4_model *m, const char *name, float *out) {
+    const g4_tensor *t = find(m, name);
+    if (!t) return -1;
+    if (!is_float_dtype(t->dtype) || t->numel != 1 || t->ndim > 1) return wrong(m, t, "a float scalar (shape [] or [1])");
+    *out = g4_tensor_float(t, 0);
+    if (!isfinite(*out)) return g4_fail("%s: tensor %s: value is not finite", g4_st_path(&m->st, t), name);
+    return 0;
+}
+
+static int load_activation_scale(g4_model *m, const char *name, float *out) {
+    if (load_scalar(m, name, out) != 0) return -1;
+    if (*out < 0) return g4_fail("%s: tensor %s: activation scale %g is negative", m->dir, name, *out);
+    return 0;
+}
+
+static int check_bits(const g4_model *m, const char *module, int bits) {
+    if (bits != 2 && bits != 4 && bits != 8)
+        return g4_fail("%s/config.json: quantization_config gives %s %d bits (g4 supports 2, 4 and 8)", m->dir, module, bits);
+    return 0;
+}
+
+/* Packed codes [rows, ceil(cols * bits / 8)]: U8 for 2/4 bits, I8 for 8 bits. */
+static int check_packed(const g4_model *m, const g4_tensor *t, int bits, int64_t rows, int64_t cols) {
+    int64_t packed = (int64_t)g4_packed_row_bytes(bits, (size_t)cols);
+    g4_dtype want_dt = bits == 8 ? G4_DT_I8 : G4_DT_U8;
+    if (t->dtype != want_dt || !shape_is(t, 2, rows, packed)) {
+        char want[128];
+        snprintf(want, sizeof want, "%s [%lld, %lld] (%lld inputs at %d bits)", g4_dtype_name(want_dt), (long long)rows,
+                 (long long)packed, (long long)cols, bits);
+        return wrong(m, t, want);
+    }
+    return 0;
+}
+
+/* Positive, finite f32 scales [rows, nblocks], copied out (or only checked when copy is NULL). */
+static int check_scales(const g4_model *m, const g4_tensor *t, int64_t rows, int64_t nblocks, float *copy) {
+    if (t->dtype != G4_DT_F32 || !shape_is(t, 2, rows, nblocks)) {
+        char want[64];
+        snprintf(want, sizeof want, "F32 [%lld, %lld]", (long long)rows, (long long)nblocks);
+        return wrong(m, t, want);
+    }
+    for (int64_t i = 0; i < t->numel; i++) {
+        float s = g4_load_f32(t->data + 4 * i);
+        if (!(s > 0) || !isfinite(s))
+            return g4_fail("%s: tensor %s: scale %g at element %lld is not positive and finite", g4_st_path(&m->st, t),
+                           t->name, s, (long long)i);
+        if (copy) copy[i] = s;
+    }
+    return 0;
+}
+
+/* Binds the linear `module` ([out, in]); its bit width comes from the quantization config. */
+static int bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, int out) {
+    char name[192];
+    snprintf(lin->name, sizeof lin->name, "%s", module);
+    int bits = g4_config_module_bits(&m->cfg, module);
+    lin->w.in = in;
+    lin->w.out = out;
+    snprintf(name, sizeof name, "%s.weight", module);
+    const g4_tensor *w = find(m, name);
+    if (!w) return -1;
+    if (bits == 0) { /* not converted: a float linear, BF16 on disk */
+        if (w->dtype != G4_DT_BF16 || !shape_is(w, 2, out, in)) {
+            char want[64];
+            snprintf(want, sizeof want, "BF16 [%d, %d]", out, in);
+            return wrong(m, w, want);
+        }
+        lin->w.bits = 16;
+        lin->w.row_bytes = (size_t)in * 2;
+        lin->w.w = w->data;
+        return 0;
+    }
+    if (check_bits(m, module, bits) != 0 || check_packed(m, w, bits, out, in) != 0) return -1;
+    lin->w.bits = bits;
+    lin->w.row_bytes = g4_packed_row_bytes(bits, (size_t)in);
+    lin->w.w = w->data;
+    float *scale = own(m, sizeof *scale * (size_t)out);
+    if (!scale) return g4_fail("%s: out of memory", module);
+    snprintf(name, sizeof name, "%s.weight_scale", module);
+    const g4_tensor *s = find(m, name);
+    if (!s || check_scales(m, s, out, 1, scale) != 0) return -1;
+    lin->w.w_scale = scale;
+    snprintf(name, sizeof name, "%s.input_activation_scale", module);
+    if (load_activation_scale(m, name, &lin->s_in) != 0) return -1;
+    snprintf(name, sizeof name, "%s.output_activation_scale", module);
+    return load_activation_scale(m, name, &lin->s_out);
+}
+
+static int bind_embedding(g4_model *m, g4_qembedding *e, const char *module, int rows, int cols, int want_blocks) {
+    char name[192];
+    int bits = g4_config_module_bits(&m->cfg, module);
+    if (!m->cfg.quant.quantize_embeddings || bits == 0)
+        return g4_fail("%s/config.json: %s is not quantized (quantize_embeddings); g4 needs the quantized embedding", m->dir, module);
+    if (check_bits(m, module, bits) != 0) return -1;
+    snprintf(name, sizeof name, "%s.embedding_quantized", module);
+    const g4_tensor *c = find(m, name);
+    if (!c || check_packed(m, c, bits, rows, cols) != 0) return -1;
+    snprintf(name, sizeof name, "%s.embedding_scale", module);
+    const g4_tensor *s = find(m, name);
+    if (!s) return -1;
+    int nblocks = s->ndim == 2 ? (int)s->shape[1] : 0;
+    if (want_blocks ? nblocks != want_blocks : (nblocks < 1 || cols % nblocks)) {
+        char want[96];
+        snprintf(want, sizeof want, "F32 [%d, k] with k dividing %d", rows, cols);
+        return wrong(m, s, want);
+    }
+    if (check_scales(m, s, rows, nblocks, NULL) != 0) return -1;
+    *e = (g4_qembedding){.bits = bits, .rows = rows, .cols = cols, .nblocks = nblocks,
+                         .row_bytes = g4_packed_row_bytes(bits, (size_t)cols), .codes = c->data, .scale = s};
+    return 0;
+}
+
+/* Consumers read the K/V of the last non-shared layer of their own attention type. */
+static int assign_kv_sources(g4_model *m) {
+    const g4_config *c = &m->cfg;
+    int first_shared = c->n_layers - c->n_kv_shared;
+    for (int l = 0; l < c->n_layers; l++) {
+        g4_layer *L = &m->layers[l];
+        L->kv_source = l;
+        if (l < first_shared) continue;
+        L->kv_source = -1;
+        for (int j = first_shared - 1; j >= 0; j--)
+            if (c->layer_types[j] == c->layer_types[l]) {
+                L->kv_source = j;
+                break;
+            }
+        if (L->kv_source < 0)
+            return g4_fail("%s/config.json: layer %d shares K/V but no earlier layer has its attention type", m->dir, l);
+    }
+    return 0;
+}
+
+/* RoPE frequencies (model.md §4.3): theta^(-2j/d) for the rotated pairs, 0 for the rest;
+ * computed in f32 as transformers does. */
+static float *rope_frequencies(g4_model *m, const g4_rope_config *r, int hd) {
+    int half = hd / 2;
+    int n_rot = r->proportional ? (int)floor(r->partial_rotary_factor * hd / 2) : half;
+    float *f = own(m, sizeof *f * (size_t)half);
+    if (!f) return NULL;
+    for (int j = 0; j < n_rot && j < half; j++)
+        f[j] = 1.0f / powf((float)r->theta, (float)(2 * j) / (float)hd);
+    return f;
+}
+
+static int bind_layer(g4_model *m, int l) {
+    const g4_config *c = &m->cfg;
+    g4_layer *L = &m->layers[l];
+    char mod[160], name[192];
+    int H = c->hidden;
+    L->type = c->layer_types[l];
+    L->head_dim = L->type == G4_LAYER_FULL ? c->global_head_dim : c->head_dim;
+    L->n_kv_heads = L->type == G4_LAYER_FULL ? c->n_global_kv_heads : c->n_kv_heads;
+    int producer = L->kv_source == l, hd = L->head_dim;
+    L->mlp_dim = c->intermediate * (c->double_wide_mlp && !producer ? 2 : 1);
+    const char *p = m->prefix;
+#define MOD(suffix) (snprintf(mod, sizeof mod, "%slayers.%d.%s", p, l, suffix), mod)
+#define NAME(suffix) (snprintf(name, sizeof name, "%slayers.%d.%s", p, l, suffix), name)
+    if (bind_linear(m, &L->q, MOD("self_attn.q_proj"), H, c->n_heads * hd) ||
+        bind_linear(m, &L->o, MOD("self_attn.o_proj"), c->n_heads * hd, H) ||
+        bind_linear(m, &L->gate, MOD("mlp.gate_proj"), H, L->mlp_dim) ||
+        bind_linear(m, &L->up, MOD("mlp.up_proj"), H, L->mlp_dim) ||
+        bind_linear(m, &L->down, MOD("mlp.down_proj"), L->mlp_dim, H) ||
+        bind_linear(m, &L->pl_gate, MOD("per_layer_input_gate"), H, c->ple_dim) ||
+        bind_linear(m, &L->pl_proj, MOD("per_layer_projection"), c->ple_dim, H))
+        return -1;
+    if (!(L->ln_in = load_vector(m, NAME("input_layernorm.weight"), H)) ||
+        !(L->ln_post_attn = load_vector(m, NAME("post_attention_layernorm.weight"), H)) ||
+        !(L->ln_pre_ffw = load_vector(m, NAME("pre_feedforward_layernorm.weight"), H)) ||
+        !(L->ln_post_ffw = load_vector(m, NAME("post_feedforward_layernorm.weight"), H)) ||
+        !(L->ln_post_pli = load_vector(m, NAME("post_per_layer_input_norm.weight"), H)) ||
+        !(L->q_norm = load_vector(m, NAME("self_attn.q_norm.weight"), hd)) || load_scalar(m, NAME("layer_scalar"), &L->layer_scalar))
+        return -1;
+    if (producer) {
+        if (bind_linear(m, &L->k, MOD("self_attn.k_proj"), H, L->n_kv_heads * hd) ||
+            bind_linear(m, &L->v, MOD("self_attn.v_proj"), H, L->n_kv_heads * hd) ||
+            !(L->k_norm = load_vector(m, NAME("self_attn.k_norm.weight"), hd)) ||
+            load_activation_scale(m, NAME("self_attn.k_cache_scale"), &L->k_cache_scale) ||
+            load_activation_scale(m, NAME("self_attn.v_cache_scale"), &L->v_cache_scale))
+            return -1;
+        if (memcmp(&L->q.s_in, &L->k.s_in, 4) || memcmp(&L->q.s_in, &L->v.s_in, 4))
+            g4_warn("%s: layer %d: q/k/v input activation scales differ; each is quantized separately", m->dir, l);
+    }
+    if (memcmp(&L->gate.s_in, &L->up.s_in, 4))
+        g4_warn("%s: layer %d: gate/up input activation scales differ; each is quantized separately", m->dir, l);
+#undef MOD
+#undef NAME
+    if (!(L->inv_freq = rope_frequencies(m, &c->rope[L->type], hd))) return g4_fail("%s: out of memory", m->dir);
+    return 0;
+}
+
+/* The lm_head: its own tensors, or the token embedding when the config ties them. */
+static int bind_lm_head(g4_model *m) {
+    const g4_config *c = &m->cfg;
+    if (g4_st_find(&m->st, "lm_head.weight") || !c->tie_word_embeddings) {
+        if (bind_linear(m, &m->lm_head, "lm_head", c->hidden, c->vocab) != 0) return -1;
+        if (m->lm_head.s_in != 0 || m->lm_head.s_out != 0)
+            g4_warn("%s: lm_head activation scales are not 0 (%g, %g); they will be applied", m->dir, m->lm_head.s_in,
+                    m->lm_head.s_out);
+        return 0;
+    }
+    if (m->embed.nblocks != 1) return g4_fail("%s: tied lm_head needs one embedding scale per row", m->dir);
+    float *scale = own(m, sizeof *scale * (size_t)c->vocab);
+    if (!scale) return g4_fail("%s: out of memory", m->dir);
+    for (int r = 0; r < c->vocab; r++) scale[r] = g4_load_f32(m->embed.scale->data + 4 * (size_t)r);
+    snprintf(m->lm_head.name, sizeof m->lm_head.name, "lm_head (tied to embed_tokens)");
+    m->lm_head.w = (g4_qweight){.bits = m->embed.bits, .in = c->hidden, .out = c->vocab, .row_bytes = m->embed.row_bytes,
+                                .w = m->embed.codes, .w_scale = scale};
+    return 0;
+}
+
+/* For a config with the real E2B's shape, the bit widths must be those of checkpoint.md §4. */
+static void warn_if_not_e2b_bits(const g4_model *m) {
+    const g4_config *c = &m->cfg;
+    if (c->hidden != 1536 || c->n_layers != 35 || c->vocab != 262144) return;
+    int diffs = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *L = &m->layers[l];
+        int mlp = l < 15 ? 4 : 2;
+        diffs += L->q.w.bits != 4 || L->o.w.bits != 4 || L->gate.w.bits != mlp || L->up.w.bits != mlp ||
+                 L->down.w.bits != mlp || L->pl_gate.w.bits != 8 || L->pl_proj.w.bits != 8;
+    }
+    diffs += m->lm_head.w.bits != 2 || m->embed.bits != 2 || m->embed_ple.bits != 4 || m->pmp.w.bits != 16;
+    if (diffs) g4_warn("%s: bit widths differ from the published E2B mobile checkpoint in %d places", m->dir, diffs);
+}
+
+static int bind_all(g4_model *m) {
+    const g4_config *c = &m->cfg;
+    char mod[160], name[192];
+    m->prefix = "model.language_model.";
+    int LP = c->n_layers * c->ple_dim;
+    snprintf(mod, sizeof mod, "%sembed_tokens", m->prefix);
+    if (bind_embedding(m, &m->embed, mod, c->vocab, c->hidden, 0) != 0) return -1;
+    snprintf(mod, sizeof mod, "%sembed_tokens_per_layer", m->prefix);
+    if (bind_embedding(m, &m->embed_ple, mod, c->vocab_ple, LP, 0) != 0) return -1;
+    snprintf(mod, sizeof mod, "%sper_layer_model_projection", m->prefix);
+    if (bind_linear(m, &m->pmp, mod, c->hidden, LP) != 0) return -1;
+    if (m->pmp.w.bits != 16)
+        return g4_fail("%s: %s is expected to stay float (modules_to_not_convert)", m->dir, mod);
+    snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", m->prefix);
+    if (!(m->ple_norm = load_vector(m, name, c->ple_dim))) return -1;
+    snprintf(name, sizeof name, "%snorm.weight", m->prefix);
+    if (!(m->final_norm = load_vector(m, name, c->hidden))) return -1;
+    m->layers = own(m, sizeof *m->layers * (size_t)c->n_layers);
+    if (!m->layers) return g4_fail("%s: out of memory", m->dir);
+    if (assign_kv_sources(m) != 0) return -1;
+    for (int l = 0; l < c->n_layers; l++)
+        if (bind_layer(m, l) != 0) return -1;
+    if (bind_lm_head(m) != 0) return -1;
+    m->embed_scale = (float)sqrt((double)c->hidden);
+    m->ple_embed_scale = (float)sqrt((double)c->ple_dim);
+    warn_if_not_e2b_bits(m);
+    return 0;
+}
+
+g4_model *g4_model_load(const char *dir) {
+    g4_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir))) {
+        free(m);
+        g4_fail("%s: out of memory", dir);
+        return NULL;
+    }
+    if (g4_config_load(&m->cfg, dir) != 0 || g4_st_open_dir(&m->st, dir) != 0 || bind_all(m) != 0) {
+        g4_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void g4_model_free(g4_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    g4_st_close(&m->st);
+    g4_config_free(&m->cfg);
+    free(m->dir);
+    free(m);
+}
+
+int g4_model_vocab_size(const g4_model *m) { return m->cfg.vocab; }
+int g4_model_bos_id(const g4_model *m) { return m->cfg.bos_id; }
+int g4_model_stop_ids(const g4_model *m, const int **ids) {
+    *ids = m->cfg.stop_ids;
+    return m->cfg.n_stop_ids;
+}

@@ -1,0 +1,57 @@
+/* The loaded model: config, memory-mapped checkpoint, and every tensor the text decoder needs
+ * bound to typed views (weights stay packed in the map; norms and scales are copied to f32). */
+#ifndef G4_MODEL_MODEL_H
+#define G4_MODEL_MODEL_H
+
+#include "format/config.h"
+#include "format/safetensors.h"
+#include "g4.h"
+#include "kernels/kernels.h"
+
+typedef struct {
+    char name[128]; /* module name, e.g. model.language_model.layers.3.mlp.gate_proj */
+    g4_qweight w;
+    float s_in, s_out; /* static activation scales; 0 = not quantized */
+} g4_linear;
+
+/* A quantized embedding table [rows, cols] with per-(row, block) scales. */
+typedef struct {
+    int bits, rows, cols, nblocks;
+    size_t row_bytes;
+    const uint8_t *codes;
+    const g4_tensor *scale; /* F32 [rows, nblocks], read row by row from the map */
+} g4_qembedding;
+
+typedef struct {
+    int type;       /* G4_LAYER_SLIDING / G4_LAYER_FULL */
+    int head_dim;
+    int n_kv_heads;
+    int kv_source;  /* layer whose K/V this layer attends to (itself for producers) */
+    int mlp_dim;
+    g4_linear q, k, v, o, gate, up, down, pl_gate, pl_proj; /* k, v unused on consumers */
+    float *ln_in, *ln_post_attn, *ln_pre_ffw, *ln_post_ffw, *ln_post_pli, *q_norm, *k_norm;
+    float layer_scalar;
+    float k_cache_scale, v_cache_scale; /* producers only; 0 = not quantized */
+    float *inv_freq; /* [head_dim / 2] RoPE frequencies (0 = dimension pair not rotated) */
+} g4_layer;
+
+struct g4_model {
+    char *dir;
+    g4_config cfg;
+    g4_safetensors st;
+    const char *prefix; /* "model.language_model." */
+    g4_qembedding embed, embed_ple;
+    g4_linear pmp;       /* per_layer_model_projection (BF16) */
+    float *ple_norm;     /* per_layer_projection_norm [ple_dim] */
+    float *final_norm;   /* norm [hidden] */
+    g4_linear lm_head;
+    g4_layer *layers;
+    void **owned;        /* f32 copies made at load */
+    int n_owned, cap_owned;
+    float embed_scale;   /* f32(sqrt(hidden)) */
+    float ple_embed_scale; /* f32(sqrt(ple_dim)) */
+};
+
+static inline int g4_layer_is_producer(const g4_model *m, int l) { return m->layers[l].kv_source == l; }
+
+#endif

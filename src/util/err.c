@@ -1,0 +1,49 @@
+#include "err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char last_error[1024];
+static int quiet;
+
+int g4_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int g4_fail_prefix(const char *fmt, ...) {
+    char prefix[512], old[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, last_error, sizeof old);
+    size_t n = strlen(prefix);
+    if (n >= sizeof last_error) n = sizeof last_error - 1;
+    memcpy(last_error, prefix, n);
+    size_t rest = strlen(old);
+    if (rest > sizeof last_error - 1 - n) rest = sizeof last_error - 1 - n;
+    memcpy(last_error + n, old, rest);
+    last_error[n + rest] = 0;
+    return -1;
+}
+
+const char *g4_last_error(void) { return last_error[0] ? last_error : "unknown error"; }
+
+void g4_clear_error(void) { last_error[0] = 0; }
+
+void g4_set_quiet(int q) { quiet = q; }
+
+void g4_warn(const char *fmt, ...) {
+    if (quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("g4: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}

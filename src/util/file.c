@@ -1,0 +1,85 @@
+#define _POSIX_C_SOURCE 200809L
+#include "file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "err.h"
+
+int g4_map_file(const char *path, g4_mapped_file *out) {
+    out->data = NULL;
+    out->size = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return g4_fail("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return g4_fail("%s: not a regular file", path);
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return g4_fail("%s: cannot map: %s", path, strerror(errno));
+        }
+        out->data = p;
+        out->size = (size_t)st.st_size;
+    }
+    close(fd);
+    return 0;
+}
+
+void g4_unmap_file(g4_mapped_file *f) {
+    if (f->data) munmap((void *)f->data, f->size);
+    f->data = NULL;
+    f->size = 0;
+}
+
+int g4_read_file(const char *path, char **out, size_t *size) {
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return g4_fail("%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + len, 1, cap - len, fp);
+        len += got;
+        if (len < cap) break;
+        char *bigger = realloc(buf, cap * 2 + 1);
+        if (!bigger) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    int bad = ferror(fp);
+    fclose(fp);
+    if (!buf) return g4_fail("%s: out of memory reading the file", path);
+    if (bad) {
+        free(buf);
+        return g4_fail("%s: read error", path);
+    }
+    buf[len] = 0;
+    *out = buf;
+    if (size) *size = len;
+    return 0;
+}
+
+int g4_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+int g4_path_join(char *buf, size_t cap, const char *dir, const char *name) {
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) return g4_fail("%s/%s: path too long", dir, name);
+    return 0;
+}

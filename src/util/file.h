@@ -1,0 +1,20 @@
+/* Files: read-only memory maps and whole-file reads, with errors that name the path. */
+#ifndef G4_UTIL_FILE_H
+#define G4_UTIL_FILE_H
+
+#include <stddef.h>
+
+typedef struct {
+    const unsigned char *data; /* NULL for an empty file */
+    size_t size;
+} g4_mapped_file;
+
+int g4_map_file(const char *path, g4_mapped_file *out);
+void g4_unmap_file(g4_mapped_file *f);
+/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+int g4_read_file(const char *path, char **out, size_t *size);
+int g4_file_exists(const char *path);
+/* dir + "/" + name into buf; fails if it does not fit. */
+int g4_path_join(char *buf, size_t cap, const char *dir, const char *name);
+
+#endif

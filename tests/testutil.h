@@ -1,0 +1,84 @@
+/* Helpers shared by the tests: fixture paths, golden tensors, tensor comparison, running the
+ * model with every intermediate tensor captured. */
+#ifndef G4_TEST_UTIL_H
+#define G4_TEST_UTIL_H
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "format/safetensors.h"
+#include "g4.h"
+#include "model/capture.h"
+#include "util/file.h"
+
+static inline const char *tiny_dir(void) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/fixtures/tiny-mobile", check_shared_dir());
+    return buf;
+}
+
+static inline cJSON *read_json(const char *path) {
+    char *text;
+    if (g4_read_file(path, &text, NULL) != 0) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(2);
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j) {
+        fprintf(stderr, "%s: not JSON\n", path);
+        exit(2);
+    }
+    return j;
+}
+
+/* Integer list field of a JSON object into a malloc'd int32 array. */
+static inline int32_t *json_ids(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int32_t *ids = malloc(sizeof *ids * (size_t)(*n ? *n : 1));
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
+    return ids;
+}
+
+/* Golden float tensor `name`, as f32 (rows are contiguous). Exits if missing. */
+static inline const float *golden_f32(const g4_safetensors *st, const char *name, int64_t *numel) {
+    const g4_tensor *t = g4_st_find(st, name);
+    if (!t || t->dtype != G4_DT_F32 || ((uintptr_t)t->data & 3)) {
+        fprintf(stderr, "golden tensor %s missing or not aligned F32\n", name);
+        exit(2);
+    }
+    if (numel) *numel = t->numel;
+    return (const float *)(const void *)t->data;
+}
+
+static inline double max_abs_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates as a failure */
+    }
+    return m;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* 99th percentile of |a - b| (numpy's linear interpolation). */
+static inline double p99_abs_diff(const float *a, const float *b, int64_t n) {
+    double *d = malloc(sizeof *d * (size_t)n);
+    for (int64_t i = 0; i < n; i++) d[i] = fabs((double)a[i] - b[i]);
+    qsort(d, (size_t)n, sizeof *d, cmp_double);
+    double pos = 0.99 * (double)(n - 1);
+    int64_t lo = (int64_t)pos;
+    double r = lo + 1 < n ? d[lo] + (d[lo + 1] - d[lo]) * (pos - (double)lo) : d[lo];
+    free(d);
+    return r;
+}
+
+#endif

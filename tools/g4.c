@@ -1,0 +1,315 @@
+/* g4: command-line interface. Every failure prints one line "g4: error: ..." and exits 1. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "g4.h"
+#include "model/capture.h"
+#include "util/err.h"
+#include "util/npy.h"
+
+static int die(const char *fmt, const char *arg) {
+    fprintf(stderr, "g4: error: ");
+    fprintf(stderr, fmt, arg);
+    fputc('\n', stderr);
+    return 1;
+}
+
+static int die_lib(void) {
+    fprintf(stderr, "g4: error: %s\n", g4_last_error());
+    return 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* ---- flag parsing ---- */
+
+typedef struct {
+    int argc, i;
+    char **argv;
+    const char *cmd;
+} args_t;
+
+/* The value of flag argv[i] (either "--flag value" or "--flag=value"). */
+static const char *flag_value(args_t *a, const char *flag, int *bad) {
+    const char *arg = a->argv[a->i];
+    const char *eq = strchr(arg, '=');
+    if (eq) return eq + 1;
+    if (a->i + 1 >= a->argc) {
+        fprintf(stderr, "g4 %s: error: %s needs a value\n", a->cmd, flag);
+        *bad = 1;
+        return NULL;
+    }
+    return a->argv[++a->i];
+}
+
+static int flag_is(const args_t *a, const char *name) {
+    const char *arg = a->argv[a->i];
+    size_t n = strlen(name);
+    return strncmp(arg, name, n) == 0 && (arg[n] == 0 || (arg[n] == '=' && name[1] == '-'));
+}
+
+static int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "g4 %s: error: %s %s: expected an integer in [%ld, %ld]\n", cmd, flag, v, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_float(const char *cmd, const char *flag, const char *v, float *out) {
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || end == v || *end || !(x >= 0)) {
+        fprintf(stderr, "g4 %s: error: %s %s: expected a non-negative number\n", cmd, flag, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_choice(const char *cmd, const char *flag, const char *v, const char *const *choices, int *out) {
+    for (int i = 0; choices[i]; i++)
+        if (strcmp(v, choices[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "g4 %s: error: %s %s: expected one of", cmd, flag, v);
+    for (int i = 0; choices[i]; i++) fprintf(stderr, " %s", choices[i]);
+    fputc('\n', stderr);
+    return -1;
+}
+
+/* Comma-separated token ids. */
+static int parse_ids(const char *cmd, const char *v, int32_t **ids, int *n) {
+    int cap = 16, len = 0;
+    int32_t *out = malloc(sizeof *out * (size_t)cap);
+    const char *p = v;
+    while (out && *p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            free(out);
+            fprintf(stderr, "g4 %s: error: --ids %s: expected comma-separated token ids\n", cmd, v);
+            return -1;
+        }
+        if (len == cap) {
+            int32_t *bigger = realloc(out, sizeof *out * (size_t)(cap *= 2));
+            if (!bigger) break;
+            out = bigger;
+        }
+        out[len++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (!out || !len) {
+        free(out);
+        fprintf(stderr, "g4 %s: error: --ids: no token ids given\n", cmd);
+        return -1;
+    }
+    *ids = out;
+    *n = len;
+    return 0;
+}
+
+/* Engine options shared by every command that runs the model. Returns 1 if argv[i] was one. */
+static int engine_flag(args_t *a, g4_options *o, int *bad) {
+    static const char *const acts[] = {"float", "fake", "int", NULL}, *const onoff[] = {"off", "on", NULL},
+                             *const profiles[] = {"hf", "litert", NULL}, *const kv[] = {"f32", "int8", NULL},
+                             *const placements[] = {"scaled", "raw", NULL};
+    const char *v;
+    int choice;
+    if (flag_is(a, "--act")) {
+        if (!(v = flag_value(a, "--act", bad)) || parse_choice(a->cmd, "--act", v, acts, &choice)) return *bad = 1;
+        o->act = (g4_act_mode)choice;
+    } else if (flag_is(a, "--profile")) {
+        if (!(v = flag_value(a, "--profile", bad)) || parse_choice(a->cmd, "--profile", v, profiles, &choice)) return *bad = 1;
+        o->kv_quant = o->pmp_quant = choice; /* hf: linear points only; litert: + KV + projection */
+    } else if (flag_is(a, "--kv")) {
+        if (!(v = flag_value(a, "--kv", bad)) || parse_choice(a->cmd, "--kv", v, kv, &o->kv_quant)) return *bad = 1;
+    } else if (flag_is(a, "--linear-quant")) {
+        if (!(v = flag_value(a, "--linear-quant", bad)) || parse_choice(a->cmd, "--linear-quant", v, onoff, &o->linear_quant))
+            return *bad = 1;
+    } else if (flag_is(a, "--pmp-quant")) {
+        if (!(v = flag_value(a, "--pmp-quant", bad)) || parse_choice(a->cmd, "--pmp-quant", v, onoff, &o->pmp_quant))
+            return *bad = 1;
+    } else if (flag_is(a, "--pmp-placement")) {
+        if (!(v = flag_value(a, "--pmp-placement", bad)) ||
+            parse_choice(a->cmd, "--pmp-placement", v, placements, &o->pmp_out_raw))
+            return *bad = 1;
+    } else if (flag_is(a, "--pmp-scales")) {
+        char buf[64];
+        if (!(v = flag_value(a, "--pmp-scales", bad))) return 1;
+        const char *comma = strchr(v, ',');
+        if (!comma || (size_t)(comma - v) >= sizeof buf) {
+            fprintf(stderr, "g4 %s: error: --pmp-scales %s: expected S_IN,S_OUT\n", a->cmd, v);
+            return *bad = 1;
+        }
+        memcpy(buf, v, (size_t)(comma - v));
+        buf[comma - v] = 0;
+        if (parse_float(a->cmd, "--pmp-scales", buf, &o->pmp_s_in) || parse_float(a->cmd, "--pmp-scales", comma + 1, &o->pmp_s_out))
+            return *bad = 1;
+    } else if (flag_is(a, "--ctx")) {
+        if (!(v = flag_value(a, "--ctx", bad)) || parse_int(a->cmd, "--ctx", v, 1, 1 << 20, &o->ctx)) return *bad = 1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+static int unknown_flag(const args_t *a) {
+    fprintf(stderr, "g4 %s: error: unknown flag %s (see g4 help)\n", a->cmd, a->argv[a->i]);
+    return 1;
+}
+
+/* ---- commands ---- */
+
+static int cmd_inspect(args_t *a) {
+    const char *dir = NULL;
+    int bad = 0;
+    for (a->i = 2; a->i < a->argc && !bad; a->i++) {
+        if (flag_is(a, "-m") || flag_is(a, "--model")) dir = flag_value(a, "-m", &bad);
+        else return unknown_flag(a);
+    }
+    if (bad) return 1;
+    if (!dir) return die("g4 inspect needs -m DIR%s", "");
+    double t0 = now_s();
+    g4_model *m = g4_model_load(dir);
+    if (!m) return die_lib();
+    double load_s = now_s() - t0;
+    g4_model_describe(m, stdout);
+    printf("  load time: %.3f s, peak resident memory: %.1f MB\n", load_s, peak_rss_kb() / 1024.0);
+    g4_model_free(m);
+    return 0;
+}
+
+typedef struct {
+    const char *dir, *ids, *logits_npy, *dump_dir;
+    int n_new;
+    g4_options o;
+} run_args;
+
+static int parse_run(args_t *a, run_args *r) {
+    int bad = 0;
+    g4_options_default(&r->o);
+    r->n_new = 16;
+    for (a->i = 2; a->i < a->argc && !bad; a->i++) {
+        if (flag_is(a, "-m") || flag_is(a, "--model")) r->dir = flag_value(a, "-m", &bad);
+        else if (flag_is(a, "--ids")) r->ids = flag_value(a, "--ids", &bad);
+        else if (flag_is(a, "-n") || flag_is(a, "--max-tokens")) {
+            const char *v = flag_value(a, "-n", &bad);
+            if (v && parse_int(a->cmd, "-n", v, 0, 1 << 20, &r->n_new)) bad = 1;
+        } else if (flag_is(a, "--logits-npy")) r->logits_npy = flag_value(a, "--logits-npy", &bad);
+        else if (flag_is(a, "--dump-dir")) r->dump_dir = flag_value(a, "--dump-dir", &bad);
+        else if (!engine_flag(a, &r->o, &bad)) return unknown_flag(a);
+    }
+    if (bad) return 1;
+    if (!r->dir) return die("g4 run needs -m DIR%s", "");
+    if (!r->ids) return die("g4 run needs --ids (comma-separated token ids)%s", "");
+    return 0;
+}
+
+static int cmd_run(args_t *a) {
+    run_args r = {0};
+    if (parse_run(a, &r) != 0) return 1;
+    int32_t *ids;
+    int n_ids;
+    if (parse_ids(a->cmd, r.ids, &ids, &n_ids) != 0) return 1;
+    if (r.dump_dir && mkdir(r.dump_dir, 0777) != 0 && errno != EEXIST) {
+        free(ids);
+        return die("--dump-dir %s: cannot create the folder", r.dump_dir);
+    }
+    g4_model *m = g4_model_load(r.dir);
+    g4_session *s = m ? g4_session_new(m, &r.o) : NULL;
+    int rc = 1, V = m ? g4_model_vocab_size(m) : 0;
+    float *logits = s ? malloc(sizeof *logits * (size_t)V * (r.logits_npy ? n_ids : 1)) : NULL;
+    g4_capture cap = {0};
+    if (!logits) {
+        if (s) g4_fail("out of memory for the logits");
+        goto done;
+    }
+    if (r.dump_dir) g4_session_set_trace(s, g4_capture_trace, &cap);
+    if (g4_session_eval(s, ids, n_ids, logits, r.logits_npy != NULL) != 0) goto done;
+    g4_session_set_trace(s, NULL, NULL);
+    if (r.dump_dir && g4_capture_write_npy(&cap, r.dump_dir) != 0) goto done;
+    if (r.logits_npy) {
+        int64_t shape[2] = {n_ids, V};
+        if (g4_npy_write_f32(r.logits_npy, logits, 2, shape) != 0) goto done;
+    }
+    const float *last = logits + (r.logits_npy ? (size_t)(n_ids - 1) * V : 0);
+    for (int i = 0; i < r.n_new; i++) {
+        int32_t next = g4_argmax(last, V);
+        printf(i ? " %d" : "%d", next);
+        fflush(stdout);
+        if (i + 1 == r.n_new) break;
+        if (g4_session_eval(s, &next, 1, logits, 0) != 0) goto done;
+        last = logits;
+    }
+    printf("\n");
+    rc = 0;
+done:
+    if (rc) die_lib();
+    g4_capture_free(&cap);
+    free(logits);
+    free(ids);
+    g4_session_free(s);
+    g4_model_free(m);
+    return rc;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "g4 %s: Gemma 4 QAT (static int8 activation) inference engine\n"
+            "usage:\n"
+            "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
+            "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
+            "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
+            "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
+            "engine options (run):\n"
+            "  --act float|fake|int    activation mode (default fake; int is not implemented yet)\n"
+            "  --profile hf|litert     hf: linear clamps only; litert: + int8 KV + per_layer_model_projection (default)\n"
+            "  --linear-quant on|off   points A1-A4, A7-A17 (default on)\n"
+            "  --kv int8|f32           int8 K/V at cache write with k/v_cache_scale (default int8)\n"
+            "  --pmp-quant on|off      per_layer_model_projection input/output quantization (default on)\n"
+            "  --pmp-placement scaled|raw  where its output is quantized (default scaled)\n"
+            "  --pmp-scales S_IN,S_OUT its static scales (default 0.038878,0.002353)\n"
+            "  --ctx N                 context length (default 4096)\n",
+            G4_VERSION);
+}
+
+int main(int argc, char **argv) {
+    args_t a = {.argc = argc, .argv = argv, .i = 1, .cmd = argc > 1 ? argv[1] : ""};
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("g4 %s\n", G4_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[1], "inspect")) return cmd_inspect(&a);
+    if (!strcmp(argv[1], "run")) return cmd_run(&a);
+    fprintf(stderr, "g4: error: unknown command %s (commands: inspect, run, help)\n", argv[1]);
+    return 1;
+}
