@@ -22,16 +22,17 @@ OUT = build/$(BUILD)
 LIB_SRC = \
   src/util/err.c src/util/file.c src/util/npy.c \
   src/format/safetensors.c src/format/config.c \
-  src/quant/pack.c \
+  src/quant/pack.c src/quant/int8.c \
   src/kernels/ref.c src/kernels/dispatch.c \
   src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c
 
-TESTS = test_fixture
+TESTS = test_config test_int8 test_fixture test_broken_checkpoint test_cli
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test check clean
+.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c

@@ -1,0 +1,161 @@
+/* The g4 command line, driven as a user would: generated ids against the goldens, the .npy
+ * outputs, and a clean one-line error with exit status 1 for every bad invocation. */
+#define _POSIX_C_SOURCE 200809L
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static char tmp[256], out_path[512], err_path[512];
+static const char *bin;
+
+/* Runs `g4 ARGS`; returns the exit status; stdout/stderr land in out_path/err_path. */
+static int run(const char *args) {
+    char cmd[20480];
+    snprintf(cmd, sizeof cmd, "%s %s > %s 2> %s < /dev/null", bin, args, out_path, err_path);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static char *slurp(const char *path) {
+    char *s;
+    if (g4_read_file(path, &s, NULL) != 0) return calloc(1, 1);
+    return s;
+}
+
+static void expect_error(const char *args, const char *fragment) {
+    int rc = run(args);
+    char *err = slurp(err_path);
+    int lines = 0;
+    for (char *p = err; *p; p++) lines += *p == '\n';
+    CHECK(rc == 1 && lines == 1 && strstr(err, "error") && strstr(err, fragment), "g4 %s: exit %d, stderr: %s", args, rc, err);
+    free(err);
+}
+
+static char *ids_csv(const cJSON *arr, const char *sep) {
+    static char buf[4096];
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < cJSON_GetArraySize(arr); i++)
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%d", i ? sep : "", (int)cJSON_GetArrayItem(arr, i)->valuedouble);
+    return buf;
+}
+
+/* Reads a float32 .npy written by g4: checks the header's shape string, returns the data. */
+static float *read_npy(const char *path, const char *shape, size_t count) {
+    char *buf;
+    size_t len;
+    if (g4_read_file(path, &buf, &len) != 0) {
+        CHECK(0, "%s missing", path);
+        return NULL;
+    }
+    size_t hlen = (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8;
+    char want[128];
+    snprintf(want, sizeof want, "'shape': %s", shape);
+    int ok = len == 10 + hlen + count * 4 && memcmp(buf, "\x93NUMPY\x01\x00", 8) == 0 && (10 + hlen) % 64 == 0 &&
+             strstr(buf + 10, want) && strstr(buf + 10, "'descr': '<f4'");
+    CHECK(ok, "%s: bad npy (len %zu, header %.*s)", path, len, (int)hlen, buf + 10);
+    float *data = NULL;
+    if (ok) {
+        data = malloc(count * 4);
+        memcpy(data, buf + 10 + hlen, count * 4);
+    }
+    free(buf);
+    return data;
+}
+
+static void test_generation(const cJSON *golden) {
+    char args[16384], ids[4096];
+    snprintf(ids, sizeof ids, "%s", ids_csv(cJSON_GetObjectItem(golden, "input_ids"), ","));
+    struct { const char *flags, *mode; } runs[] = {
+        {"--act float", "float"}, {"--act fake --profile hf", "fakequant-hf"}, {"--act fake", "fakequant-full"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "run -m %s --ids %s -n 16 %s", tiny_dir(), ids, runs[i].flags);
+        int rc = run(args);
+        char *out = slurp(out_path);
+        const cJSON *gold = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(golden, "modes"), runs[i].mode), "generated_ids");
+        char want[4096];
+        snprintf(want, sizeof want, "%s\n", ids_csv(gold, " "));
+        CHECK(rc == 0 && strcmp(out, want) == 0, "%s: got \"%s\", want \"%s\"", runs[i].mode, out, want);
+        free(out);
+    }
+}
+
+static void test_npy_outputs(const cJSON *golden) {
+    char args[8192], dump[600], path[1024], logits_path[600];
+    snprintf(dump, sizeof dump, "%s/dump", tmp);
+    snprintf(logits_path, sizeof logits_path, "%s/logits.npy", tmp);
+    const char *ids = ids_csv(cJSON_GetObjectItem(golden, "input_ids"), ",");
+    snprintf(args, sizeof args, "run -m %s --ids %s -n 1 --act float --logits-npy %s --dump-dir %s", tiny_dir(), ids,
+             logits_path, dump);
+    CHECK(run(args) == 0, "run with --logits-npy/--dump-dir failed");
+    g4_safetensors gs;
+    snprintf(path, sizeof path, "%s/golden_float.safetensors", tiny_dir());
+    if (g4_st_open_file(&gs, path) != 0) return;
+    float *lg = read_npy(logits_path, "(24, 512)", 24 * 512);
+    if (lg) CHECK(max_abs_diff(lg, golden_f32(&gs, "prefill_logits", NULL), 24 * 512) <= 1e-4, "npy logits");
+    free(lg);
+    struct { const char *name, *shape; size_t count; } files[] = {
+        {"inputs_embeds", "(24, 64)", 24 * 64},          {"per_layer_inputs", "(24, 10, 16)", 24 * 160},
+        {"k_layer4", "(24, 1, 32)", 24 * 32},            {"v_layer5", "(24, 1, 16)", 24 * 16},
+        {"hidden_after_layer", "(10, 24, 64)", 10 * 24 * 64}, {"final_norm", "(24, 64)", 24 * 64},
+        {"prefill_logits", "(24, 512)", 24 * 512}};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s.npy", dump, files[i].name);
+        float *d = read_npy(path, files[i].shape, files[i].count);
+        if (d) {
+            double diff = max_abs_diff(d, golden_f32(&gs, files[i].name, NULL), (int64_t)files[i].count);
+            CHECK(diff <= 1e-4, "%s: dump differs from golden by %g", files[i].name, diff);
+        }
+        free(d);
+    }
+    g4_st_close(&gs);
+}
+
+static void test_errors(void) {
+    char args[8192];
+    const char *m = tiny_dir();
+    expect_error("frobnicate", "unknown command");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --act fast", m);
+    expect_error(args, "--act fast");
+    snprintf(args, sizeof args, "run -m %s --ids 2,x,3", m);
+    expect_error(args, "--ids");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --bogus", m);
+    expect_error(args, "unknown flag --bogus");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 -n -1", m);
+    expect_error(args, "-n");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --ctx", m);
+    expect_error(args, "--ctx needs a value");
+    snprintf(args, sizeof args, "run -m %s --ids 2,99999", m);
+    expect_error(args, "token id 99999");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3,4,5,6 --ctx 4", m);
+    expect_error(args, "past the context");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 -n 8 --ctx 4", m);
+    expect_error(args, "past the context");
+    expect_error("run --ids 2,3", "-m");
+    expect_error("inspect -m /nonexistent/folder", "/nonexistent/folder");
+    expect_error("inspect", "-m");
+}
+
+int main(void) {
+    bin = getenv("G4_BIN");
+    if (!bin) {
+        fprintf(stderr, "G4_BIN is not set (make test sets it)\n");
+        return 2;
+    }
+    snprintf(tmp, sizeof tmp, "/tmp/g4-cli-XXXXXX");
+    if (!mkdtemp(tmp)) return 2;
+    snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
+    snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
+    char path[8192];
+    snprintf(path, sizeof path, "%s/golden.json", tiny_dir());
+    cJSON *golden = read_json(path);
+    test_generation(golden);
+    test_npy_outputs(golden);
+    test_errors();
+    cJSON_Delete(golden);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    return check_report("cli");
+}

@@ -1,0 +1,119 @@
+/* config.json parsing and the bit-width rules of checkpoint.md §4 (Python re semantics via
+ * PCRE2): the real E2B pattern set in its on-disk (sorted) order, precedence by leftmost match
+ * then list order, and modules_to_not_convert. */
+#include "format/config.h"
+#include "testutil.h"
+
+static const char *e2b_quant =
+    "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4, \"quantize_embeddings\": true,"
+    "\"module_quant_configs\": {"
+    "\"^lm_head$\": {\"num_bits\": 2},"
+    "\"audio_tower(?!.*lconv1d\\\\.linear_start)\": {\"num_bits\": 2},"
+    "\"audio_tower\\\\.layers\\\\.\\\\d+\\\\.lconv1d\\\\.linear_start\\\\.\": {\"num_bits\": 4},"
+    "\"language_model\\\\.embed_tokens$\": {\"num_bits\": 2},"
+    "\"language_model\\\\.embed_tokens_per_layer$\": {\"num_bits\": 4},"
+    "\"language_model\\\\.layers\\\\.(\\\\d|1[0-4])\\\\.mlp\\\\.\": {\"num_bits\": 4},"
+    "\"language_model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.\": {\"num_bits\": 2},"
+    "\"language_model\\\\.layers\\\\.\\\\d+\\\\.per_layer_input_gate$\": {\"num_bits\": 8},"
+    "\"language_model\\\\.layers\\\\.\\\\d+\\\\.per_layer_projection$\": {\"num_bits\": 8},"
+    "\"language_model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.\": {\"num_bits\": 4},"
+    "\"vision_tower\": {\"num_bits\": 8}},"
+    "\"modules_to_not_convert\": [\"model.vision_tower.patch_embedder\", \"model.audio_tower.subsample_conv_projection\","
+    "\"model.audio_tower.output_proj\", \"relative_k_proj\", \"model.embed_audio\", \"model.embed_vision\","
+    "\"per_layer_model_projection\"]}";
+
+static const char *text_fields =
+    "\"hidden_size\": 1536, \"num_hidden_layers\": 5, \"num_attention_heads\": 8, \"num_key_value_heads\": 1,"
+    "\"head_dim\": 256, \"global_head_dim\": 512, \"intermediate_size\": 6144, \"hidden_size_per_layer_input\": 256,"
+    "\"vocab_size\": 262144, \"rms_norm_eps\": 1e-6, \"hidden_activation\": \"gelu_pytorch_tanh\", \"sliding_window\": 512,"
+    "\"num_kv_shared_layers\": 2, \"use_double_wide_mlp\": true, \"final_logit_softcapping\": 30.0, \"eos_token_id\": 1,"
+    "\"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"],"
+    "\"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0, \"rope_type\": \"proportional\"},"
+    "\"sliding_attention\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}}";
+
+static int parse(g4_config *c, const char *quant, const char *extra_top) {
+    char buf[8192];
+    snprintf(buf, sizeof buf, "{\"eos_token_id\": [1, 106], %s \"text_config\": {%s}, %s}", extra_top, text_fields, quant);
+    return g4_config_parse(c, buf, "config.json");
+}
+
+static void test_e2b_bits(void) {
+    g4_config c;
+    CHECK(parse(&c, e2b_quant, "") == 0, "%s", g4_last_error());
+    struct { const char *module; int bits; } cases[] = {
+        {"lm_head", 2},
+        {"model.language_model.embed_tokens", 2},
+        {"model.language_model.embed_tokens_per_layer", 4},
+        {"model.language_model.layers.0.mlp.gate_proj", 4},
+        {"model.language_model.layers.9.mlp.down_proj", 4},
+        {"model.language_model.layers.10.mlp.up_proj", 4},
+        {"model.language_model.layers.14.mlp.down_proj", 4},
+        {"model.language_model.layers.15.mlp.gate_proj", 2},
+        {"model.language_model.layers.34.mlp.down_proj", 2},
+        {"model.language_model.layers.3.self_attn.q_proj", 4},
+        {"model.language_model.layers.20.self_attn.o_proj", 4},
+        {"model.language_model.layers.7.per_layer_input_gate", 8},
+        {"model.language_model.layers.7.per_layer_projection", 8},
+        {"model.language_model.per_layer_model_projection", 0}, /* endswith a not-convert key */
+        {"model.vision_tower.patch_embedder.input_proj", 0},    /* re.match(key + "\\.") */
+        {"model.vision_tower.encoder.layers.0.mlp.gate_proj", 8},
+        {"model.audio_tower.layers.0.lconv1d.linear_start", 4}, /* lookahead excludes the 2-bit rule */
+        {"model.audio_tower.layers.0.lconv1d.linear_end", 2},
+        {"model.audio_tower.layers.0.self_attn.relative_k_proj", 0},
+        {"model.language_model.something_else", 4}, /* no pattern: num_bits */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int b = g4_config_module_bits(&c, cases[i].module);
+        CHECK(b == cases[i].bits, "%s: %d bits, expected %d", cases[i].module, b, cases[i].bits);
+    }
+    CHECK_EQ_INT(c.n_layers, 5);
+    CHECK_EQ_INT(c.layer_types[4], G4_LAYER_FULL);
+    CHECK(c.rope[G4_LAYER_FULL].proportional && c.rope[G4_LAYER_FULL].partial_rotary_factor == 0.25, "rope");
+    CHECK_EQ_INT(c.n_global_kv_heads, 1);
+    CHECK_EQ_INT(c.n_stop_ids, 2);
+    g4_config_free(&c);
+}
+
+/* With the two MLP patterns in the other order, layers 0-14 would decode as 2-bit (checkpoint.md §4). */
+static void test_order_matters(void) {
+    const char *q = "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4, \"module_quant_configs\": {"
+                    "\"language_model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.\": {\"num_bits\": 2},"
+                    "\"language_model\\\\.layers\\\\.(\\\\d|1[0-4])\\\\.mlp\\\\.\": {\"num_bits\": 4}}}";
+    g4_config c;
+    CHECK(parse(&c, q, "") == 0, "%s", g4_last_error());
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.3.mlp.gate_proj"), 2);
+    g4_config_free(&c);
+}
+
+/* re.search over one alternation: the leftmost match wins even when a later-listed pattern. */
+static void test_leftmost_wins(void) {
+    const char *q = "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4, \"module_quant_configs\": {"
+                    "\"mlp\": {\"num_bits\": 2}, \"layers\": {\"num_bits\": 8}}}";
+    g4_config c;
+    CHECK(parse(&c, q, "") == 0, "%s", g4_last_error());
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.layers.3.mlp.up_proj"), 8);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.mlp.layers"), 2);
+    g4_config_free(&c);
+}
+
+static void test_text_only_and_errors(void) {
+    char buf[8192];
+    g4_config c;
+    snprintf(buf, sizeof buf, "{%s, %s}", text_fields, e2b_quant);
+    CHECK(g4_config_parse(&c, buf, "config.json") == 0, "text-only config: %s", g4_last_error());
+    g4_config_free(&c);
+    CHECK(parse(&c, "\"x\": 1", "") != 0 && strstr(g4_last_error(), "quantization_config missing"), "%s", g4_last_error());
+    const char *bad_regex = "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4, \"module_quant_configs\": {"
+                            "\"(?<!\": {\"num_bits\": 2}}}";
+    CHECK(parse(&c, bad_regex, "") != 0 && strstr(g4_last_error(), "invalid regex"), "%s", g4_last_error());
+    CHECK(g4_config_parse(&c, "[1, 2]", "config.json") != 0 && strstr(g4_last_error(), "not a JSON object"), "array");
+    CHECK(g4_config_parse(&c, "", "config.json") != 0, "empty");
+}
+
+int main(void) {
+    test_e2b_bits();
+    test_order_matters();
+    test_leftmost_wins();
+    test_text_only_and_errors();
+    return check_report("config");
+}
