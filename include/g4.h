@@ -26,6 +26,19 @@ typedef enum {
     G4_ACT_INT = 2,   /* true int8 x intN -> int32 -> requantized linears */
 } g4_act_mode;
 
+/* Rounding of every activation quantizer in a run: ties to even (torch.round, XNNPACK, NEON)
+ * or away from zero (TFLite reference kernels). */
+typedef enum { G4_ROUND_EVEN = 0, G4_ROUND_AWAY = 1 } g4_round;
+/* x / s as one f32 division (HF), or x * (1/s) with 1/s rounded to f32 (XNNPACK, NEON). */
+typedef enum { G4_QDIV_DEFAULT = -1, G4_QDIV_RECIPROCAL = 0, G4_QDIV_DIVIDE = 1 } g4_qdiv;
+/* Requantization of an int32 accumulator in `int` mode (int8-arithmetic.md §3). */
+typedef enum {
+    G4_REQ_F32 = 0,         /* XNNPACK: (s_x*s_w)/s_y in f32, acc*M in f32, ties to even (default) */
+    G4_REQ_F64 = 1,         /* ((acc*s_x)*s_w)/s_y in double, ties to even */
+    G4_REQ_TFL_DOUBLE = 2,  /* TFLite reference: Q31 multiplier, gemmlowp double rounding */
+    G4_REQ_TFL_SINGLE = 3,  /* TFLITE_SINGLE_ROUNDING / ruy */
+} g4_requant_rule;
+
 typedef struct {
     g4_act_mode act;
     int linear_quant;  /* points A1-A4, A7-A17 */
@@ -33,10 +46,13 @@ typedef struct {
     int pmp_quant;     /* points G1-G2: per_layer_model_projection input/output */
     int pmp_out_raw;   /* G2 placement: 0 = after x H^-1/2 ("scaled"), 1 = before ("raw") */
     float pmp_s_in, pmp_s_out;
+    g4_round round;
+    g4_qdiv qdiv;      /* G4_QDIV_DEFAULT: divide in fake mode, reciprocal in int mode */
+    g4_requant_rule requant;
     int ctx;           /* KV-cache length in tokens */
 } g4_options;
 
-/* Defaults of the spec's "litert" profile in `fake` mode, context 4096. */
+/* Defaults of the spec's "litert" profile in `int` mode, context 4096. */
 void g4_options_default(g4_options *o);
 
 const char *g4_last_error(void);

@@ -137,7 +137,9 @@ static int parse_ids(const char *cmd, const char *v, int32_t **ids, int *n) {
 static int engine_flag(args_t *a, g4_options *o, int *bad) {
     static const char *const acts[] = {"float", "fake", "int", NULL}, *const onoff[] = {"off", "on", NULL},
                              *const profiles[] = {"hf", "litert", NULL}, *const kv[] = {"f32", "int8", NULL},
-                             *const placements[] = {"scaled", "raw", NULL};
+                             *const placements[] = {"scaled", "raw", NULL}, *const rounds[] = {"even", "away", NULL},
+                             *const qdivs[] = {"recip", "div", NULL},
+                             *const requants[] = {"f32", "f64", "tfl-double", "tfl-single", NULL};
     const char *v;
     int choice;
     if (flag_is(a, "--act")) {
@@ -170,6 +172,15 @@ static int engine_flag(args_t *a, g4_options *o, int *bad) {
         buf[comma - v] = 0;
         if (parse_float(a->cmd, "--pmp-scales", buf, &o->pmp_s_in) || parse_float(a->cmd, "--pmp-scales", comma + 1, &o->pmp_s_out))
             return *bad = 1;
+    } else if (flag_is(a, "--round")) {
+        if (!(v = flag_value(a, "--round", bad)) || parse_choice(a->cmd, "--round", v, rounds, &choice)) return *bad = 1;
+        o->round = (g4_round)choice;
+    } else if (flag_is(a, "--qdiv")) {
+        if (!(v = flag_value(a, "--qdiv", bad)) || parse_choice(a->cmd, "--qdiv", v, qdivs, &choice)) return *bad = 1;
+        o->qdiv = (g4_qdiv)choice;
+    } else if (flag_is(a, "--requant")) {
+        if (!(v = flag_value(a, "--requant", bad)) || parse_choice(a->cmd, "--requant", v, requants, &choice)) return *bad = 1;
+        o->requant = (g4_requant_rule)choice;
     } else if (flag_is(a, "--ctx")) {
         if (!(v = flag_value(a, "--ctx", bad)) || parse_int(a->cmd, "--ctx", v, 1, 1 << 20, &o->ctx)) return *bad = 1;
     } else {
@@ -287,13 +298,16 @@ static void usage(FILE *f) {
             "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
             "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
             "engine options (run):\n"
-            "  --act float|fake|int    activation mode (default fake; int is not implemented yet)\n"
+            "  --act float|fake|int    activation mode (default int: int8 x intN -> int32 -> requantized linears)\n"
             "  --profile hf|litert     hf: linear clamps only; litert: + int8 KV + per_layer_model_projection (default)\n"
             "  --linear-quant on|off   points A1-A4, A7-A17 (default on)\n"
             "  --kv int8|f32           int8 K/V at cache write with k/v_cache_scale (default int8)\n"
             "  --pmp-quant on|off      per_layer_model_projection input/output quantization (default on)\n"
             "  --pmp-placement scaled|raw  where its output is quantized (default scaled)\n"
             "  --pmp-scales S_IN,S_OUT its static scales (default 0.038878,0.002353)\n"
+            "  --round even|away       tie rule of every activation quantizer (default even)\n"
+            "  --qdiv div|recip        x / s or x * (1/s) (default: div in fake mode, recip in int mode)\n"
+            "  --requant f32|f64|tfl-double|tfl-single  int-mode requantization (default f32, XNNPACK's)\n"
             "  --ctx N                 context length (default 4096)\n",
             G4_VERSION);
 }

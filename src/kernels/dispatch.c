@@ -6,6 +6,7 @@
 static const g4_kernels portable = {
     .name = "portable",
     .matmul_f32 = g4_ref_matmul_f32,
+    .matmul_i8 = g4_ref_matmul_i8,
 };
 
 const g4_kernels *g4_kernels_get(void) {

@@ -25,6 +25,10 @@ float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n);
 /* y[t][o] = w_scale[o] * sum_i x[t][i] * code[o][i]  (or the BF16 dot), for t < n. */
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
 
+/* acc[t][o] = sum_i x[t][i] * code[o][i] in int32 for t < n: int8 activation codes against packed
+ * 2/4/8-bit weight codes (the int-mode linear before requantization). */
+void g4_ref_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
+
 /* The fixed 8-lane reduction used by every float dot product. */
 static inline float g4_reduce8(const float a[8]) {
     float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
@@ -34,6 +38,7 @@ static inline float g4_reduce8(const float a[8]) {
 typedef struct {
     const char *name;
     void (*matmul_f32)(const g4_qweight *w, const float *x, int n, float *y);
+    void (*matmul_i8)(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
 } g4_kernels;
 
 /* The kernel set chosen for this CPU (or forced by G4_DISPATCH=portable). */

@@ -9,28 +9,44 @@
 #include <string.h>
 
 #include "model.h"
+#include "quant/int8.h"
 #include "quant/pack.h"
 #include "util/err.h"
 
 #define CHUNK 64
+
+/* The K/V cache of one producer layer, [ctx][n_kv_heads * head_dim]: int8 codes with the
+ * layer's cache scale when the KV points are quantized (A5/A6), f32 otherwise. */
+typedef struct {
+    float *kf, *vf;
+    int8_t *kq, *vq;
+    float k_scale, v_scale;
+} kv_cache;
 
 struct g4_session {
     const g4_model *m;
     g4_options o;
     const g4_kernels *k;
     int pos;
-    /* K/V cache of producer layers: [ctx][n_kv_heads * head_dim]; NULL for consumers. */
-    float **kc, **vc;
+    /* Resolved switches: which quantization points are on, and the rules they use. */
+    int q_linear, q_kv, q_pmp;
+    g4_round_rule round;
+    g4_qdiv_rule qdiv;
+    g4_requant **rq; /* [n_linears] per-row requantization (int mode; NULL where unused) */
+    kv_cache *kv;    /* [n_layers]; empty for consumers */
     /* Per-chunk scratch. */
     float *x, *xn, *xq, *q, *kk, *vv, *att, *proj, *gate, *up, *pli, *ple_tok, *plg, *scores;
+    int8_t *xcodes;
+    int32_t *acc;
     float *rope_cos[2], *rope_sin[2];
     g4_trace_fn trace;
     void *trace_user;
 };
 
 void g4_options_default(g4_options *o) {
-    *o = (g4_options){.act = G4_ACT_FAKE, .linear_quant = 1, .kv_quant = 1, .pmp_quant = 1, .pmp_out_raw = 0,
-                      .pmp_s_in = 0.038878f, .pmp_s_out = 0.002353f, .ctx = 4096};
+    *o = (g4_options){.act = G4_ACT_INT, .linear_quant = 1, .kv_quant = 1, .pmp_quant = 1, .pmp_out_raw = 0,
+                      .pmp_s_in = 0.038878f, .pmp_s_out = 0.002353f, .round = G4_ROUND_EVEN,
+                      .qdiv = G4_QDIV_DEFAULT, .requant = G4_REQ_F32, .ctx = 4096};
 }
 
 /* ---- elementwise operations (all fp32, no quantization) ---- */
@@ -51,14 +67,19 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-/* Static-range quantization Q(x; s) = s * clamp(round_half_even(x / s), -128, 127); s = 0 is identity. */
-static void srq(float *x, size_t n, float s) {
-    if (s == 0) return;
-    for (size_t i = 0; i < n; i++) {
-        float c = nearbyintf(x[i] / s);
-        c = c < -128.0f ? -128.0f : c > 127.0f ? 127.0f : c;
-        x[i] = c * s;
-    }
+/* Q(x; s) = s * clamp(round(x / s), -128, 127) in place, with the session's rounding and
+ * division rules; s = 0 is the identity (an uncalibrated point). */
+static void fake_quant(const g4_session *s, float *x, size_t n, float scale) {
+    if (scale == 0) return;
+    g4_quantizer q;
+    g4_quantizer_init(&q, scale, 0, s->round, s->qdiv); /* scales were validated at load */
+    for (size_t i = 0; i < n; i++) x[i] = g4_fake_quantize(&q, x[i]);
+}
+
+static void quantize_codes(const g4_session *s, const float *x, size_t n, float scale, int8_t *codes) {
+    g4_quantizer q;
+    g4_quantizer_init(&q, scale, 0, s->round, s->qdiv);
+    g4_quantize_vec(&q, x, n, codes);
 }
 
 /* Rotate-half RoPE on one head vector: dim j pairs with j + hd/2. */
@@ -79,19 +100,50 @@ static float dot_f32(const float *a, const float *b, int n) {
 
 /* ---- session ---- */
 
-static int linear_quantized(const g4_session *s) { return s->o.act != G4_ACT_FLOAT && s->o.linear_quant; }
+/* True integer path: int8 input codes x packed weight codes -> int32 -> requantized. */
+static int runs_int(const g4_session *s, const g4_linear *L) {
+    return s->o.act == G4_ACT_INT && s->q_linear && L->s_in != 0 && L->w.bits != 16;
+}
 
-/* y = Q(W Q(x; s_in); s_out) for n rows; the points are active only in fake/int modes. */
+/* y = dequant(requant(W codes)) for n rows whose input codes are already in `codes`. */
+static void linear_from_codes(g4_session *s, const g4_linear *L, const int8_t *codes, int n, float *y) {
+    int out = L->w.out;
+    s->k->matmul_i8(&L->w, codes, n, s->acc);
+    const g4_requant *rq = s->rq[L->id];
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < out; o++) {
+            int32_t acc = s->acc[(size_t)t * out + o];
+            size_t i = (size_t)t * out + o;
+            if (rq) y[i] = g4_dequantize(g4_requantize(&rq[o], acc), L->s_out, 0);
+            else y[i] = (float)acc * (L->s_in * L->w.w_scale[o]); /* s_out == 0: float output */
+        }
+}
+
+/* y = Q(W Q(x; s_in); s_out) for n rows: float, fake-quant or true integer, per the session. */
 static void linear(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
-    int q = linear_quantized(s);
-    if (q && L->s_in != 0) {
+    if (runs_int(s, L)) {
+        quantize_codes(s, x, (size_t)n * L->w.in, L->s_in, s->xcodes);
+        linear_from_codes(s, L, s->xcodes, n, y);
+        return;
+    }
+    if (s->q_linear && L->s_in != 0) {
         size_t len = (size_t)n * L->w.in;
         memcpy(s->xq, x, len * sizeof *x);
-        srq(s->xq, len, L->s_in);
+        fake_quant(s, s->xq, len, L->s_in);
         x = s->xq;
     }
     s->k->matmul_f32(&L->w, x, n, y);
-    if (q) srq(y, (size_t)n * L->w.out, L->s_out);
+    if (s->q_linear) fake_quant(s, y, (size_t)n * L->w.out, L->s_out);
+}
+
+/* Linears reading the same input (q/k/v, gate/up): in int mode the input is quantized once
+ * and its codes shared when the input scales are bit-identical (they are in the checkpoint). */
+static void linear_group(g4_session *s, const g4_linear *const *L, float *const *y, int count, const float *x, int n) {
+    for (int i = 0; i < count; i++) {
+        int share = i > 0 && runs_int(s, L[0]) && runs_int(s, L[i]) && memcmp(&L[i]->s_in, &L[0]->s_in, sizeof(float)) == 0;
+        if (share) linear_from_codes(s, L[i], s->xcodes, n, y[i]);
+        else linear(s, L[i], x, n, y[i]);
+    }
 }
 
 /* Reports rows [pos, pos + n) of a tensor whose rows have shape {d0} or {d0, d1}. */
@@ -131,19 +183,20 @@ static void embed_tokens(g4_session *s, const int32_t *ids, int n) {
     trace(s, "inputs_embeds", n, H, 0, s->x);
     trace(s, "per_layer_inputs_token", n, c->n_layers, P, s->ple_tok);
     /* Context part: W_pmp e, x H^-1/2, with the LiteRT graph's G1/G2 quantization when enabled. */
-    int pq = s->o.act != G4_ACT_FLOAT && s->o.pmp_quant;
+    /* In int mode too this linear runs in float: its weights are BF16 (activation-quant.md §6). */
+    int pq = s->q_pmp;
     const float *in = s->x;
     if (pq) {
         memcpy(s->xq, s->x, sizeof *s->x * (size_t)n * H);
-        srq(s->xq, (size_t)n * H, s->o.pmp_s_in);
+        fake_quant(s, s->xq, (size_t)n * H, s->o.pmp_s_in);
         in = s->xq;
     }
     s->k->matmul_f32(&m->pmp.w, in, n, s->pli);
     size_t len = (size_t)n * LP;
-    if (pq && s->o.pmp_out_raw) srq(s->pli, len, s->o.pmp_s_out);
+    if (pq && s->o.pmp_out_raw) fake_quant(s, s->pli, len, s->o.pmp_s_out);
     float proj_scale = (float)(1.0 / sqrt((double)H)), input_scale = (float)(1.0 / sqrt(2.0));
     for (size_t i = 0; i < len; i++) s->pli[i] *= proj_scale;
-    if (pq && !s->o.pmp_out_raw) srq(s->pli, len, s->o.pmp_s_out);
+    if (pq && !s->o.pmp_out_raw) fake_quant(s, s->pli, len, s->o.pmp_s_out);
     rmsnorm_rows(s->pli, s->pli, m->ple_norm, n * c->n_layers, P, (float)c->rms_eps);
     for (size_t i = 0; i < len; i++) s->pli[i] = (s->pli[i] + s->ple_tok[i]) * input_scale;
     trace(s, "per_layer_inputs", n, c->n_layers, P, s->pli);
@@ -167,13 +220,23 @@ static void rope_tables(g4_session *s, int n) {
     }
 }
 
+/* Stores n rows of K or V at the current position: int8 codes when the cache is quantized
+ * (the rows are then replaced by their dequantized values, which is what attention sees). */
+static void store_kv_rows(g4_session *s, float *rows, size_t width, int n, float *f32_cache, int8_t *q_cache, float scale) {
+    size_t len = (size_t)n * width, at = (size_t)s->pos * width;
+    if (q_cache) {
+        quantize_codes(s, rows, len, scale, q_cache + at);
+        g4_dequantize_vec(q_cache + at, len, scale, rows);
+    } else {
+        memcpy(f32_cache + at, rows, sizeof *rows * len);
+    }
+}
+
 /* Producer: K = rope(k_norm(W_k x)), V = v_norm(W_v x), quantized at cache write when enabled. */
 static void write_kv(g4_session *s, int l, int n) {
     const g4_layer *L = &s->m->layers[l];
     int hd = L->head_dim, kvw = L->n_kv_heads * hd, h = hd / 2;
     float eps = (float)s->m->cfg.rms_eps;
-    linear(s, &L->k, s->xn, n, s->kk);
-    linear(s, &L->v, s->xn, n, s->vv);
     for (int t = 0; t < n; t++)
         for (int g = 0; g < L->n_kv_heads; g++) {
             float *k = s->kk + (size_t)t * kvw + g * hd, *v = s->vv + (size_t)t * kvw + g * hd;
@@ -181,32 +244,37 @@ static void write_kv(g4_session *s, int l, int n) {
             rope_apply(k, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
             rmsnorm(v, v, NULL, hd, eps);
         }
-    if (s->o.act != G4_ACT_FLOAT && s->o.kv_quant) {
-        srq(s->kk, (size_t)n * kvw, L->k_cache_scale);
-        srq(s->vv, (size_t)n * kvw, L->v_cache_scale);
-    }
-    memcpy(s->kc[l] + (size_t)s->pos * kvw, s->kk, sizeof(float) * (size_t)n * kvw);
-    memcpy(s->vc[l] + (size_t)s->pos * kvw, s->vv, sizeof(float) * (size_t)n * kvw);
+    kv_cache *c = &s->kv[l];
+    store_kv_rows(s, s->kk, (size_t)kvw, n, c->kf, c->kq, c->k_scale);
+    store_kv_rows(s, s->vv, (size_t)kvw, n, c->vf, c->vq, c->v_scale);
     trace_layer(s, "k_layer%d", l, n, L->n_kv_heads, hd, s->kk);
     trace_layer(s, "v_layer%d", l, n, L->n_kv_heads, hd, s->vv);
 }
 
+static float dot_codes(const float *a, const int8_t *c, int n) {
+    float acc[8] = {0};
+    for (int i = 0; i < n; i++) acc[i & 7] += a[i] * (float)c[i];
+    return g4_reduce8(acc);
+}
+
 /* Causal softmax attention of the chunk's queries over the cache of the layer's KV source;
- * sliding layers see the last `sliding_window` positions including their own. Scale 1.0. */
+ * sliding layers see the last `sliding_window` positions including their own. Scale 1.0.
+ * An int8 cache folds s_k into the scores and s_v into the output. */
 static void attention(g4_session *s, int l, int n) {
     const g4_layer *L = &s->m->layers[l];
     int hd = L->head_dim, nh = s->m->cfg.n_heads, kvw = L->n_kv_heads * hd, group = nh / L->n_kv_heads;
-    const float *K = s->kc[L->kv_source], *V = s->vc[L->kv_source];
+    const kv_cache *c = &s->kv[L->kv_source];
     for (int t = 0; t < n; t++) {
         int p = s->pos + t;
         int lo = L->type == G4_LAYER_SLIDING ? p - s->m->cfg.sliding_window + 1 : 0;
         if (lo < 0) lo = 0;
         for (int h = 0; h < nh; h++) {
             const float *q = s->q + (size_t)t * nh * hd + (size_t)h * hd;
-            int g = h / group;
+            size_t off = (size_t)(h / group) * hd;
             float mx = -INFINITY, sum = 0;
             for (int j = lo; j <= p; j++) {
-                float sc = dot_f32(q, K + (size_t)j * kvw + g * hd, hd);
+                size_t row = (size_t)j * kvw + off;
+                float sc = c->kq ? c->k_scale * dot_codes(q, c->kq + row, hd) : dot_f32(q, c->kf + row, hd);
                 s->scores[j - lo] = sc;
                 if (sc > mx) mx = sc;
             }
@@ -215,9 +283,14 @@ static void attention(g4_session *s, int l, int n) {
             memset(out, 0, sizeof *out * (size_t)hd);
             for (int j = lo; j <= p; j++) {
                 float w = s->scores[j - lo] / sum;
-                const float *v = V + (size_t)j * kvw + g * hd;
-                for (int d = 0; d < hd; d++) out[d] += w * v[d];
+                size_t row = (size_t)j * kvw + off;
+                if (c->vq)
+                    for (int d = 0; d < hd; d++) out[d] += w * (float)c->vq[row + d];
+                else
+                    for (int d = 0; d < hd; d++) out[d] += w * c->vf[row + d];
             }
+            if (c->vq)
+                for (int d = 0; d < hd; d++) out[d] *= c->v_scale;
         }
     }
 }
@@ -234,21 +307,25 @@ static void decoder_layer(g4_session *s, int l, int n) {
     float eps = (float)m->cfg.rms_eps;
     /* attention block */
     rmsnorm_rows(s->xn, s->x, L->ln_in, n, H, eps);
-    linear(s, &L->q, s->xn, n, s->q);
+    int producer = g4_layer_is_producer(m, l);
+    const g4_linear *qkv[3] = {&L->q, &L->k, &L->v};
+    float *qkv_out[3] = {s->q, s->kk, s->vv};
+    linear_group(s, qkv, qkv_out, producer ? 3 : 1, s->xn, n);
     for (int t = 0; t < n; t++)
         for (int i = 0; i < nh; i++) {
             float *q = s->q + (size_t)t * nh * hd + (size_t)i * hd;
             rmsnorm(q, q, L->q_norm, hd, eps);
             rope_apply(q, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
         }
-    if (g4_layer_is_producer(m, l)) write_kv(s, l, n);
+    if (producer) write_kv(s, l, n);
     attention(s, l, n);
     linear(s, &L->o, s->att, n, s->proj);
     add_normed(s->x, s->proj, L->ln_post_attn, n, H, eps);
     /* MLP block */
     rmsnorm_rows(s->xn, s->x, L->ln_pre_ffw, n, H, eps);
-    linear(s, &L->gate, s->xn, n, s->gate);
-    linear(s, &L->up, s->xn, n, s->up);
+    const g4_linear *gate_up[2] = {&L->gate, &L->up};
+    float *gate_up_out[2] = {s->gate, s->up};
+    linear_group(s, gate_up, gate_up_out, 2, s->xn, n);
     for (size_t i = 0; i < (size_t)n * L->mlp_dim; i++) s->gate[i] = gelu_tanh(s->gate[i]) * s->up[i];
     linear(s, &L->down, s->gate, n, s->proj);
     add_normed(s->x, s->proj, L->ln_post_ffw, n, H, eps);
@@ -320,18 +397,115 @@ int g4_argmax(const float *logits, int n) {
     return best;
 }
 
-static void *alloc_floats(size_t n, int *ok) {
-    float *p = malloc(sizeof(float) * (n ? n : 1));
+static void *alloc_or_flag(size_t bytes, int *ok) {
+    void *p = malloc(bytes ? bytes : 1);
     if (!p) *ok = 0;
     return p;
+}
+#define ALLOC(ptr, count, ok) ((ptr) = alloc_or_flag(sizeof *(ptr) * (size_t)(count), (ok)))
+
+/* Resolves the options into the switches the forward pass reads. */
+static int resolve_options(g4_session *s) {
+    const g4_options *o = &s->o;
+    if (o->act < G4_ACT_FLOAT || o->act > G4_ACT_INT) return g4_fail("unknown activation mode %d", (int)o->act);
+    int quantized = o->act != G4_ACT_FLOAT;
+    s->q_linear = quantized && o->linear_quant;
+    s->q_kv = quantized && o->kv_quant;
+    s->q_pmp = quantized && o->pmp_quant;
+    s->round = o->round == G4_ROUND_AWAY ? G4_ROUND_HALF_AWAY : G4_ROUND_HALF_EVEN;
+    if (o->qdiv == G4_QDIV_DEFAULT) s->qdiv = o->act == G4_ACT_INT ? G4_QDIV_RECIP : G4_QDIV_DIV;
+    else s->qdiv = o->qdiv == G4_QDIV_DIVIDE ? G4_QDIV_DIV : G4_QDIV_RECIP;
+    if (s->q_pmp) {
+        g4_quantizer q;
+        if (g4_quantizer_init(&q, o->pmp_s_in, 0, s->round, s->qdiv) || g4_quantizer_init(&q, o->pmp_s_out, 0, s->round, s->qdiv))
+            return g4_fail("--pmp-scales: %s", g4_last_error());
+    }
+    return 0;
+}
+
+/* Per-row requantization tables for every linear that runs in integers. */
+static int build_requant_tables(g4_session *s) {
+    static const g4_requant_mode modes[] = {G4_REQUANT_F32, G4_REQUANT_F64, G4_REQUANT_TFL_DOUBLE, G4_REQUANT_TFL_SINGLE};
+    const g4_model *m = s->m;
+    s->rq = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq);
+    if (!s->rq) return g4_fail("out of memory for requantization tables");
+    if (s->o.requant < G4_REQ_F32 || s->o.requant > G4_REQ_TFL_SINGLE) return g4_fail("unknown requant rule %d", (int)s->o.requant);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const g4_linear *lins[9];
+        int count = g4_layer_linears(&m->layers[l], g4_layer_is_producer(m, l), lins);
+        for (int i = 0; i < count; i++) {
+            const g4_linear *L = lins[i];
+            if (!runs_int(s, L) || L->s_out == 0) continue;
+            g4_requant *rq = malloc(sizeof *rq * (size_t)L->w.out);
+            if (!rq) return g4_fail("out of memory for requantization tables");
+            s->rq[L->id] = rq;
+            if (g4_requant_init_rows(rq, (size_t)L->w.out, modes[s->o.requant], L->s_in, L->w.w_scale, L->s_out, 0) != 0)
+                return g4_fail("%s: %s", L->name, g4_last_error());
+        }
+    }
+    return 0;
+}
+
+/* K/V storage for each producer: int8 codes where the point is quantized with a non-zero scale. */
+static int alloc_kv(g4_session *s) {
+    const g4_model *m = s->m;
+    int ok = 1;
+    s->kv = calloc((size_t)(unsigned)m->cfg.n_layers, sizeof *s->kv);
+    if (!s->kv) return g4_fail("out of memory for the KV cache");
+    for (int l = 0; l < m->cfg.n_layers && ok; l++) {
+        const g4_layer *L = &m->layers[l];
+        if (!g4_layer_is_producer(m, l)) continue;
+        kv_cache *c = &s->kv[l];
+        size_t len = (size_t)s->o.ctx * L->n_kv_heads * L->head_dim;
+        c->k_scale = s->q_kv ? L->k_cache_scale : 0;
+        c->v_scale = s->q_kv ? L->v_cache_scale : 0;
+        if (c->k_scale != 0) ALLOC(c->kq, len, &ok);
+        else ALLOC(c->kf, len, &ok);
+        if (c->v_scale != 0) ALLOC(c->vq, len, &ok);
+        else ALLOC(c->vf, len, &ok);
+    }
+    if (!ok) return g4_fail("out of memory for a KV cache of %d tokens", s->o.ctx);
+    return 0;
+}
+
+static int alloc_scratch(g4_session *s) {
+    const g4_config *c = &s->m->cfg;
+    int H = c->hidden, LP = c->n_layers * c->ple_dim, ok = 1;
+    int max_q = 0, max_kv = 0, max_mlp = 0, max_hd = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *ly = &s->m->layers[l];
+        if (c->n_heads * ly->head_dim > max_q) max_q = c->n_heads * ly->head_dim;
+        if (ly->n_kv_heads * ly->head_dim > max_kv) max_kv = ly->n_kv_heads * ly->head_dim;
+        if (ly->mlp_dim > max_mlp) max_mlp = ly->mlp_dim;
+        if (ly->head_dim > max_hd) max_hd = ly->head_dim;
+    }
+    int max_in = H > max_q ? H : max_q; /* widest input or output of a layer linear */
+    if (max_mlp > max_in) max_in = max_mlp;
+    ALLOC(s->x, CHUNK * H, &ok);
+    ALLOC(s->xn, CHUNK * H, &ok);
+    ALLOC(s->xq, CHUNK * max_in, &ok);
+    ALLOC(s->xcodes, CHUNK * max_in, &ok);
+    ALLOC(s->acc, CHUNK * max_in, &ok);
+    ALLOC(s->q, CHUNK * max_q, &ok);
+    ALLOC(s->kk, CHUNK * max_kv, &ok);
+    ALLOC(s->vv, CHUNK * max_kv, &ok);
+    ALLOC(s->att, CHUNK * max_q, &ok);
+    ALLOC(s->proj, CHUNK * H, &ok);
+    ALLOC(s->gate, CHUNK * max_mlp, &ok);
+    ALLOC(s->up, CHUNK * max_mlp, &ok);
+    ALLOC(s->pli, CHUNK * LP, &ok);
+    ALLOC(s->ple_tok, CHUNK * LP, &ok);
+    ALLOC(s->plg, CHUNK * c->ple_dim, &ok);
+    ALLOC(s->scores, s->o.ctx, &ok);
+    for (int t = 0; t < 2; t++) {
+        ALLOC(s->rope_cos[t], CHUNK * max_hd / 2, &ok);
+        ALLOC(s->rope_sin[t], CHUNK * max_hd / 2, &ok);
+    }
+    return ok ? 0 : g4_fail("out of memory for the session's buffers");
 }
 
 g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
     const g4_config *c = &m->cfg;
-    if (o->act == G4_ACT_INT) {
-        g4_fail("--act int: true integer linears are not implemented yet; use --act fake or --act float");
-        return NULL;
-    }
     if (o->ctx < 1 || o->ctx > c->max_positions) {
         g4_fail("--ctx %d: must be between 1 and %d (max_position_embeddings)", o->ctx, c->max_positions);
         return NULL;
@@ -344,49 +518,8 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
     s->m = m;
     s->o = *o;
     s->k = g4_kernels_get();
-    int H = c->hidden, L = c->n_layers, LP = L * c->ple_dim, ok = 1;
-    int max_q = 0, max_kv = 0, max_mlp = 0, max_hd = 0;
-    for (int l = 0; l < L; l++) {
-        const g4_layer *ly = &m->layers[l];
-        if (c->n_heads * ly->head_dim > max_q) max_q = c->n_heads * ly->head_dim;
-        if (ly->n_kv_heads * ly->head_dim > max_kv) max_kv = ly->n_kv_heads * ly->head_dim;
-        if (ly->mlp_dim > max_mlp) max_mlp = ly->mlp_dim;
-        if (ly->head_dim > max_hd) max_hd = ly->head_dim;
-    }
-    size_t max_in = (size_t)H;
-    if ((size_t)max_q > max_in) max_in = (size_t)max_q;
-    if ((size_t)max_mlp > max_in) max_in = (size_t)max_mlp;
-    size_t n_layers = (size_t)(unsigned)L;
-    s->kc = calloc(n_layers, sizeof *s->kc);
-    s->vc = calloc(n_layers, sizeof *s->vc);
-    if (!s->kc || !s->vc) ok = 0;
-    for (int l = 0; l < L && ok; l++) {
-        if (!g4_layer_is_producer(m, l)) continue;
-        size_t kvw = (size_t)m->layers[l].n_kv_heads * m->layers[l].head_dim;
-        s->kc[l] = alloc_floats((size_t)o->ctx * kvw, &ok);
-        s->vc[l] = alloc_floats((size_t)o->ctx * kvw, &ok);
-    }
-    s->x = alloc_floats((size_t)CHUNK * H, &ok);
-    s->xn = alloc_floats((size_t)CHUNK * H, &ok);
-    s->xq = alloc_floats((size_t)CHUNK * max_in, &ok);
-    s->q = alloc_floats((size_t)CHUNK * max_q, &ok);
-    s->kk = alloc_floats((size_t)CHUNK * max_kv, &ok);
-    s->vv = alloc_floats((size_t)CHUNK * max_kv, &ok);
-    s->att = alloc_floats((size_t)CHUNK * max_q, &ok);
-    s->proj = alloc_floats((size_t)CHUNK * H, &ok);
-    s->gate = alloc_floats((size_t)CHUNK * max_mlp, &ok);
-    s->up = alloc_floats((size_t)CHUNK * max_mlp, &ok);
-    s->pli = alloc_floats((size_t)CHUNK * LP, &ok);
-    s->ple_tok = alloc_floats((size_t)CHUNK * LP, &ok);
-    s->plg = alloc_floats((size_t)CHUNK * c->ple_dim, &ok);
-    s->scores = alloc_floats((size_t)o->ctx, &ok);
-    for (int t = 0; t < 2; t++) {
-        s->rope_cos[t] = alloc_floats((size_t)CHUNK * max_hd / 2, &ok);
-        s->rope_sin[t] = alloc_floats((size_t)CHUNK * max_hd / 2, &ok);
-    }
-    if (!ok) {
+    if (resolve_options(s) || build_requant_tables(s) || alloc_kv(s) || alloc_scratch(s)) {
         g4_session_free(s);
-        g4_fail("out of memory for a session with a %d-token context", o->ctx);
         return NULL;
     }
     return s;
@@ -394,12 +527,18 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
 
 void g4_session_free(g4_session *s) {
     if (!s) return;
-    for (int l = 0; s->kc && l < s->m->cfg.n_layers; l++) free(s->kc[l]);
-    for (int l = 0; s->vc && l < s->m->cfg.n_layers; l++) free(s->vc[l]);
-    free(s->kc);
-    free(s->vc);
-    float *bufs[] = {s->x, s->xn, s->xq, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli, s->ple_tok,
-                     s->plg, s->scores, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
+    int L = s->m->cfg.n_layers;
+    for (int l = 0; s->kv && l < L; l++) {
+        free(s->kv[l].kf);
+        free(s->kv[l].vf);
+        free(s->kv[l].kq);
+        free(s->kv[l].vq);
+    }
+    free(s->kv);
+    for (int i = 0; s->rq && i < s->m->n_linears; i++) free(s->rq[i]);
+    free(s->rq);
+    void *bufs[] = {s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
+                    s->ple_tok, s->plg, s->scores, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s);
 }

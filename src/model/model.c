@@ -74,7 +74,9 @@ static int load_scalar(g4_model *m, const char *name, float *out) {
 
 static int load_activation_scale(g4_model *m, const char *name, float *out) {
     if (load_scalar(m, name, out) != 0) return -1;
-    if (*out < 0) return g4_fail("%s: tensor %s: activation scale %g is negative", m->dir, name, *out);
+    /* 0 means "not quantized"; anything else must have a finite f32 reciprocal (x * (1/s)) */
+    if (*out < 0 || (*out != 0 && !isfinite(1.0f / *out)))
+        return g4_fail("%s: tensor %s: activation scale %g must be 0 or a positive normal number", m->dir, name, *out);
     return 0;
 }
 
@@ -118,6 +120,7 @@ static int check_scales(const g4_model *m, const g4_tensor *t, int64_t rows, int
 static int bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, int out) {
     char name[192];
     snprintf(lin->name, sizeof lin->name, "%s", module);
+    lin->id = m->n_linears++;
     int bits = g4_config_module_bits(&m->cfg, module);
     lin->w.in = in;
     lin->w.out = out;

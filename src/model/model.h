@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 
 typedef struct {
+    int id;         /* index among the model's linears (per-session tables use it) */
     char name[128]; /* module name, e.g. model.language_model.layers.3.mlp.gate_proj */
     g4_qweight w;
     float s_in, s_out; /* static activation scales; 0 = not quantized */
@@ -28,7 +29,7 @@ typedef struct {
     int n_kv_heads;
     int kv_source;  /* layer whose K/V this layer attends to (itself for producers) */
     int mlp_dim;
-    g4_linear q, k, v, o, gate, up, down, pl_gate, pl_proj; /* k, v unused on consumers */
+    g4_linear q, k, v, o, gate, up, down, pl_gate, pl_proj; /* k, v unbound on consumers */
     float *ln_in, *ln_post_attn, *ln_pre_ffw, *ln_post_ffw, *ln_post_pli, *q_norm, *k_norm;
     float layer_scalar;
     float k_cache_scale, v_cache_scale; /* producers only; 0 = not quantized */
@@ -46,11 +47,29 @@ struct g4_model {
     float *final_norm;   /* norm [hidden] */
     g4_linear lm_head;
     g4_layer *layers;
+    int n_linears;       /* ids handed out by bind_linear */
     void **owned;        /* f32 copies made at load */
     int n_owned, cap_owned;
     float embed_scale;   /* f32(sqrt(hidden)) */
     float ple_embed_scale; /* f32(sqrt(ple_dim)) */
 };
+
+/* The layer's bound linears (consumers have no k/v). Returns how many were written. */
+static inline int g4_layer_linears(const g4_layer *L, int producer, const g4_linear *out[9]) {
+    int n = 0;
+    out[n++] = &L->q;
+    if (producer) {
+        out[n++] = &L->k;
+        out[n++] = &L->v;
+    }
+    out[n++] = &L->o;
+    out[n++] = &L->gate;
+    out[n++] = &L->up;
+    out[n++] = &L->down;
+    out[n++] = &L->pl_gate;
+    out[n++] = &L->pl_proj;
+    return n;
+}
 
 static inline int g4_layer_is_producer(const g4_model *m, int l) { return m->layers[l].kv_source == l; }
 
