@@ -26,7 +26,7 @@ LIB_SRC = \
   src/kernels/ref.c src/kernels/dispatch.c \
   src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c
 
-TESTS = test_config test_int8 test_unit_linear test_fixture test_broken_checkpoint test_cli
+TESTS = test_config test_int8 test_unit_linear test_fixture test_switches test_broken_checkpoint test_cli
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)

@@ -112,6 +112,19 @@ static void test_npy_outputs(const cJSON *golden) {
     g4_st_close(&gs);
 }
 
+/* Worked example: tiny-mobile has 5 sliding producers with 1 KV head of 16 and one full producer
+ * with 1 KV head of 32: (5*16 + 32) * 2 (K and V) = 224 int8 bytes, 896 as f32. */
+static void test_inspect(void) {
+    char args[8192];
+    snprintf(args, sizeof args, "inspect -m %s", tiny_dir());
+    CHECK(run(args) == 0, "inspect failed");
+    char *out = slurp(out_path);
+    CHECK(strstr(out, "KV cache per token: 224 B with --kv int8 (default), 896 B with --kv f32") != NULL, "inspect: %s", out);
+    CHECK(strstr(out, "layer  9: full    head_dim  32  KV from    4  MLP   192 (2-bit)") != NULL, "inspect layer 9 line");
+    CHECK(strstr(out, "lm_head                 2-bit     64 -> 512") != NULL, "inspect lm_head line");
+    free(out);
+}
+
 static void test_errors(void) {
     char args[8192];
     const char *m = tiny_dir();
@@ -152,6 +165,7 @@ int main(void) {
     cJSON *golden = read_json(path);
     test_generation(golden);
     test_npy_outputs(golden);
+    test_inspect();
     test_errors();
     cJSON_Delete(golden);
     char cmd[600];

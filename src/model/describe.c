@@ -27,7 +27,7 @@ void g4_model_describe(const g4_model *m, void *out) {
                "%d KV-shared layers, final softcap %g\n",
             H, c->n_layers, c->n_heads, c->vocab, P, c->sliding_window, c->n_kv_shared, c->final_softcap);
     double params = 0;
-    size_t per_token = 0, kv_f32 = 0;
+    size_t per_token = 0, kv_f32 = 0, kv_int8 = 0;
     fprintf(f, "layers:\n");
     for (int l = 0; l < c->n_layers; l++) {
         const g4_layer *L = &m->layers[l];
@@ -47,7 +47,12 @@ void g4_model_describe(const g4_model *m, void *out) {
         }
         params += 5.0 * H + L->head_dim * (producer ? 2 : 1) + 1;
         per_token += (5 * (size_t)H + (size_t)L->head_dim * (producer ? 2 : 1)) * 2 + 2;
-        if (producer) kv_f32 += 2 * (size_t)L->n_kv_heads * L->head_dim * 4;
+        if (producer) {
+            size_t width = (size_t)L->n_kv_heads * L->head_dim;
+            kv_f32 += 2 * width * 4;
+            /* a cache scale of 0 means that half stays float */
+            kv_int8 += width * (L->k_cache_scale != 0 ? 1 : 4) + width * (L->v_cache_scale != 0 ? 1 : 4);
+        }
     }
     fprintf(f, "global:\n");
     fprintf(f, "    %-22s %2d-bit %6d x %-6d (gathered: one row per token)\n", "embed_tokens", m->embed.bits, m->embed.rows,
@@ -71,7 +76,7 @@ void g4_model_describe(const g4_model *m, void *out) {
     fprintf(f, "  parameters (text decoder, live): %.0f (%.2f M)\n", params, params / 1e6);
     fprintf(f, "  bytes on disk: %zu (text tensors %zu)\n", disk, text);
     fprintf(f, "  bytes touched per decoded token: %zu (%.2f MB), plus the KV cache\n", per_token, per_token / 1e6);
-    fprintf(f, "  KV cache per token: %zu B as f32\n", kv_f32);
+    fprintf(f, "  KV cache per token: %zu B with --kv int8 (default), %zu B with --kv f32\n", kv_int8, kv_f32);
     fprintf(f, "  stop ids:");
     for (int i = 0; i < c->n_stop_ids; i++) fprintf(f, " %d", c->stop_ids[i]);
     fprintf(f, "\n");
