@@ -85,6 +85,20 @@ int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int
 /* Index of the largest logit (the first one on ties). */
 int g4_argmax(const float *logits, int n);
 
+/* Sampling parameters. temperature 0 means greedy (argmax); the rest then has no effect. */
+typedef struct {
+    float temperature;
+    int top_k;            /* 0 = off */
+    float top_p;          /* 1 = off */
+    float min_p;          /* 0 = off: drop tokens below min_p x the top token's probability */
+    float repeat_penalty; /* 1 = off: HF rule, logit / p if positive, logit * p if negative */
+    int repeat_last_n;    /* how many recent tokens the penalty looks at (0 = all) */
+    uint64_t seed;
+} g4_sampling;
+
+/* Greedy decoding (temperature 0), seed 0. */
+void g4_sampling_default(g4_sampling *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,151 @@
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/err.h"
+
+typedef struct {
+    int32_t id;
+    float logit;
+} candidate;
+
+struct g4_sampler {
+    g4_sampling p;
+    int vocab;
+    uint64_t rng;
+    candidate *cand; /* [vocab] */
+    float *work;     /* [vocab] logits after the penalty */
+    double *prob;    /* [vocab] unnormalised probabilities of the sorted candidates */
+};
+
+void g4_sampling_default(g4_sampling *p) {
+    *p = (g4_sampling){.temperature = 0, .top_k = 0, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 64, .seed = 0};
+}
+
+/* splitmix64: a small, well-mixed generator; the sequence depends only on the seed. */
+static uint64_t next_u64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double next_unit(uint64_t *state) { return (double)(next_u64(state) >> 11) * (1.0 / 9007199254740992.0); }
+
+g4_sampler *g4_sampler_new(const g4_sampling *params, int vocab) {
+    const g4_sampling *p = params;
+    if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
+        !(p->repeat_penalty > 0) || p->repeat_last_n < 0) {
+        g4_fail("invalid sampling parameters (temperature >= 0, top-k >= 0, 0 < top-p <= 1, 0 <= min-p <= 1, repeat-penalty > 0)");
+        return NULL;
+    }
+    g4_sampler *s = calloc(1, sizeof *s);
+    if (s) {
+        s->cand = malloc(sizeof *s->cand * (size_t)vocab);
+        s->work = malloc(sizeof *s->work * (size_t)vocab);
+        s->prob = malloc(sizeof *s->prob * (size_t)vocab);
+    }
+    if (!s || !s->cand || !s->work || !s->prob) {
+        g4_sampler_free(s);
+        g4_fail("out of memory for the sampler");
+        return NULL;
+    }
+    s->p = *p;
+    s->vocab = vocab;
+    s->rng = p->seed;
+    return s;
+}
+
+void g4_sampler_free(g4_sampler *s) {
+    if (!s) return;
+    free(s->cand);
+    free(s->work);
+    free(s->prob);
+    free(s);
+}
+
+/* Higher logit first; the lower id first on equal logits, so the order is total and stable. */
+static int by_logit_desc(const void *a, const void *b) {
+    const candidate *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void apply_repeat_penalty(const g4_sampler *s, float *logits, const int32_t *history, int n) {
+    if (s->p.repeat_penalty == 1) return;
+    int from = s->p.repeat_last_n && n > s->p.repeat_last_n ? n - s->p.repeat_last_n : 0;
+    /* each distinct token is penalised once, as in HF (it gathers, then scatters) */
+    for (int i = from; i < n; i++) {
+        int32_t t = history[i];
+        if (t < 0 || t >= s->vocab) continue;
+        int seen = 0;
+        for (int j = from; j < i && !seen; j++) seen = history[j] == t;
+        if (seen) continue;
+        float l = logits[t];
+        logits[t] = l > 0 ? l / s->p.repeat_penalty : l * s->p.repeat_penalty;
+    }
+}
+
+/* Moves the k best candidates to the front, sorted (partial quickselect then sort). */
+static void select_top(candidate *c, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        candidate pivot = c[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (by_logit_desc(&c[i], &pivot) < 0) i++;
+            while (by_logit_desc(&c[j], &pivot) > 0) j--;
+            if (i <= j) {
+                candidate t = c[i];
+                c[i++] = c[j];
+                c[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+    qsort(c, (size_t)k, sizeof *c, by_logit_desc);
+}
+
+int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
+    memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
+    apply_repeat_penalty(s, s->work, history, n_history);
+    if (s->p.temperature == 0) return g4_argmax(s->work, s->vocab);
+    int n = s->vocab;
+    for (int i = 0; i < n; i++) s->cand[i] = (candidate){i, s->work[i] / s->p.temperature};
+    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    select_top(s->cand, n, k);
+    n = k;
+    /* probabilities over the survivors, in double */
+    double max = s->cand[0].logit, total = 0, *prob = s->prob;
+    for (int i = 0; i < n; i++) total += prob[i] = exp((double)s->cand[i].logit - max);
+    /* top-p: the smallest prefix whose mass reaches p (always at least one token) */
+    if (s->p.top_p < 1) {
+        double acc = 0;
+        int keep = 0;
+        while (keep < n && acc < s->p.top_p * total) acc += prob[keep++];
+        n = keep > 0 ? keep : 1;
+    }
+    /* min-p: drop tokens below min_p x the top probability */
+    if (s->p.min_p > 0) {
+        int keep = 1;
+        while (keep < n && prob[keep] >= s->p.min_p * prob[0]) keep++;
+        n = keep;
+    }
+    total = 0;
+    for (int i = 0; i < n; i++) total += prob[i];
+    double r = next_unit(&s->rng) * total, acc = 0;
+    int32_t pick = s->cand[n - 1].id;
+    for (int i = 0; i < n; i++) {
+        acc += prob[i];
+        if (r < acc) {
+            pick = s->cand[i].id;
+            break;
+        }
+    }
+    return pick;
+}

@@ -1,0 +1,100 @@
+/* Sampling against worked examples: greedy and the repetition penalty, and the sampled
+ * frequencies of a known distribution under temperature, top-k, top-p and min-p. */
+#include "generate/sampler.h"
+#include "testutil.h"
+
+#define V 5
+
+static g4_sampling params(float t, int k, float p, float minp) {
+    g4_sampling s;
+    g4_sampling_default(&s);
+    s.temperature = t;
+    s.top_k = k;
+    s.top_p = p;
+    s.min_p = minp;
+    s.seed = 42;
+    return s;
+}
+
+/* Frequencies of each token over n draws. */
+static void frequencies(const g4_sampling *p, const float *logits, int n, double *freq) {
+    g4_sampler *s = g4_sampler_new(p, V);
+    for (int i = 0; i < V; i++) freq[i] = 0;
+    for (int i = 0; i < n; i++) freq[g4_sampler_sample(s, logits, NULL, 0)] += 1.0 / n;
+    g4_sampler_free(s);
+}
+
+static void expect_freq(const char *what, const double *freq, const double *want) {
+    for (int i = 0; i < V; i++)
+        CHECK(fabs(freq[i] - want[i]) < 0.012, "%s: token %d frequency %.4f, expected %.4f", what, i, freq[i], want[i]);
+}
+
+int main(void) {
+    /* probabilities 0.5, 0.3, 0.2, 0, 0 (two tokens at -inf) */
+    const float logits[V] = {logf(0.5f), logf(0.3f), logf(0.2f), -INFINITY, -INFINITY};
+    double f[V];
+    g4_sampling p = params(1, 0, 1, 0);
+    frequencies(&p, logits, 40000, f);
+    expect_freq("T=1", f, (double[]){0.5, 0.3, 0.2, 0, 0});
+    p = params(1, 2, 1, 0);
+    frequencies(&p, logits, 40000, f);
+    expect_freq("top-k 2", f, (double[]){0.625, 0.375, 0, 0, 0});
+    p = params(1, 0, 0.75f, 0);
+    frequencies(&p, logits, 40000, f);
+    expect_freq("top-p 0.75", f, (double[]){0.625, 0.375, 0, 0, 0});
+    p = params(1, 0, 1, 0.5f);
+    frequencies(&p, logits, 40000, f);
+    expect_freq("min-p 0.5", f, (double[]){0.625, 0.375, 0, 0, 0});
+    /* T = 2: p^(1/2) renormalised */
+    double a = sqrt(0.5), b = sqrt(0.3), c = sqrt(0.2), z = a + b + c;
+    p = params(2, 0, 1, 0);
+    frequencies(&p, logits, 40000, f);
+    expect_freq("T=2", f, (double[]){a / z, b / z, c / z, 0, 0});
+    p = params(1, 1, 1, 0);
+    frequencies(&p, logits, 2000, f);
+    expect_freq("top-k 1", f, (double[]){1, 0, 0, 0, 0});
+
+    /* same seed, same tokens; another seed, another sequence */
+    g4_sampling s1 = params(1, 0, 1, 0), s2 = s1;
+    s2.seed = 43;
+    g4_sampler *x = g4_sampler_new(&s1, V), *y = g4_sampler_new(&s1, V), *w = g4_sampler_new(&s2, V);
+    int differ_same = 0, differ_other = 0;
+    for (int i = 0; i < 200; i++) {
+        int32_t tx = g4_sampler_sample(x, logits, NULL, 0);
+        differ_same += tx != g4_sampler_sample(y, logits, NULL, 0);
+        differ_other += tx != g4_sampler_sample(w, logits, NULL, 0);
+    }
+    CHECK(differ_same == 0, "same seed gave different tokens %d times", differ_same);
+    CHECK(differ_other > 0, "another seed gave the same 200 tokens");
+    g4_sampler_free(x);
+    g4_sampler_free(y);
+    g4_sampler_free(w);
+
+    /* greedy with the repetition penalty (HF rule): logits 2.0, 1.5, -1: token 0 seen -> 2.0/2 = 1.0 < 1.5 */
+    const float l2[V] = {2.0f, 1.5f, -1.0f, -3.0f, -4.0f};
+    g4_sampling g = params(0, 0, 1, 0);
+    g4_sampler *gs = g4_sampler_new(&g, V);
+    CHECK_EQ_INT(g4_sampler_sample(gs, l2, NULL, 0), 0);
+    g4_sampler_free(gs);
+    g.repeat_penalty = 2;
+    gs = g4_sampler_new(&g, V);
+    int32_t hist[3] = {0, 0, 2};
+    CHECK_EQ_INT(g4_sampler_sample(gs, l2, hist, 3), 1);
+    /* negative logits are multiplied: token 1 seen too -> 0.75 < 1.0 = token 0 */
+    int32_t hist2[2] = {0, 1};
+    CHECK_EQ_INT(g4_sampler_sample(gs, l2, hist2, 2), 0);
+    g4_sampler_free(gs);
+    /* repeat_last_n limits the window: token 0 is outside the last 1 token */
+    g.repeat_last_n = 1;
+    gs = g4_sampler_new(&g, V);
+    int32_t hist3[2] = {0, 3};
+    CHECK_EQ_INT(g4_sampler_sample(gs, l2, hist3, 2), 0);
+    g4_sampler_free(gs);
+
+    /* invalid parameters */
+    g4_sampling bad = params(-1, 0, 1, 0);
+    CHECK(g4_sampler_new(&bad, V) == NULL && strstr(g4_last_error(), "temperature"), "negative temperature accepted");
+    bad = params(1, 0, 0, 0);
+    CHECK(g4_sampler_new(&bad, V) == NULL, "top-p 0 accepted");
+    return check_report("sampler");
+}
