@@ -25,9 +25,9 @@ LIB_SRC = \
   src/quant/pack.c src/quant/int8.c \
   src/kernels/ref.c src/kernels/dispatch.c \
   src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c \
-  src/generate/sampler.c
+  src/generate/sampler.c src/generate/generate.c
 
-TESTS = test_config test_int8 test_unit_linear test_sampler test_fixture test_switches test_broken_checkpoint test_cli
+TESTS = test_config test_int8 test_unit_linear test_sampler test_generate test_fixture test_switches test_broken_checkpoint test_cli
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)

@@ -77,6 +77,8 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o);
 void g4_session_free(g4_session *s);
 void g4_session_reset(g4_session *s);
 int g4_session_pos(const g4_session *s);
+int g4_session_ctx(const g4_session *s);
+const g4_model *g4_session_model(const g4_session *s);
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
 /* Feeds n tokens at the current position. logits: NULL, or room for vocab floats (the last
  * token's logits) or n * vocab floats when all_logits is set. */
@@ -98,6 +100,40 @@ typedef struct {
 
 /* Greedy decoding (temperature 0), seed 0. */
 void g4_sampling_default(g4_sampling *p);
+/* The model's own sampling defaults from generation_config.json (greedy if it has none). */
+void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p);
+
+typedef enum {
+    G4_STOP_EOS = 0,     /* a stop id was generated (it is reported, then generation ends) */
+    G4_STOP_BUDGET = 1,  /* max_tokens reached */
+    G4_STOP_CONTEXT = 2, /* the KV cache is full */
+    G4_STOP_USER = 3,    /* the token callback asked to stop */
+} g4_stop_reason;
+
+typedef struct {
+    int max_tokens;
+    g4_sampling sampling;
+    const int *stop_ids; /* NULL: the model's (generation_config.json / config.json eos) */
+    int n_stop_ids;
+} g4_generate_params;
+
+typedef struct {
+    int n_prompt, n_generated;
+    g4_stop_reason stop;
+    int32_t stop_id;     /* the stop id generated, when stop == G4_STOP_EOS */
+    double prefill_s, decode_s;
+} g4_generate_result;
+
+/* Called with each generated token (a stop id included); return non-zero to stop. */
+typedef int (*g4_token_fn)(void *user, int32_t token);
+
+/* Feeds `prompt` at the session's current position (the KV cache keeps earlier turns), then
+ * generates. Fails, before computing anything, when the prompt does not fit the context.
+ * The last generated token (e.g. the stop id) is not fed back: the session's position is
+ * n_prompt + n_generated - 1 past where it was, and a follow-up turn starts with that token. */
+int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,
+                void *user, g4_generate_result *result);
+const char *g4_stop_reason_name(g4_stop_reason r);
 
 #ifdef __cplusplus
 }

@@ -189,6 +189,58 @@ static int engine_flag(args_t *a, g4_options *o, int *bad) {
     return 1;
 }
 
+/* Sampling flags. Returns 1 if argv[i] was one; sets *given when any was. */
+static int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad) {
+    const char *v = NULL;
+    float f;
+    int i;
+    if (flag_is(a, "--temp") || flag_is(a, "--temperature")) {
+        if (!(v = flag_value(a, "--temp", bad)) || parse_float(a->cmd, "--temp", v, &f)) return *bad = 1;
+        p->temperature = f;
+    } else if (flag_is(a, "--top-k")) {
+        if (!(v = flag_value(a, "--top-k", bad)) || parse_int(a->cmd, "--top-k", v, 0, 1 << 30, &i)) return *bad = 1;
+        p->top_k = i;
+    } else if (flag_is(a, "--top-p")) {
+        if (!(v = flag_value(a, "--top-p", bad)) || parse_float(a->cmd, "--top-p", v, &f)) return *bad = 1;
+        if (!(f > 0 && f <= 1)) {
+            fprintf(stderr, "g4 %s: error: --top-p %s: expected a number in (0, 1]\n", a->cmd, v);
+            return *bad = 1;
+        }
+        p->top_p = f;
+    } else if (flag_is(a, "--min-p")) {
+        if (!(v = flag_value(a, "--min-p", bad)) || parse_float(a->cmd, "--min-p", v, &f)) return *bad = 1;
+        if (f > 1) {
+            fprintf(stderr, "g4 %s: error: --min-p %s: expected a number in [0, 1]\n", a->cmd, v);
+            return *bad = 1;
+        }
+        p->min_p = f;
+    } else if (flag_is(a, "--repeat-penalty")) {
+        if (!(v = flag_value(a, "--repeat-penalty", bad)) || parse_float(a->cmd, "--repeat-penalty", v, &f)) return *bad = 1;
+        if (!(f > 0)) {
+            fprintf(stderr, "g4 %s: error: --repeat-penalty %s: expected a positive number\n", a->cmd, v);
+            return *bad = 1;
+        }
+        p->repeat_penalty = f;
+    } else if (flag_is(a, "--repeat-last-n")) {
+        if (!(v = flag_value(a, "--repeat-last-n", bad)) || parse_int(a->cmd, "--repeat-last-n", v, 0, 1 << 30, &i)) return *bad = 1;
+        p->repeat_last_n = i;
+    } else if (flag_is(a, "--seed")) {
+        char *end;
+        if (!(v = flag_value(a, "--seed", bad))) return 1;
+        errno = 0;
+        unsigned long long seed = strtoull(v, &end, 10);
+        if (errno || end == v || *end || v[0] == '-') {
+            fprintf(stderr, "g4 %s: error: --seed %s: expected a non-negative integer\n", a->cmd, v);
+            return *bad = 1;
+        }
+        p->seed = seed;
+    } else {
+        return 0;
+    }
+    *given = 1;
+    return 1;
+}
+
 static int unknown_flag(const args_t *a) {
     fprintf(stderr, "g4 %s: error: unknown flag %s (see g4 help)\n", a->cmd, a->argv[a->i]);
     return 1;
@@ -219,11 +271,14 @@ typedef struct {
     const char *dir, *ids, *logits_npy, *dump_dir;
     int n_new;
     g4_options o;
+    g4_sampling sampling;
+    int sampling_given;
 } run_args;
 
 static int parse_run(args_t *a, run_args *r) {
     int bad = 0;
     g4_options_default(&r->o);
+    g4_sampling_default(&r->sampling);
     r->n_new = 16;
     for (a->i = 2; a->i < a->argc && !bad; a->i++) {
         if (flag_is(a, "-m") || flag_is(a, "--model")) r->dir = flag_value(a, "-m", &bad);
@@ -233,11 +288,40 @@ static int parse_run(args_t *a, run_args *r) {
             if (v && parse_int(a->cmd, "-n", v, 0, 1 << 20, &r->n_new)) bad = 1;
         } else if (flag_is(a, "--logits-npy")) r->logits_npy = flag_value(a, "--logits-npy", &bad);
         else if (flag_is(a, "--dump-dir")) r->dump_dir = flag_value(a, "--dump-dir", &bad);
-        else if (!engine_flag(a, &r->o, &bad)) return unknown_flag(a);
+        else if (!engine_flag(a, &r->o, &bad) && !sampling_flag(a, &r->sampling, &r->sampling_given, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
     if (!r->dir) return die("g4 run needs -m DIR%s", "");
     if (!r->ids) return die("g4 run needs --ids (comma-separated token ids)%s", "");
+    return 0;
+}
+
+/* Prefill only, for --logits-npy and --dump-dir: all prompt logits and intermediate tensors. */
+static int write_prefill_outputs(g4_session *s, const run_args *r, const int32_t *ids, int n) {
+    int V = g4_model_vocab_size(g4_session_model(s));
+    float *logits = malloc(sizeof *logits * (size_t)V * (size_t)n);
+    g4_capture cap = {0};
+    int rc = -1;
+    if (!logits) {
+        g4_fail("out of memory for %d x %d logits", n, V);
+        return -1;
+    }
+    if (r->dump_dir) g4_session_set_trace(s, g4_capture_trace, &cap);
+    if (g4_session_eval(s, ids, n, logits, 1) == 0 && (!r->dump_dir || g4_capture_write_npy(&cap, r->dump_dir) == 0)) {
+        int64_t shape[2] = {n, V};
+        rc = r->logits_npy ? g4_npy_write_f32(r->logits_npy, logits, 2, shape) : 0;
+    }
+    g4_session_set_trace(s, NULL, NULL);
+    g4_session_reset(s);
+    g4_capture_free(&cap);
+    free(logits);
+    return rc;
+}
+
+static int print_id(void *user, int32_t token) {
+    int *count = user;
+    printf((*count)++ ? " %d" : "%d", token);
+    fflush(stdout);
     return 0;
 }
 
@@ -253,36 +337,25 @@ static int cmd_run(args_t *a) {
     }
     g4_model *m = g4_model_load(r.dir);
     g4_session *s = m ? g4_session_new(m, &r.o) : NULL;
-    int rc = 1, V = m ? g4_model_vocab_size(m) : 0;
-    float *logits = s ? malloc(sizeof *logits * (size_t)V * (r.logits_npy ? n_ids : 1)) : NULL;
-    g4_capture cap = {0};
-    if (!logits) {
-        if (s) g4_fail("out of memory for the logits");
-        goto done;
+    int rc = 1, printed = 0;
+    if (!s) goto done;
+    if ((r.logits_npy || r.dump_dir) && write_prefill_outputs(s, &r, ids, n_ids) != 0) goto done;
+    if (r.n_new > 0) {
+        /* token ids in and out: greedy unless sampling flags are given, and no stop ids, so the
+         * output has exactly -n ids (the tests compare it with golden sequences) */
+        g4_generate_params gp = {.max_tokens = r.n_new, .sampling = r.sampling, .stop_ids = NULL, .n_stop_ids = 0};
+        static const int none[1] = {-1};
+        gp.stop_ids = none;
+        g4_generate_result res;
+        if (g4_generate(s, ids, n_ids, &gp, print_id, &printed, &res) != 0) goto done;
+        printf("\n");
+        if (res.stop == G4_STOP_CONTEXT)
+            fprintf(stderr, "g4: warning: generation stopped after %d tokens: the context of %d tokens is full (--ctx)\n",
+                    res.n_generated, r.o.ctx);
     }
-    if (r.dump_dir) g4_session_set_trace(s, g4_capture_trace, &cap);
-    if (g4_session_eval(s, ids, n_ids, logits, r.logits_npy != NULL) != 0) goto done;
-    g4_session_set_trace(s, NULL, NULL);
-    if (r.dump_dir && g4_capture_write_npy(&cap, r.dump_dir) != 0) goto done;
-    if (r.logits_npy) {
-        int64_t shape[2] = {n_ids, V};
-        if (g4_npy_write_f32(r.logits_npy, logits, 2, shape) != 0) goto done;
-    }
-    const float *last = logits + (r.logits_npy ? (size_t)(n_ids - 1) * V : 0);
-    for (int i = 0; i < r.n_new; i++) {
-        int32_t next = g4_argmax(last, V);
-        printf(i ? " %d" : "%d", next);
-        fflush(stdout);
-        if (i + 1 == r.n_new) break;
-        if (g4_session_eval(s, &next, 1, logits, 0) != 0) goto done;
-        last = logits;
-    }
-    printf("\n");
     rc = 0;
 done:
     if (rc) die_lib();
-    g4_capture_free(&cap);
-    free(logits);
     free(ids);
     g4_session_free(s);
     g4_model_free(m);
@@ -308,7 +381,9 @@ static void usage(FILE *f) {
             "  --round even|away       tie rule of every activation quantizer (default even)\n"
             "  --qdiv div|recip        x / s or x * (1/s) (default: div in fake mode, recip in int mode)\n"
             "  --requant f32|f64|tfl-double|tfl-single  int-mode requantization (default f32, XNNPACK's)\n"
-            "  --ctx N                 context length (default 4096)\n",
+            "  --ctx N                 context length (default 4096)\n"
+            "sampling (run -p, chat; run --ids is greedy unless given):\n"
+            "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
             G4_VERSION);
 }
 

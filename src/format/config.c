@@ -307,6 +307,14 @@ static int load_generation_config(g4_config *cfg, const char *dir) {
         return g4_fail("%s: not a JSON object", path);
     }
     add_stop_ids(cfg, cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"));
+    const cJSON *sample = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "temperature");
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(root, "top_k");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "top_p");
+    cfg->temperature = cJSON_IsNumber(t) && t->valuedouble >= 0 ? t->valuedouble : 1.0;
+    cfg->top_k = cJSON_IsNumber(k) && k->valuedouble >= 0 && k->valuedouble < 1e9 ? (int)k->valuedouble : 0;
+    cfg->top_p = cJSON_IsNumber(p) && p->valuedouble > 0 && p->valuedouble <= 1 ? p->valuedouble : 1.0;
+    cfg->has_sampling = !cJSON_IsFalse(sample) && (cJSON_IsNumber(t) || cJSON_IsNumber(k) || cJSON_IsNumber(p));
     cJSON_Delete(root);
     return 0;
 }

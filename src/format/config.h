@@ -57,6 +57,10 @@ typedef struct {
     int bos_id, pad_id;
     int n_stop_ids;
     int stop_ids[G4_MAX_STOP_IDS];
+    /* Sampling defaults of generation_config.json (has_sampling = 0: none given, or do_sample false). */
+    int has_sampling;
+    double temperature, top_p;
+    int top_k;
     g4_quant_config quant;
 } g4_config;
 

@@ -545,6 +545,8 @@ void g4_session_free(g4_session *s) {
 
 void g4_session_reset(g4_session *s) { s->pos = 0; }
 int g4_session_pos(const g4_session *s) { return s->pos; }
+int g4_session_ctx(const g4_session *s) { return s->o.ctx; }
+const g4_model *g4_session_model(const g4_session *s) { return s->m; }
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user) {
     s->trace = fn;
     s->trace_user = user;
