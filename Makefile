@@ -6,8 +6,8 @@
 # must evaluate float expressions exactly as written. Never add -ffast-math.
 
 CC      ?= cc
-CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -Iinclude -Isrc -MMD -MP
-LDLIBS  = -lcjson -lpcre2-8 -lm
+CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iinclude -Isrc -MMD -MP
+LDLIBS  = -lcjson -lpcre2-8 -lm -pthread
 
 BUILD ?= release
 ifeq ($(BUILD),asan)
@@ -21,19 +21,19 @@ OUT = build/$(BUILD)
 
 LIB_SRC = \
   src/util/err.c src/util/file.c src/util/npy.c \
-  src/format/safetensors.c src/format/config.c \
-  src/quant/pack.c src/quant/int8.c \
-  src/kernels/ref.c src/kernels/dispatch.c \
-  src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c \
+  src/format/safetensors.c src/format/safetensors_write.c src/format/config.c \
+  src/quant/pack.c src/quant/int8.c src/quant/dynamic.c \
+  src/kernels/ref.c src/kernels/dispatch.c src/kernels/avx2.c src/kernels/neon.c src/kernels/pool.c \
+  src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c src/model/synth.c \
   src/generate/sampler.c src/generate/generate.c
 
-TESTS = test_config test_int8 test_unit_linear test_sampler test_generate test_fixture test_switches test_broken_checkpoint test_cli
+TESTS = test_config test_int8 test_unit_linear test_litert test_sampler test_generate test_fixture test_switches test_synth test_broken_checkpoint test_cli
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test check clean
-.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o
+.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
@@ -43,7 +43,7 @@ $(OUT)/%.o: %.c
 $(OUT)/libg4.a: $(LIB_OBJ)
 	@ar rcs $@ $^
 
-$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/libg4.a
+$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/synth_cmd.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a

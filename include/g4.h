@@ -37,6 +37,8 @@ typedef enum {
     G4_REQ_F64 = 1,         /* ((acc*s_x)*s_w)/s_y in double, ties to even */
     G4_REQ_TFL_DOUBLE = 2,  /* TFLite reference: Q31 multiplier, gemmlowp double rounding */
     G4_REQ_TFL_SINGLE = 3,  /* TFLITE_SINGLE_ROUNDING / ruy */
+    G4_REQ_TFL_NEON = 4,    /* TFLite's optimized kernels (LiteRT "builtin" CPU path) */
+    G4_REQ_TFL_REF = 5,     /* TFLite's reference kernels: round(acc * double multiplier), ties away */
 } g4_requant_rule;
 
 typedef struct {
@@ -49,6 +51,7 @@ typedef struct {
     g4_round round;
     g4_qdiv qdiv;      /* G4_QDIV_DEFAULT: divide in fake mode, reciprocal in int mode */
     g4_requant_rule requant;
+    int lmhead_dynamic_q8; /* lm_head input quantized per token at run time, as XNNPACK's qd8 path */
     int ctx;           /* KV-cache length in tokens */
 } g4_options;
 

@@ -14,6 +14,8 @@
 #include "util/err.h"
 #include "util/npy.h"
 
+int g4_cmd_synth(int argc, char **argv); /* tools/synth_cmd.c */
+
 static int die(const char *fmt, const char *arg) {
     fprintf(stderr, "g4: error: ");
     fprintf(stderr, fmt, arg);
@@ -139,7 +141,7 @@ static int engine_flag(args_t *a, g4_options *o, int *bad) {
                              *const profiles[] = {"hf", "litert", NULL}, *const kv[] = {"f32", "int8", NULL},
                              *const placements[] = {"scaled", "raw", NULL}, *const rounds[] = {"even", "away", NULL},
                              *const qdivs[] = {"recip", "div", NULL},
-                             *const requants[] = {"f32", "f64", "tfl-double", "tfl-single", NULL};
+                             *const requants[] = {"f32", "f64", "tfl-double", "tfl-single", "tfl-neon", "tfl-ref", NULL};
     const char *v;
     int choice;
     if (flag_is(a, "--act")) {
@@ -181,6 +183,9 @@ static int engine_flag(args_t *a, g4_options *o, int *bad) {
     } else if (flag_is(a, "--requant")) {
         if (!(v = flag_value(a, "--requant", bad)) || parse_choice(a->cmd, "--requant", v, requants, &choice)) return *bad = 1;
         o->requant = (g4_requant_rule)choice;
+    } else if (flag_is(a, "--lmhead-dynamic-q8")) {
+        if (!(v = flag_value(a, "--lmhead-dynamic-q8", bad)) || parse_choice(a->cmd, "--lmhead-dynamic-q8", v, onoff, &o->lmhead_dynamic_q8))
+            return *bad = 1;
     } else if (flag_is(a, "--ctx")) {
         if (!(v = flag_value(a, "--ctx", bad)) || parse_int(a->cmd, "--ctx", v, 1, 1 << 20, &o->ctx)) return *bad = 1;
     } else {
@@ -368,6 +373,7 @@ static void usage(FILE *f) {
             "usage:\n"
             "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
+            "  g4 synth --preset e2b|tiny -o DIR      write a random checkpoint in the real layout\n"
             "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
             "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
             "engine options (run):\n"
@@ -380,7 +386,8 @@ static void usage(FILE *f) {
             "  --pmp-scales S_IN,S_OUT its static scales (default 0.038878,0.002353)\n"
             "  --round even|away       tie rule of every activation quantizer (default even)\n"
             "  --qdiv div|recip        x / s or x * (1/s) (default: div in fake mode, recip in int mode)\n"
-            "  --requant f32|f64|tfl-double|tfl-single  int-mode requantization (default f32, XNNPACK's)\n"
+            "  --requant f32|f64|tfl-double|tfl-single|tfl-neon|tfl-ref  int-mode requantization (default f32 = XNNPACK)\n"
+            "  --lmhead-dynamic-q8 on|off  quantize the lm_head input per token at run time, as XNNPACK (default off)\n"
             "  --ctx N                 context length (default 4096)\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
             "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
@@ -398,7 +405,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(&a);
+    if (!strcmp(argv[1], "synth")) return g4_cmd_synth(argc - 1, argv + 1);
     if (!strcmp(argv[1], "run")) return cmd_run(&a);
-    fprintf(stderr, "g4: error: unknown command %s (commands: inspect, run, help)\n", argv[1]);
+    fprintf(stderr, "g4: error: unknown command %s (commands: inspect, run, synth, help)\n", argv[1]);
     return 1;
 }

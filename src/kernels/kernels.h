@@ -1,7 +1,11 @@
 /* Compute kernels. Each operation has one portable reference implementation here (kernels/ref.c);
  * faster variants (AVX2, NEON) sit behind the g4_kernels dispatch table and are tested against
  * the reference. Float reductions use a fixed 8-lane order so a vector kernel can reproduce the
- * reference bit for bit (no reassociation: a 1-ulp change can flip an int8 rounding downstream). */
+ * reference bit for bit (no reassociation: a 1-ulp change can flip an int8 rounding downstream).
+ *
+ * Every dispatched matmul splits its output rows across a persistent thread pool (kernels/pool.c).
+ * Each output element is computed by exactly one thread in the reference order, so results do
+ * not depend on the thread count or on the dispatch level. */
 #ifndef G4_KERNELS_H
 #define G4_KERNELS_H
 
@@ -41,7 +45,20 @@ typedef struct {
     void (*matmul_i8)(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
 } g4_kernels;
 
-/* The kernel set chosen for this CPU (or forced by G4_DISPATCH=portable). */
+/* The kernel set chosen for this CPU: the best supported level, or the one forced by
+ * G4_DISPATCH=portable|avx2|neon (an unknown or unsupported value falls back to the best level
+ * with a one-line warning on stderr). */
 const g4_kernels *g4_kernels_get(void);
+
+/* The kernel set of one level by name ("portable", "avx2", "neon"), or NULL when this build or
+ * CPU does not have it. Tests and benchmarks use it to compare levels in one process. */
+const g4_kernels *g4_kernels_level(const char *name);
+
+/* Threads the matmuls use, the caller included. n <= 0 restores the default (online CPUs).
+ * Not to be called while a matmul runs in another thread. */
+void g4_kernels_set_threads(int n);
+int g4_kernels_threads(void);
+/* Stops and joins the pool threads (also registered with atexit). A later matmul restarts them. */
+void g4_kernels_shutdown(void);
 
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "quant/dynamic.h"
 #include "quant/int8.h"
 #include "quant/pack.h"
 #include "util/err.h"
@@ -349,7 +350,16 @@ static void output_head(g4_session *s, int n, int first, float *logits) {
     rmsnorm_rows(s->xn, s->x, m->final_norm, n, H, (float)m->cfg.rms_eps);
     trace(s, "final_norm", n, H, 0, s->xn);
     if (!logits) return;
-    linear(s, &m->lm_head, s->xn + (size_t)first * H, n - first, logits);
+    if (s->o.lmhead_dynamic_q8 && m->lm_head.s_in == 0 && m->lm_head.w.bits != 16) {
+        /* LiteRT's XNNPACK runs a float-input FC with int weights by quantizing each input row
+         * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref) */
+        const g4_qweight *w = &m->lm_head.w;
+        for (int t = first; t < n; t++)
+            g4_dynq_matvec_packed(G4_DYNQ_XNN_QD8, s->xn + (size_t)t * H, (size_t)H, w->w, w->bits, (size_t)V, w->w_scale,
+                                  s->xcodes, logits + (size_t)(t - first) * V);
+    } else {
+        linear(s, &m->lm_head, s->xn + (size_t)first * H, n - first, logits);
+    }
     double cap = m->cfg.final_softcap;
     if (cap > 0) {
         float fc = (float)cap;
@@ -425,11 +435,12 @@ static int resolve_options(g4_session *s) {
 
 /* Per-row requantization tables for every linear that runs in integers. */
 static int build_requant_tables(g4_session *s) {
-    static const g4_requant_mode modes[] = {G4_REQUANT_F32, G4_REQUANT_F64, G4_REQUANT_TFL_DOUBLE, G4_REQUANT_TFL_SINGLE};
+    static const g4_requant_mode modes[] = {G4_REQUANT_F32,        G4_REQUANT_F64,           G4_REQUANT_TFL_DOUBLE,
+                                            G4_REQUANT_TFL_SINGLE, G4_REQUANT_TFL_NEON_4ROW, G4_REQUANT_TFL_REF};
     const g4_model *m = s->m;
     s->rq = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq);
     if (!s->rq) return g4_fail("out of memory for requantization tables");
-    if (s->o.requant < G4_REQ_F32 || s->o.requant > G4_REQ_TFL_SINGLE) return g4_fail("unknown requant rule %d", (int)s->o.requant);
+    if (s->o.requant < G4_REQ_F32 || s->o.requant > G4_REQ_TFL_REF) return g4_fail("unknown requant rule %d", (int)s->o.requant);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const g4_linear *lins[9];
         int count = g4_layer_linears(&m->layers[l], g4_layer_is_producer(m, l), lins);

@@ -196,6 +196,7 @@ const char *g4_requant_mode_name(g4_requant_mode mode) {
     case G4_REQUANT_TFL_DOUBLE: return "tfl_double";
     case G4_REQUANT_TFL_SINGLE: return "tfl_single";
     case G4_REQUANT_TFL_NEON_4ROW: return "tfl_neon_4row";
+    case G4_REQUANT_TFL_REF: return "tfl_ref";
     }
     return "?";
 }
@@ -217,7 +218,7 @@ int g4_requant_init(g4_requant *rq, g4_requant_mode mode, float s_x, float s_w, 
                        (double)s_x, (double)s_w, (double)s_y);
     if (zero_point < -128 || zero_point > 127)
         return g4_fail("output zero point %d outside [-128, 127]", (int)zero_point);
-    if ((unsigned)mode > G4_REQUANT_TFL_NEON_4ROW)
+    if ((unsigned)mode > G4_REQUANT_TFL_REF)
         return g4_fail("unknown requant mode %d", (int)mode);
     rq->mode = mode;
     rq->scale_f32 = requant_scale_f32(s_x, s_w, s_y);
@@ -260,11 +261,19 @@ static int8_t requant_f64(const g4_requant *rq, int32_t acc) {
     return add_zp_clamp_f64(g4_round_f64(y, G4_ROUND_HALF_EVEN), rq->zero_point);
 }
 
+/* LiteRT's reference FULLY_CONNECTED (measured against ai-edge-litert 2.3.0, tools/ref):
+ * the multiplier (double)s_x * s_w / s_y, one multiply in double, std::round (ties away). */
+static int8_t requant_tfl_ref(const g4_requant *rq, int32_t acc) {
+    double m = rq->s_x * rq->s_w / rq->s_y;
+    return add_zp_clamp_f64(g4_round_f64((double)acc * m, G4_ROUND_HALF_AWAY), rq->zero_point);
+}
+
 int8_t g4_requantize(const g4_requant *rq, int32_t acc) {
     int32_t y;
     switch (rq->mode) {
     case G4_REQUANT_F32: return requant_f32(rq, acc);
     case G4_REQUANT_F64: return requant_f64(rq, acc);
+    case G4_REQUANT_TFL_REF: return requant_tfl_ref(rq, acc);
     case G4_REQUANT_TFL_DOUBLE: y = g4_mbqm_double(acc, rq->mult, rq->shift); break;
     case G4_REQUANT_TFL_SINGLE: y = g4_mbqm_single(acc, rq->mult, rq->shift); break;
     case G4_REQUANT_TFL_NEON_4ROW: y = g4_mbqm_neon_4row(acc, rq->mult, rq->shift); break;

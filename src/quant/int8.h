@@ -98,6 +98,7 @@ typedef enum {
     G4_REQUANT_TFL_DOUBLE = 2, /* TFLite reference: Q31 multiplier, gemmlowp double rounding */
     G4_REQUANT_TFL_SINGLE = 3, /* TFLITE_SINGLE_ROUNDING / ruy: Q31 multiplier, one rounding */
     G4_REQUANT_TFL_NEON_4ROW = 4, /* TFLite optimized NEON helper, double rounding half-up */
+    G4_REQUANT_TFL_REF = 5,    /* TFLite reference kernel: round(acc * (double)(s_x*s_w/s_y)), ties away */
 } g4_requant_mode;
 
 const char *g4_requant_mode_name(g4_requant_mode mode);

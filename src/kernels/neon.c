@@ -1,0 +1,382 @@
+/* NEON kernels for aarch64 (Advanced SIMD is part of the base ISA there, so no flags and no
+ * run-time check). Same tiling as kernels/avx2.c: RO weight rows x RT activation rows per tile,
+ * each output with its own accumulator in the reference's lane order, so the tile shape and the
+ * thread split never change a bit.
+ *
+ * int8: weight codes are unpacked to signed int8 (raw field - offset) and multiplied with
+ * vmull_s8 into int16, which is exact; products are widened into int32 lanes with vpadalq_s16
+ * before an int16 sum could overflow. Only baseline instructions: no SDOT (dotprod extension).
+ * float: the 8 reference lanes are two float32x4 accumulators (lanes 0-3 and 4-7), multiplied and
+ * added separately (never vfma/vmla, which would round once). */
+#include <string.h>
+
+#include "kernels.h"
+#include "levels.h"
+#include "pool.h"
+#include "quant/pack.h"
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <stdlib.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define MAX_RO 4
+#define MAX_RT 4
+
+/* Weight rows per tile for 1..4 activation rows (4 to 8 independent accumulator sets). */
+static const int tile_ro[MAX_RT + 1] = {0, 4, 4, 2, 2};
+
+static int chunk_rows(size_t row_bytes) {
+    size_t r = 16384 / (row_bytes ? row_bytes : 1);
+    return r < MAX_RO ? MAX_RO : r > 4096 ? 4096 : (int)(r & ~(size_t)3);
+}
+
+static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in * n; }
+
+#define TILE_SWITCH(FN, BITS)                          \
+    switch (ro * 8 + rt) {                             \
+    case 1 * 8 + 1: FN(j, o, t, BITS, 1, 1); break;    \
+    case 1 * 8 + 2: FN(j, o, t, BITS, 1, 2); break;    \
+    case 1 * 8 + 3: FN(j, o, t, BITS, 1, 3); break;    \
+    case 1 * 8 + 4: FN(j, o, t, BITS, 1, 4); break;    \
+    case 4 * 8 + 1: FN(j, o, t, BITS, 4, 1); break;    \
+    case 4 * 8 + 2: FN(j, o, t, BITS, 4, 2); break;    \
+    case 2 * 8 + 3: FN(j, o, t, BITS, 2, 3); break;    \
+    case 2 * 8 + 4: FN(j, o, t, BITS, 2, 4); break;    \
+    default: abort();                                  \
+    }
+
+/* Tiles rows [o0, o1) x all activation rows, a chunk of weight rows at a time. */
+#define ROW_LOOP(JOB, TILE)                                                    \
+    int chunk = chunk_rows(JOB->w->row_bytes);                                 \
+    for (int ob = o0; ob < o1; ob += chunk) {                                  \
+        int oe = o1 - ob > chunk ? ob + chunk : o1;                            \
+        for (int t = 0; t < JOB->n;) {                                         \
+            int rt = JOB->n - t < MAX_RT ? JOB->n - t : MAX_RT;                \
+            for (int o = ob; o < oe;) {                                        \
+                int ro = oe - o >= tile_ro[rt] ? tile_ro[rt] : 1;              \
+                TILE(JOB, o, t, ro, rt);                                       \
+                o += ro;                                                       \
+            }                                                                  \
+            t += rt;                                                           \
+        }                                                                      \
+    }
+
+/* ------------------------------------------------------------------ int8 x packed codes ---- */
+
+/* 16-byte weight blocks (64 2-bit, 32 4-bit or 16 8-bit codes). Fields come out of a block in
+ * bit order, so activations are permuted once per call to match, and zero-padded to whole blocks:
+ *   4-bit block: [x0 x2 .. x30 | x1 x3 .. x31]     (vld2q_s8's de-interleave)
+ *   2-bit block: [x0 x4 .. x60 | x1 x5 .. | .. ]   (vld4q_s8's)
+ *   8-bit block: x0 .. x15 */
+typedef struct {
+    const g4_qweight *w;
+    int n;
+    const int8_t *xp;
+    size_t xstride;
+    int nfull, tail;
+    int32_t *acc;
+} i8_job;
+
+static size_t i8_block_xbytes(int bits) { return bits == 2 ? 64 : bits == 4 ? 32 : 16; }
+
+INLINE void i8_block(int32x4_t acc[MAX_RO][MAX_RT], const uint8_t *const wp[MAX_RO], const int8_t *const xp[MAX_RT],
+                     const int BITS, const int RO, const int RT) {
+    int8x16_t wf[MAX_RO][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RO; r++) {
+        uint8x16_t b = vld1q_u8(wp[r]);
+        if (BITS == 8) {
+            wf[r][0] = vreinterpretq_s8_u8(b);
+        } else if (BITS == 4) {
+            const int8x16_t off = vdupq_n_s8(8);
+            wf[r][0] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(15))), off);
+            wf[r][1] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(b, 4)), off);
+        } else {
+            const int8x16_t off = vdupq_n_s8(2);
+            const uint8x16_t m = vdupq_n_u8(3);
+            wf[r][0] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(b, m)), off);
+            wf[r][1] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(b, 2), m)), off);
+            wf[r][2] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(b, 4), m)), off);
+            wf[r][3] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(b, 6)), off);
+        }
+    }
+    const int F = BITS == 2 ? 4 : BITS == 4 ? 2 : 1;
+#pragma GCC unroll 4
+    for (int t = 0; t < RT; t++) {
+        int8x16_t x[4];
+#pragma GCC unroll 4
+        for (int f = 0; f < F; f++) x[f] = vld1q_s8(xp[t] + 16 * f);
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) {
+            if (BITS == 8) {
+                /* two 8-bit products can reach 2 * 16384: widen each half on its own */
+                acc[r][t] = vpadalq_s16(acc[r][t], vmull_s8(vget_low_s8(wf[r][0]), vget_low_s8(x[0])));
+                acc[r][t] = vpadalq_s16(acc[r][t], vmull_high_s8(wf[r][0], x[0]));
+            } else {
+                /* at most 2*F products of |code*x| <= 1024 (4-bit) or 256 (2-bit) per int16 lane */
+                int16x8_t p = vmull_s8(vget_low_s8(wf[r][0]), vget_low_s8(x[0]));
+                p = vmlal_high_s8(p, wf[r][0], x[0]);
+#pragma GCC unroll 4
+                for (int f = 1; f < F; f++) {
+                    p = vmlal_s8(p, vget_low_s8(wf[r][f]), vget_low_s8(x[f]));
+                    p = vmlal_high_s8(p, wf[r][f], x[f]);
+                }
+                acc[r][t] = vpadalq_s16(acc[r][t], p);
+            }
+        }
+    }
+}
+
+INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO, const int RT) {
+    const g4_qweight *w = j->w;
+    const size_t xb = i8_block_xbytes(BITS);
+    int32x4_t acc[MAX_RO][MAX_RT];
+    const uint8_t *wp[MAX_RO];
+    const int8_t *xp[MAX_RT];
+#pragma GCC unroll 4
+    for (int r = 0; r < RO; r++) {
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) acc[r][t] = vdupq_n_s32(0);
+    }
+    for (int b = 0; b < j->nfull; b++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) wp[r] = w->w + (size_t)(o + r) * w->row_bytes + (size_t)b * 16;
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) xp[t] = j->xp + (size_t)(t0 + t) * j->xstride + (size_t)b * xb;
+        i8_block(acc, wp, xp, BITS, RO, RT);
+    }
+    if (j->tail) {
+        /* copy the partial last block rather than read past the tensor; its padding meets zeros */
+        uint8_t buf[MAX_RO][16];
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) {
+            memset(buf[r], 0, 16);
+            memcpy(buf[r], w->w + (size_t)(o + r) * w->row_bytes + (size_t)j->nfull * 16, (size_t)j->tail);
+            wp[r] = buf[r];
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) xp[t] = j->xp + (size_t)(t0 + t) * j->xstride + (size_t)j->nfull * xb;
+        i8_block(acc, wp, xp, BITS, RO, RT);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RO; r++) {
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) j->acc[(size_t)(t0 + t) * w->out + o + r] = vaddvq_s32(acc[r][t]);
+    }
+}
+
+static void i8_tile_2(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 2) }
+static void i8_tile_4(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 4) }
+static void i8_tile_8(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 8) }
+
+static void i8_rows(void *ctx, int o0, int o1) {
+    const i8_job *j = ctx;
+    int bits = j->w->bits;
+    void (*tile)(const i8_job *, int, int, int, int) = bits == 2 ? i8_tile_2 : bits == 4 ? i8_tile_4 : i8_tile_8;
+    ROW_LOOP(j, tile)
+}
+
+static void i8_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, int8_t *xp, size_t xstride) {
+    const int full = bits == 2 ? 64 : bits == 4 ? 32 : 16;
+    for (int t = 0; t < n; t++) {
+        const int8_t *xt = x + (size_t)t * in;
+        int8_t *pt = xp + (size_t)t * xstride;
+        for (size_t b = 0; b < nblk; b++) {
+            long left = (long)in - (long)b * full;
+            int elems = left <= 0 ? 0 : left < full ? (int)left : full;
+            int8_t tmp[64] = {0};
+            if (elems) memcpy(tmp, xt + b * (size_t)full, (size_t)elems);
+            int8_t *out = pt + b * (size_t)full;
+            if (bits == 4) {
+                int8x16x2_t v = vld2q_s8(tmp);
+                vst1q_s8(out, v.val[0]);
+                vst1q_s8(out + 16, v.val[1]);
+            } else if (bits == 2) {
+                int8x16x4_t v = vld4q_s8(tmp);
+                for (int f = 0; f < 4; f++) vst1q_s8(out + 16 * f, v.val[f]);
+            } else {
+                vst1q_s8(out, vld1q_s8(tmp));
+            }
+        }
+    }
+}
+
+static void neon_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
+    if (n <= 0 || w->out <= 0) return;
+    int bits = w->bits;
+    if (bits != 2 && bits != 4 && bits != 8) {
+        g4_ref_matmul_i8(w, x, n, acc);
+        return;
+    }
+    size_t pb = g4_packed_row_bytes(bits, (size_t)(w->in > 0 ? w->in : 0));
+    size_t nblk = (pb + 15) / 16, xstride = nblk * i8_block_xbytes(bits);
+    int8_t *xp = malloc((size_t)n * xstride + 16);
+    if (!xp) {
+        g4_ref_matmul_i8(w, x, n, acc);
+        return;
+    }
+    i8_prepare(x, n, w->in, bits, nblk, xp, xstride);
+    i8_job j = {.w = w, .n = n, .xp = xp, .xstride = xstride, .nfull = (int)(pb / 16), .tail = (int)(pb % 16), .acc = acc};
+    g4_pool_for(w->out, MAX_RO, macs(w, n), i8_rows, &j);
+    free(xp);
+}
+
+/* ------------------------------------------------------------------ float x codes / BF16 --- */
+
+/* Weights i .. i+7 (i a multiple of 8) as two float32x4 (elements 0-3, 4-7). */
+INLINE void load8_w(const uint8_t *row, int i, float32x4_t *lo, float32x4_t *hi, const int BITS) {
+    if (BITS == 16) {
+        uint16x8_t h = vreinterpretq_u16_u8(vld1q_u8(row + 2 * (size_t)i));
+        *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
+        *hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
+        return;
+    }
+    int8x8_t c;
+    if (BITS == 8) {
+        c = vld1_s8((const int8_t *)row + i);
+    } else if (BITS == 4) {
+        uint32_t v;
+        memcpy(&v, row + i / 2, 4);
+        uint8x8_t b = vreinterpret_u8_u32(vdup_n_u32(v));
+        /* element 2j is byte j's low nibble, 2j+1 its high nibble */
+        uint8x8_t f = vzip1_u8(vand_u8(b, vdup_n_u8(15)), vshr_n_u8(b, 4));
+        c = vsub_s8(vreinterpret_s8_u8(f), vdup_n_s8(8));
+    } else {
+        uint16_t v;
+        memcpy(&v, row + i / 4, 2);
+        static const uint8_t pick[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+        static const int8_t shifts[8] = {0, -2, -4, -6, 0, -2, -4, -6};
+        uint8x8_t b = vtbl1_u8(vreinterpret_u8_u16(vdup_n_u16(v)), vld1_u8(pick));
+        uint8x8_t f = vand_u8(vshl_u8(b, vld1_s8(shifts)), vdup_n_u8(3));
+        c = vsub_s8(vreinterpret_s8_u8(f), vdup_n_s8(2));
+    }
+    int16x8_t c16 = vmovl_s8(c);
+    *lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(c16)));
+    *hi = vcvtq_f32_s32(vmovl_high_s16(c16));
+}
+
+/* g4_reduce8 of lanes (a0..a3, a4..a7): s = a + b lane-wise, then (s0 + s2) + (s1 + s3). */
+INLINE float reduce8(float32x4_t a, float32x4_t b) {
+    float32x4_t s = vaddq_f32(a, b);
+    float32x2_t t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+    return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
+}
+
+typedef struct {
+    const g4_qweight *w;
+    const float *x;
+    int n;
+    float *y;
+} f32_job;
+
+INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int RO, const int RT) {
+    const g4_qweight *w = j->w;
+    const int in = w->in;
+    float32x4_t acc[MAX_RO][MAX_RT][2], wl[MAX_RO], wh[MAX_RO];
+    const uint8_t *row[MAX_RO];
+    const float *xt[MAX_RT];
+#pragma GCC unroll 4
+    for (int r = 0; r < RO; r++) {
+        row[r] = w->w + (size_t)(o + r) * w->row_bytes;
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) acc[r][t][0] = acc[r][t][1] = vdupq_n_f32(0.0f);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < RT; t++) xt[t] = j->x + (size_t)(t0 + t) * in;
+    int i = 0;
+    for (; i + 8 <= in; i += 8) {
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) load8_w(row[r], i, &wl[r], &wh[r], BITS);
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) {
+            float32x4_t xl = vld1q_f32(xt[t] + i), xh = vld1q_f32(xt[t] + i + 4);
+#pragma GCC unroll 4
+            for (int r = 0; r < RO; r++) {
+                acc[r][t][0] = vaddq_f32(acc[r][t][0], vmulq_f32(xl, wl[r]));
+                acc[r][t][1] = vaddq_f32(acc[r][t][1], vmulq_f32(xh, wh[r]));
+            }
+        }
+    }
+    if (i < in) {
+        /* zero-padded tail: +0 added to a lane leaves it unchanged (lanes start at +0 and an
+         * add never makes -0 from that), so this matches the reference's shorter loop */
+        int rem = in - i;
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) {
+            float tmp[8] = {0};
+            for (int k = 0; k < rem; k++) {
+                if (BITS == 16) {
+                    uint32_t u = (uint32_t)(row[r][2 * (i + k)] | row[r][2 * (i + k) + 1] << 8) << 16;
+                    memcpy(&tmp[k], &u, 4);
+                } else {
+                    tmp[k] = (float)g4_packed_code(row[r], BITS, (size_t)(i + k));
+                }
+            }
+            wl[r] = vld1q_f32(tmp);
+            wh[r] = vld1q_f32(tmp + 4);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) {
+            float tmp[8] = {0};
+            memcpy(tmp, xt[t] + i, sizeof(float) * (size_t)rem);
+            float32x4_t xl = vld1q_f32(tmp), xh = vld1q_f32(tmp + 4);
+#pragma GCC unroll 4
+            for (int r = 0; r < RO; r++) {
+                acc[r][t][0] = vaddq_f32(acc[r][t][0], vmulq_f32(xl, wl[r]));
+                acc[r][t][1] = vaddq_f32(acc[r][t][1], vmulq_f32(xh, wh[r]));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RO; r++) {
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) {
+            float s = reduce8(acc[r][t][0], acc[r][t][1]);
+            j->y[(size_t)(t0 + t) * w->out + o + r] = BITS == 16 ? s : w->w_scale[o + r] * s;
+        }
+    }
+}
+
+static void f32_tile_2(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 2) }
+static void f32_tile_4(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 4) }
+static void f32_tile_8(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 8) }
+static void f32_tile_16(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 16) }
+
+static void f32_rows(void *ctx, int o0, int o1) {
+    const f32_job *j = ctx;
+    int bits = j->w->bits;
+    void (*tile)(const f32_job *, int, int, int, int) =
+        bits == 2 ? f32_tile_2 : bits == 4 ? f32_tile_4 : bits == 8 ? f32_tile_8 : f32_tile_16;
+    ROW_LOOP(j, tile)
+}
+
+static void neon_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
+    if (n <= 0 || w->out <= 0) return;
+    if (w->bits != 2 && w->bits != 4 && w->bits != 8 && w->bits != 16) {
+        g4_ref_matmul_f32(w, x, n, y);
+        return;
+    }
+    f32_job j = {.w = w, .x = x, .n = n, .y = y};
+    g4_pool_for(w->out, MAX_RO, macs(w, n), f32_rows, &j);
+}
+
+const g4_kernels g4_kernels_neon = {
+    .name = "neon",
+    .matmul_f32 = neon_matmul_f32,
+    .matmul_i8 = neon_matmul_i8,
+};
+
+int g4_neon_supported(void) { return 1; }
+
+#else /* not aarch64 */
+
+const g4_kernels g4_kernels_neon = {
+    .name = "neon",
+    .matmul_f32 = g4_ref_matmul_f32,
+    .matmul_i8 = g4_ref_matmul_i8,
+};
+
+int g4_neon_supported(void) { return 0; }
+
+#endif

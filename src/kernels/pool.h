@@ -1,0 +1,17 @@
+/* The persistent worker pool behind every dispatched matmul (internal to src/kernels/). */
+#ifndef G4_KERNELS_POOL_H
+#define G4_KERNELS_POOL_H
+
+/* Processes items [begin, end) of a job. */
+typedef void (*g4_pool_fn)(void *ctx, int begin, int end);
+
+/* Runs fn over [0, items) split into one contiguous slice per pool thread (the caller runs the
+ * first); slice bounds are multiples of `grain`. `work` is the job's size in multiply-adds: below
+ * the pool's minimum the caller runs everything itself, since waking threads would cost more.
+ * The caller also runs everything when another thread is using the pool. Returns when done. */
+void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx);
+
+/* Minimum work worth splitting (default 65536 multiply-adds); tests set 0 to split everything. */
+void g4_pool_set_min_work(double work);
+
+#endif

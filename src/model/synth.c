@@ -1,0 +1,832 @@
+#define _POSIX_C_SOURCE 200809L
+#include "synth.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "format/config.h"
+#include "format/safetensors_write.h"
+#include "quant/pack.h"
+#include "util/err.h"
+#include "util/file.h"
+
+/* ---- presets ---- */
+
+typedef struct {
+    const char *name;
+    int hidden, n_layers, n_heads, n_kv_heads, head_dim, global_head_dim, intermediate, n_kv_shared, ple_dim, vocab,
+        sliding_window;
+    /* The module_quant_configs key that keeps the producer layers' MLPs at 4 bits; it names the
+     * producer range, so it is the one pattern that differs between presets. */
+    const char *mlp4_pattern;
+} preset_t;
+
+static const preset_t presets[] = {
+    {"e2b", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, "language_model\\.layers\\.(\\d|1[0-4])\\.mlp\\."},
+    {"tiny", 64, 10, 2, 1, 16, 32, 96, 4, 16, 512, 8, "language_model\\.layers\\.[0-5]\\.mlp\\."},
+};
+
+const char *const g4_synth_presets[] = {"e2b", "tiny", NULL};
+
+static const preset_t *find_preset(const char *name) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (name && strcmp(presets[i].name, name) == 0) return &presets[i];
+    g4_fail("unknown preset \"%s\" (e2b, tiny)", name ? name : "");
+    return NULL;
+}
+
+/* ---- random numbers ----
+ * A counter-based stream (the splitmix64 sequence read at position i) rather than a stateful
+ * generator: any chunk of any tensor can be produced independently, so the streaming writer
+ * needs no state between calls and lm_head can replay embed_tokens' stream exactly. */
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t stream_at(uint64_t key, uint64_t i) { return mix64(key + (i + 1) * 0x9E3779B97F4A7C15ull); }
+
+/* Key of a named stream: tensors and scalar draws get independent streams by name, so adding
+ * a tensor to a preset never changes the values of the others. */
+static uint64_t key_of(uint64_t seed, const char *name) {
+    uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001B3ull;
+    return mix64(mix64(seed) ^ h);
+}
+
+static float unit_f(uint64_t r) { return (float)(r >> 40) * 0x1p-24f; } /* [0, 1) */
+
+static float draw(uint64_t seed, const char *tag, float lo, float hi) {
+    return lo + (hi - lo) * unit_f(stream_at(key_of(seed, tag), 0));
+}
+
+/* ---- config.json ---- */
+
+/* Python's repr of a float (what json.dumps writes), so the file reads like an HF config:
+ * "30.0", "1e-06", "1000000.0". */
+static cJSON *py_float(double v) {
+    char buf[40];
+    if (v == floor(v) && fabs(v) < 1e16) {
+        snprintf(buf, sizeof buf, "%.1f", v);
+    } else {
+        for (int p = 1; p <= 17; p++) {
+            snprintf(buf, sizeof buf, "%.*g", p, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+    }
+    return cJSON_CreateRaw(buf);
+}
+
+static cJSON *int_list(const int *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static cJSON *bits_entry(int bits) {
+    cJSON *o = cJSON_CreateObject();
+    if (o) cJSON_AddNumberToObject(o, "num_bits", bits);
+    return o;
+}
+
+/* quantization_config of the published checkpoint (checkpoint.md §3): keys in sorted order,
+ * which is the order HF writes and the order that decides regex precedence. */
+static cJSON *quant_config(const preset_t *p) {
+    const struct {
+        const char *pattern;
+        int bits;
+    } pats[] = {
+        {"^lm_head$", 2},
+        {"audio_tower(?!.*lconv1d\\.linear_start)", 2},
+        {"audio_tower\\.layers\\.\\d+\\.lconv1d\\.linear_start\\.", 4},
+        {"language_model\\.embed_tokens$", 2},
+        {"language_model\\.embed_tokens_per_layer$", 4},
+        {p->mlp4_pattern, 4},
+        {"language_model\\.layers\\.\\d+\\.mlp\\.", 2},
+        {"language_model\\.layers\\.\\d+\\.per_layer_input_gate$", 8},
+        {"language_model\\.layers\\.\\d+\\.per_layer_projection$", 8},
+        {"language_model\\.layers\\.\\d+\\.self_attn\\.", 4},
+        {"vision_tower", 8},
+    };
+    static const char *const not_convert[] = {"model.vision_tower.patch_embedder", "model.audio_tower.subsample_conv_projection",
+                                              "model.audio_tower.output_proj",     "relative_k_proj",
+                                              "model.embed_audio",                 "model.embed_vision",
+                                              "per_layer_model_projection"};
+    cJSON *q = cJSON_CreateObject(), *m = cJSON_CreateObject(), *nc = cJSON_CreateArray();
+    for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++) cJSON_AddItemToObject(m, pats[i].pattern, bits_entry(pats[i].bits));
+    for (size_t i = 0; i < sizeof not_convert / sizeof not_convert[0]; i++)
+        cJSON_AddItemToArray(nc, cJSON_CreateString(not_convert[i]));
+    cJSON_AddItemToObject(q, "module_quant_configs", m);
+    cJSON_AddItemToObject(q, "modules_to_not_convert", nc);
+    cJSON_AddNumberToObject(q, "num_bits", 4);
+    cJSON_AddStringToObject(q, "quant_method", "gemma");
+    cJSON_AddBoolToObject(q, "quantize_embeddings", 1);
+    return q;
+}
+
+static cJSON *rope_entry(double theta, const char *type, double partial) {
+    cJSON *o = cJSON_CreateObject();
+    if (partial > 0) cJSON_AddItemToObject(o, "partial_rotary_factor", py_float(partial));
+    cJSON_AddItemToObject(o, "rope_theta", py_float(theta));
+    cJSON_AddStringToObject(o, "rope_type", type);
+    return o;
+}
+
+/* text_config with the field set and values of the real E2B (checkpoint.md §3, model.md §1);
+ * keys sorted as HF writes them. */
+static cJSON *text_config(const preset_t *p) {
+    cJSON *t = cJSON_CreateObject();
+    cJSON_AddBoolToObject(t, "attention_bias", 0);
+    cJSON_AddItemToObject(t, "attention_dropout", py_float(0.0));
+    cJSON_AddBoolToObject(t, "attention_k_eq_v", 0);
+    cJSON_AddNumberToObject(t, "bos_token_id", 2);
+    cJSON_AddStringToObject(t, "dtype", "bfloat16");
+    cJSON_AddBoolToObject(t, "enable_moe_block", 0);
+    cJSON_AddNumberToObject(t, "eos_token_id", 1);
+    cJSON_AddItemToObject(t, "final_logit_softcapping", py_float(30.0));
+    cJSON_AddNumberToObject(t, "global_head_dim", p->global_head_dim);
+    cJSON_AddNumberToObject(t, "head_dim", p->head_dim);
+    cJSON_AddStringToObject(t, "hidden_activation", "gelu_pytorch_tanh");
+    cJSON_AddNumberToObject(t, "hidden_size", p->hidden);
+    cJSON_AddNumberToObject(t, "hidden_size_per_layer_input", p->ple_dim);
+    cJSON_AddItemToObject(t, "initializer_range", py_float(0.02));
+    cJSON_AddNumberToObject(t, "intermediate_size", p->intermediate);
+    cJSON *lt = cJSON_CreateArray();
+    for (int i = 0; i < p->n_layers; i++)
+        cJSON_AddItemToArray(lt, cJSON_CreateString(i % 5 == 4 ? "full_attention" : "sliding_attention"));
+    cJSON_AddItemToObject(t, "layer_types", lt);
+    cJSON_AddNumberToObject(t, "max_position_embeddings", 131072);
+    cJSON_AddStringToObject(t, "model_type", "gemma4_text");
+    cJSON_AddNullToObject(t, "moe_intermediate_size");
+    cJSON_AddNumberToObject(t, "num_attention_heads", p->n_heads);
+    cJSON_AddNullToObject(t, "num_experts");
+    cJSON_AddNullToObject(t, "num_global_key_value_heads");
+    cJSON_AddNumberToObject(t, "num_hidden_layers", p->n_layers);
+    cJSON_AddNumberToObject(t, "num_key_value_heads", p->n_kv_heads);
+    cJSON_AddNumberToObject(t, "num_kv_shared_layers", p->n_kv_shared);
+    cJSON_AddNumberToObject(t, "pad_token_id", 0);
+    cJSON_AddItemToObject(t, "rms_norm_eps", py_float(1e-6));
+    cJSON *rp = cJSON_CreateObject();
+    cJSON_AddItemToObject(rp, "full_attention", rope_entry(1000000.0, "proportional", 0.25));
+    cJSON_AddItemToObject(rp, "sliding_attention", rope_entry(10000.0, "default", 0));
+    cJSON_AddItemToObject(t, "rope_parameters", rp);
+    cJSON_AddNumberToObject(t, "sliding_window", p->sliding_window);
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", 0);
+    cJSON_AddNullToObject(t, "top_k_experts");
+    cJSON_AddNullToObject(t, "use_bidirectional_attention");
+    cJSON_AddBoolToObject(t, "use_cache", 1);
+    cJSON_AddBoolToObject(t, "use_double_wide_mlp", 1);
+    cJSON_AddNumberToObject(t, "vocab_size", p->vocab);
+    cJSON_AddNumberToObject(t, "vocab_size_per_layer_input", p->vocab);
+    return t;
+}
+
+/* Placeholder tower configs: the synthetic towers are a handful of dummy tensors that exist
+ * only so the loader's skipping is exercised; they describe no runnable tower. */
+static cJSON *tower_config(const char *model_type) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "dtype", "bfloat16");
+    cJSON_AddNumberToObject(o, "hidden_size", 32);
+    cJSON_AddStringToObject(o, "model_type", model_type);
+    cJSON_AddNumberToObject(o, "num_attention_heads", 2);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", 1);
+    return o;
+}
+
+char *g4_synth_config_json(const char *preset) {
+    const preset_t *p = find_preset(preset);
+    if (!p) return NULL;
+    static const int eos[] = {1, 106};
+    cJSON *r = cJSON_CreateObject();
+    cJSON *arch = cJSON_CreateArray();
+    cJSON_AddItemToArray(arch, cJSON_CreateString("Gemma4ForConditionalGeneration"));
+    cJSON_AddItemToObject(r, "architectures", arch);
+    cJSON_AddItemToObject(r, "audio_config", tower_config("gemma4_audio"));
+    cJSON_AddNumberToObject(r, "audio_token_id", 258881);
+    cJSON_AddNumberToObject(r, "boa_token_id", 256000);
+    cJSON_AddNumberToObject(r, "boi_token_id", 255999);
+    cJSON_AddStringToObject(r, "dtype", "bfloat16");
+    cJSON_AddNumberToObject(r, "eoa_token_index", 258883);
+    cJSON_AddNumberToObject(r, "eoi_token_id", 258882);
+    cJSON_AddItemToObject(r, "eos_token_id", int_list(eos, 2));
+    cJSON_AddNumberToObject(r, "image_token_id", 258880);
+    cJSON_AddItemToObject(r, "initializer_range", py_float(0.02));
+    cJSON_AddStringToObject(r, "model_type", "gemma4");
+    cJSON_AddItemToObject(r, "quantization_config", quant_config(p));
+    cJSON_AddItemToObject(r, "text_config", text_config(p));
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", 0);
+    cJSON_AddStringToObject(r, "transformers_version", "5.17.0");
+    cJSON_AddNumberToObject(r, "video_token_id", 258884);
+    cJSON_AddItemToObject(r, "vision_config", tower_config("gemma4_vision"));
+    cJSON_AddNumberToObject(r, "vision_soft_tokens_per_image", 280);
+    char *text = cJSON_Print(r);
+    cJSON_Delete(r);
+    if (!text) g4_fail("synth: out of memory building config.json");
+    return text;
+}
+
+/* generation_config.json of the Gemma 4 family (checkpoint.md §1, model.md §10); suppressed
+ * ids outside a small preset's vocabulary are left out. */
+static char *generation_config_json(int vocab) {
+    static const int eos[] = {1, 106, 50}, suppress[] = {258883, 258882};
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "bos_token_id", 2);
+    cJSON_AddBoolToObject(r, "do_sample", 1);
+    cJSON_AddItemToObject(r, "eos_token_id", int_list(eos, 3));
+    cJSON_AddNumberToObject(r, "pad_token_id", 0);
+    int n_sup = 0;
+    for (int i = 0; i < 2; i++) n_sup += suppress[i] < vocab;
+    if (n_sup == 2) cJSON_AddItemToObject(r, "suppress_tokens", int_list(suppress, 2));
+    cJSON_AddItemToObject(r, "temperature", py_float(1.0));
+    cJSON_AddNumberToObject(r, "top_k", 64);
+    cJSON_AddItemToObject(r, "top_p", py_float(0.95));
+    cJSON_AddStringToObject(r, "transformers_version", "5.17.0");
+    char *text = cJSON_Print(r);
+    cJSON_Delete(r);
+    if (!text) g4_fail("synth: out of memory building generation_config.json");
+    return text;
+}
+
+/* ---- tensor plan ---- */
+
+enum { GEN_CODES, GEN_UNIFORM };
+
+/* How one tensor's bytes are produced. */
+typedef struct {
+    int kind;
+    int bits;      /* GEN_CODES: code width (padding fields of a row are set to code 0) */
+    int64_t cols;  /* GEN_CODES: logical values per row */
+    uint64_t key;  /* stream; lm_head shares embed_tokens' keys so its bytes are a copy */
+    float lo, hi;  /* GEN_UNIFORM: element range; lo == hi gives that exact value */
+} gen_t;
+
+typedef struct {
+    g4_stw w;
+    gen_t *gen; /* parallel to w.t */
+    int cap;
+    uint64_t seed;
+    const char *path; /* for messages */
+} plan_t;
+
+static int plan_add(plan_t *p, const char *name, g4_dtype dt, int ndim, const int64_t *shape, gen_t g) {
+    if (p->w.n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 256;
+        gen_t *ng = realloc(p->gen, sizeof *ng * (size_t)cap);
+        if (!ng) return g4_fail("%s: out of memory", p->path);
+        p->gen = ng;
+        p->cap = cap;
+    }
+    if (g4_stw_add(&p->w, name, dt, ndim, shape) != 0) return -1;
+    p->gen[p->w.n - 1] = g;
+    return 0;
+}
+
+static int add_const(plan_t *p, const char *name, float v) {
+    return plan_add(p, name, G4_DT_F32, 0, NULL, (gen_t){.kind = GEN_UNIFORM, .lo = v, .hi = v});
+}
+
+static int add_uniform(plan_t *p, const char *name, g4_dtype dt, int ndim, const int64_t *shape, float lo, float hi) {
+    return plan_add(p, name, dt, ndim, shape, (gen_t){.kind = GEN_UNIFORM, .key = key_of(p->seed, name), .lo = lo, .hi = hi});
+}
+
+/* Codes are uniform random fields with the most negative code replaced by 0 (fill_codes), a
+ * symmetric, zero-mean distribution: plain uniform fields have mean -1/2, which would give
+ * every weight matrix and embedding table a shared rank-1 component that swamps a random
+ * model's signal (the tiny preset then decodes one token forever). RMS of those codes: */
+static double code_rms(int bits) {
+    double s = 0;
+    int half = 1 << (bits - 1);
+    for (int c = -half + 1; c < half; c++) s += (double)c * c;
+    return sqrt(s / (2.0 * half));
+}
+
+static int check_bits(const plan_t *p, const char *module, int bits) {
+    if (bits != 2 && bits != 4 && bits != 8)
+        return g4_fail("%s: config gives %s %d bits; synth writes 2, 4 or 8", p->path, module, bits);
+    return 0;
+}
+
+/* Codes [rows, packed(cols)] plus per-(row, block) scales [rows, nblocks], as the
+ * quantized embeddings and linears store them. Scales make one dequantized block have RMS
+ * about `rms` (times a +-25 % spread). Returns the gens, for lm_head to replay. */
+static int add_codes_and_scales(plan_t *p, const char *codes_name, const char *scale_name, int bits, int64_t rows,
+                                int64_t cols, int64_t nblocks, double rms, gen_t *codes_gen, gen_t *scale_gen) {
+    int64_t cshape[2] = {rows, (int64_t)g4_packed_row_bytes(bits, (size_t)cols)}, sshape[2] = {rows, nblocks};
+    gen_t cg = {.kind = GEN_CODES, .bits = bits, .cols = cols, .key = key_of(p->seed, codes_name)};
+    float base = (float)(rms / code_rms(bits));
+    gen_t sg = {.kind = GEN_UNIFORM, .key = key_of(p->seed, scale_name), .lo = 0.75f * base, .hi = 1.25f * base};
+    if (codes_gen) *codes_gen = cg;
+    if (scale_gen) *scale_gen = sg;
+    if (plan_add(p, codes_name, bits == 8 ? G4_DT_I8 : G4_DT_U8, 2, cshape, cg) != 0) return -1;
+    return plan_add(p, scale_name, G4_DT_F32, 2, sshape, sg);
+}
+
+/* A linear [out, in] as the loader binds it (model.c bind_linear): BF16 when the config leaves
+ * it unconverted, else packed codes, row scales and the two activation scales. */
+static int add_linear(plan_t *p, const g4_config *c, const char *module, int in, int out, float s_in, float s_out) {
+    char n1[192], n2[192];
+    int bits = g4_config_module_bits(c, module);
+    snprintf(n1, sizeof n1, "%s.weight", module);
+    if (bits == 0) {
+        float a = (float)sqrt(3.0 / in); /* uniform +-a has RMS 1/sqrt(in) */
+        return add_uniform(p, n1, G4_DT_BF16, 2, (int64_t[]){out, in}, -a, a);
+    }
+    if (check_bits(p, module, bits) != 0) return -1;
+    snprintf(n2, sizeof n2, "%s.weight_scale", module);
+    if (add_codes_and_scales(p, n1, n2, bits, out, in, 1, 1.0 / sqrt((double)in), NULL, NULL) != 0) return -1;
+    snprintf(n1, sizeof n1, "%s.input_activation_scale", module);
+    snprintf(n2, sizeof n2, "%s.output_activation_scale", module);
+    return add_const(p, n1, s_in) || add_const(p, n2, s_out) ? -1 : 0;
+}
+
+/* Activation scale of layer l's tensor `what`, drawn in [lo, hi). q/k/v (and gate/up) read one
+ * shared draw, because the real checkpoint's are bit-identical and the loader warns otherwise. */
+static float act(const plan_t *p, int l, const char *what, float lo, float hi) {
+    char tag[96];
+    snprintf(tag, sizeof tag, "act:layers.%d.%s", l, what);
+    return draw(p->seed, tag, lo, hi);
+}
+
+static int add_layer(plan_t *p, const g4_config *c, int l) {
+    char mod[160], name[192];
+    const char *pre = "model.language_model.layers";
+    int full = c->layer_types[l] == G4_LAYER_FULL;
+    int hd = full ? c->global_head_dim : c->head_dim, kv = full ? c->n_global_kv_heads : c->n_kv_heads;
+    int producer = l < c->n_layers - c->n_kv_shared;
+    int H = c->hidden, mlp = c->intermediate * (c->double_wide_mlp && !producer ? 2 : 1);
+    float attn_in = act(p, l, "attn_in", 0.02f, 0.05f), mlp_in = act(p, l, "mlp_in", 0.02f, 0.05f);
+#define MOD(s) (snprintf(mod, sizeof mod, "%s.%d.%s", pre, l, s), mod)
+#define NAME(s) (snprintf(name, sizeof name, "%s.%d.%s", pre, l, s), name)
+    /* every layer carries k/v projections: on KV-shared layers they are dead weight, as in the
+     * published file (checkpoint.md §7) */
+    if (add_linear(p, c, MOD("self_attn.q_proj"), H, c->n_heads * hd, attn_in, act(p, l, "q_out", 0.02f, 0.05f)) ||
+        add_linear(p, c, MOD("self_attn.k_proj"), H, kv * hd, attn_in, act(p, l, "k_out", 0.02f, 0.05f)) ||
+        add_linear(p, c, MOD("self_attn.v_proj"), H, kv * hd, attn_in, act(p, l, "v_out", 0.02f, 0.05f)) ||
+        add_linear(p, c, MOD("self_attn.o_proj"), c->n_heads * hd, H, act(p, l, "o_in", 0.01f, 0.03f),
+                   act(p, l, "o_out", 0.01f, 0.03f)) ||
+        add_linear(p, c, MOD("mlp.gate_proj"), H, mlp, mlp_in, act(p, l, "gate_out", 0.02f, 0.05f)) ||
+        add_linear(p, c, MOD("mlp.up_proj"), H, mlp, mlp_in, act(p, l, "up_out", 0.02f, 0.05f)) ||
+        add_linear(p, c, MOD("mlp.down_proj"), mlp, H, act(p, l, "down_in", 0.02f, 0.05f),
+                   act(p, l, "down_out", 0.01f, 0.03f)) ||
+        add_linear(p, c, MOD("per_layer_input_gate"), H, c->ple_dim, act(p, l, "plg_in", 0.03f, 0.1f),
+                   act(p, l, "plg_out", 0.02f, 0.05f)) ||
+        add_linear(p, c, MOD("per_layer_projection"), c->ple_dim, H, act(p, l, "plp_in", 0.02f, 0.06f),
+                   act(p, l, "plp_out", 0.02f, 0.04f)))
+        return -1;
+    static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+                                        "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
+                                        "post_per_layer_input_norm.weight"};
+    for (int i = 0; i < 5; i++)
+        if (add_uniform(p, NAME(norms[i]), G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f) != 0) return -1;
+    /* Attention has no 1/sqrt(d) scaling (model.md §6), so unit q/k norm gains would give
+     * scores of RMS ~sqrt(hd) and a one-hot softmax; gains of hd^-1/4 keep scores O(1). */
+    float g = (float)pow(hd, -0.25);
+    if (add_uniform(p, NAME("self_attn.q_norm.weight"), G4_DT_BF16, 1, (int64_t[]){hd}, 0.9f * g, 1.1f * g) ||
+        (producer && add_uniform(p, NAME("self_attn.k_norm.weight"), G4_DT_BF16, 1, (int64_t[]){hd}, 0.9f * g, 1.1f * g)) ||
+        add_uniform(p, NAME("layer_scalar"), G4_DT_BF16, 1, (int64_t[]){1}, 0.9f, 1.0f))
+        return -1;
+    /* KV-cache scales on every layer; a consumer's own pair is never used and deliberately
+     * differs from its producer's, as in the tiny fixture. K after k_norm has RMS ~g. */
+    if (add_const(p, NAME("self_attn.k_cache_scale"), g * act(p, l, "k_cache", 0.025f, 0.035f)) ||
+        add_const(p, NAME("self_attn.v_cache_scale"), (float)(6.0 / 127.0)))
+        return -1;
+#undef MOD
+#undef NAME
+    return 0;
+}
+
+/* A few tensors of the vision and audio towers (names as in the real file's families), which
+ * a text engine must skip; their values mean nothing. */
+static int add_dummy_towers(plan_t *p, int hidden) {
+    const char *q = "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear";
+    char a[160], b[160];
+    snprintf(a, sizeof a, "%s.weight", q);
+    snprintf(b, sizeof b, "%s.weight_scale", q);
+    if (add_codes_and_scales(p, a, b, 8, 32, 32, 1, 1.0 / sqrt(32.0), NULL, NULL) != 0) return -1;
+    snprintf(a, sizeof a, "%s.input_activation_scale", q);
+    snprintf(b, sizeof b, "%s.output_activation_scale", q);
+    if (add_const(p, a, 0.03f) || add_const(p, b, 0.03f)) return -1;
+    /* a 3-D tensor and a 0-D BF16 one: shapes the text model never uses */
+    if (add_uniform(p, "model.vision_tower.patch_embedder.input_proj.weight", G4_DT_BF16, 2, (int64_t[]){32, 48}, -0.1f, 0.1f) ||
+        add_uniform(p, "model.embed_vision.embedding_projection.weight", G4_DT_BF16, 2, (int64_t[]){hidden, 32}, -0.1f, 0.1f) ||
+        add_uniform(p, "model.audio_tower.layers.0.lconv1d.depthwise_conv1d.weight", G4_DT_BF16, 3, (int64_t[]){32, 1, 5}, -0.1f,
+                    0.1f) ||
+        add_uniform(p, "model.audio_tower.layers.0.feed_forward1.ffw_layer_1.input_max", G4_DT_BF16, 0, NULL, 4.0f, 8.0f))
+        return -1;
+    return 0;
+}
+
+static int build_plan(plan_t *p, const g4_config *c) {
+    char a[160], b[160];
+    const char *pre = "model.language_model.";
+    int H = c->hidden, LP = c->n_layers * c->ple_dim;
+    if (!c->quant.quantize_embeddings) return g4_fail("%s: synth needs quantize_embeddings", p->path);
+    int eb = g4_config_module_bits(c, "model.language_model.embed_tokens");
+    int pb = g4_config_module_bits(c, "model.language_model.embed_tokens_per_layer");
+    if (check_bits(p, "model.language_model.embed_tokens", eb) || check_bits(p, "model.language_model.embed_tokens_per_layer", pb))
+        return -1;
+    /* main embedding: RMS 1 after the x sqrt(H) of model.md §5 */
+    gen_t ecodes, escale;
+    snprintf(a, sizeof a, "%sembed_tokens.embedding_quantized", pre);
+    snprintf(b, sizeof b, "%sembed_tokens.embedding_scale", pre);
+    if (add_codes_and_scales(p, a, b, eb, c->vocab, H, 1, 1.0 / sqrt((double)H), &ecodes, &escale) != 0) return -1;
+    /* PLE table: one scale per (row, layer) block; RMS 1 after the x sqrt(P) */
+    snprintf(a, sizeof a, "%sembed_tokens_per_layer.embedding_quantized", pre);
+    snprintf(b, sizeof b, "%sembed_tokens_per_layer.embedding_scale", pre);
+    if (add_codes_and_scales(p, a, b, pb, c->vocab_ple, LP, c->n_layers, 1.0 / sqrt((double)c->ple_dim), NULL, NULL) != 0)
+        return -1;
+    snprintf(a, sizeof a, "%sper_layer_model_projection", pre);
+    if (add_linear(p, c, a, H, LP, 0, 0) != 0) return -1;
+    snprintf(a, sizeof a, "%sper_layer_projection_norm.weight", pre);
+    snprintf(b, sizeof b, "%snorm.weight", pre);
+    if (add_uniform(p, a, G4_DT_BF16, 1, (int64_t[]){c->ple_dim}, 0.9f, 1.1f) ||
+        add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f))
+        return -1;
+    for (int l = 0; l < c->n_layers; l++)
+        if (add_layer(p, c, l) != 0) return -1;
+    /* lm_head: the converter copies embed_tokens (codes and scales), so replay their streams;
+     * its activation scales are exactly 0 (uncalibrated) as in the real file */
+    if (c->tie_word_embeddings) return 0;
+    int lb = g4_config_module_bits(c, "lm_head");
+    if (lb != eb) return g4_fail("%s: lm_head (%d bits) must match embed_tokens (%d bits) to be its copy", p->path, lb, eb);
+    if (plan_add(p, "lm_head.weight", eb == 8 ? G4_DT_I8 : G4_DT_U8, 2,
+                 (int64_t[]){c->vocab, (int64_t)g4_packed_row_bytes(eb, (size_t)H)}, ecodes) ||
+        plan_add(p, "lm_head.weight_scale", G4_DT_F32, 2, (int64_t[]){c->vocab, 1}, escale) ||
+        add_const(p, "lm_head.input_activation_scale", 0) || add_const(p, "lm_head.output_activation_scale", 0))
+        return -1;
+    return 0;
+}
+
+/* ---- tensor bytes ---- */
+
+/* Lanes of `x` (one per `bits`-wide field) that are zero, as the field's lowest bit. */
+static uint64_t zero_fields(uint64_t x, int bits) {
+    uint64_t any = x, low = bits == 2 ? 0x5555555555555555ull : bits == 4 ? 0x1111111111111111ull : 0x0101010101010101ull;
+    for (int k = 1; k < bits; k++) any |= x >> k;
+    return ~any & low;
+}
+
+/* Uniform fields except that the most negative code becomes 0: offset-binary raw 0 becomes
+ * raw 2^(b-1) for 2/4 bits, two's-complement 0x80 becomes 0x00 for 8 bits. */
+static uint64_t symmetric_codes(uint64_t r, int bits) {
+    if (bits == 8) return r & ~(zero_fields(r ^ 0x8080808080808080ull, 8) << 7);
+    return r | zero_fields(r, bits) << (bits - 1);
+}
+
+static void fill_codes(const gen_t *g, const g4_stw_tensor *t, uint64_t off, uint8_t *buf, size_t n) {
+    /* off is a multiple of G4_STW_CHUNK, hence of 8: one stream word per 8 bytes */
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t r = symmetric_codes(stream_at(g->key, (off + i) / 8), g->bits);
+        for (size_t k = 0; k < 8 && i + k < n; k++) buf[i + k] = (uint8_t)(r >> (8 * k));
+    }
+    /* a row whose width is not a whole number of bytes ends in padding fields holding code 0
+     * (checkpoint.md §6); none of the presets' shapes needs it */
+    int per = 8 / g->bits;
+    uint64_t row_bytes = (uint64_t)t->shape[1];
+    int pad = (int)(row_bytes * (uint64_t)per - (uint64_t)g->cols);
+    if (g->bits == 8 || pad <= 0 || row_bytes == 0) return;
+    unsigned mask = (1u << g->bits) - 1, zero = 1u << (g->bits - 1);
+    for (uint64_t r = off / row_bytes;; r++) {
+        uint64_t last = (r + 1) * row_bytes - 1;
+        if (last >= off + n) break;
+        if (last < off) continue;
+        unsigned v = buf[last - off];
+        for (int f = per - pad; f < per; f++) v = (v & ~(mask << (f * g->bits))) | zero << (f * g->bits);
+        buf[last - off] = (uint8_t)v;
+    }
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1); /* round to nearest even; values here are finite */
+    return (uint16_t)(u >> 16);
+}
+
+static void fill_uniform(const gen_t *g, const g4_stw_tensor *t, uint64_t off, uint8_t *buf, size_t n) {
+    size_t es = g4_dtype_size(t->dtype);
+    uint64_t e0 = off / es;
+    for (size_t k = 0; k < n / es; k++) {
+        float v = g->lo == g->hi ? g->lo : g->lo + (g->hi - g->lo) * unit_f(stream_at(g->key, e0 + k));
+        uint32_t u;
+        if (t->dtype == G4_DT_BF16) u = f32_to_bf16(v);
+        else memcpy(&u, &v, 4);
+        for (size_t b = 0; b < es; b++) buf[k * es + b] = (uint8_t)(u >> (8 * b));
+    }
+}
+
+static int fill(void *user, int index, const g4_stw_tensor *t, uint64_t off, uint8_t *buf, size_t n) {
+    const gen_t *g = &((const plan_t *)user)->gen[index];
+    if (g->kind == GEN_CODES) fill_codes(g, t, off, buf, n);
+    else if (t->dtype == G4_DT_F32 || t->dtype == G4_DT_BF16) fill_uniform(g, t, off, buf, n);
+    else return g4_fail("no generator for dtype %s", g4_dtype_name(t->dtype));
+    return 0;
+}
+
+/* ---- tokenizer.json ---- */
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\t') fputs("\\t", f);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+#define SPACE_MARK "\xE2\x96\x81" /* U+2581, what the normalizer turns " " into */
+
+/* Control tokens at their Gemma 4 ids (chat-and-tokenizer.md §B, model.md §10). */
+static const struct {
+    int id;
+    const char *text;
+    int special;
+} controls[] = {
+    {0, "<pad>", 1},         {1, "<eos>", 1},           {2, "<bos>", 1},          {3, "<unk>", 1},
+    {4, "<mask>", 0},        {5, "[multimodal]", 0},    {46, "<|tool>", 1},       {47, "<tool|>", 1},
+    {48, "<|tool_call>", 1}, {49, "<tool_call|>", 1},   {50, "<|tool_response>", 1}, {51, "<tool_response|>", 1},
+    {52, "<|\"|>", 1},       {98, "<|think|>", 1},      {100, "<|channel>", 1},   {101, "<channel|>", 1},
+    {105, "<|turn>", 1},     {106, "<turn|>", 1},       {255999, "<|image>", 1},  {256000, "<|audio>", 1},
+    {258880, "<|image|>", 1}, {258881, "<|audio|>", 1}, {258882, "<image|>", 1},  {258883, "<audio|>", 1},
+    {258884, "<|video|>", 1},
+};
+#define N_CONTROLS (int)(sizeof controls / sizeof controls[0])
+#define FIRST_PIECE 494 /* after the byte tokens 238..493 */
+
+/* The fixed entry at `id` (control, reserved, whitespace run or byte token), or NULL for an id
+ * that takes a filler piece. *special tells whether it is a special added token. */
+static const char *fixed_token(int id, char *buf, size_t cap, int *special, int *added) {
+    *special = 0;
+    *added = 1;
+    for (int i = 0; i < N_CONTROLS; i++)
+        if (controls[i].id == id) {
+            *special = controls[i].special;
+            return controls[i].text;
+        }
+    if (id >= 238 && id < FIRST_PIECE) {
+        *added = 0;
+        snprintf(buf, cap, "<0x%02X>", id - 238);
+        return buf;
+    }
+    if (id >= FIRST_PIECE) return NULL;
+    if (id >= 107 && id <= 137) { /* runs of 1-31 newlines */
+        memset(buf, '\n', (size_t)(id - 106));
+        buf[id - 106] = 0;
+        return buf;
+    }
+    if (id >= 138 && id <= 167) { /* runs of 2-31 spaces */
+        buf[0] = 0;
+        for (int k = 0; k < id - 136; k++) strcat(buf, SPACE_MARK);
+        return buf;
+    }
+    snprintf(buf, cap, "<unused%d>", id - 6);
+    return buf;
+}
+
+typedef struct {
+    char text[16]; /* up to three characters of at most 3 bytes */
+    int left, right; /* piece indices merged into this one, or -1 for a single character */
+} piece_t;
+
+/* dst = a + b; pieces are at most three 3-byte characters, far below the buffer size. */
+static void join_piece(piece_t *dst, const piece_t *a, const piece_t *b) {
+    size_t na = strlen(a->text), nb = strlen(b->text);
+    if (na + nb >= sizeof dst->text) nb = sizeof dst->text - 1 - na;
+    memcpy(dst->text, a->text, na);
+    memcpy(dst->text + na, b->text, nb);
+    dst->text[na + nb] = 0;
+}
+
+/* Filler pieces: single characters, then pairs (diagonal order, so a small vocabulary gets
+ * pairs of the most common characters), then pair+character triples. Every multi-character
+ * piece is reachable by one merge of two earlier pieces, so the merges are valid BPE. */
+static piece_t *make_pieces(int n) {
+    static const char *const ascii =
+        "etaoinsrhldcumfpgwybvkxjqzETAOINSRHLDCUMFPGWYBVKXJQZ0123456789.,'\"-!?:;()[]{}<>/\\|@#$%^&*_+=~`";
+    piece_t *pc = calloc((size_t)(n ? n : 1), sizeof *pc);
+    if (!pc) return NULL;
+    int nc = n >= 95 * 3 ? 95 : (n * 2 / 3 > 0 ? n * 2 / 3 : 1), k = 0;
+    for (; k < nc && k < n; k++) {
+        if (k == 0) strcpy(pc[k].text, SPACE_MARK);
+        else pc[k].text[0] = ascii[k - 1], pc[k].text[1] = 0;
+        pc[k].left = pc[k].right = -1;
+    }
+    int first_pair = k;
+    for (int s = 0; s <= 2 * (nc - 1) && k < n; s++)
+        for (int i = s < nc ? 0 : s - nc + 1; i <= s && i < nc && k < n; i++) {
+            int j = s - i;
+            if (i == 0 && j == 0) continue; /* two spaces: already the whitespace-run token 138 */
+            join_piece(&pc[k], &pc[i], &pc[j]);
+            pc[k].left = i;
+            pc[k].right = j;
+            k++;
+        }
+    int end_pair = k;
+    for (int pi = first_pair; pi < end_pair && k < n; pi++)
+        for (int c = 0; c < nc && k < n; c++) {
+            join_piece(&pc[k], &pc[pi], &pc[c]);
+            pc[k].left = pi;
+            pc[k].right = c;
+            k++;
+        }
+    if (k < n) {
+        free(pc);
+        return NULL;
+    }
+    return pc;
+}
+
+int g4_synth_write_tokenizer(const char *path, int vocab) {
+    if (vocab < FIRST_PIECE + 1 || vocab > (1 << 20))
+        return g4_fail("%s: a synthetic tokenizer needs a vocabulary of %d to %d entries, not %d", path, FIRST_PIECE + 1, 1 << 20,
+                       vocab);
+    int n_fixed_high = 0;
+    for (int i = 0; i < N_CONTROLS; i++) n_fixed_high += controls[i].id >= FIRST_PIECE && controls[i].id < vocab;
+    int n_pieces = vocab - FIRST_PIECE - n_fixed_high;
+    piece_t *pc = make_pieces(n_pieces);
+    if (!pc) return g4_fail("%s: out of memory (or vocabulary too large) building the tokenizer", path);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(pc);
+        return g4_fail("%s: cannot create: %s", path, strerror(errno));
+    }
+    char buf[128];
+    int special, added;
+    fputs("{\n\"version\": \"1.0\",\n\"truncation\": null,\n\"padding\": null,\n\"added_tokens\": [", f);
+    int first = 1;
+    for (int id = 0; id < vocab; id++) {
+        const char *t = fixed_token(id, buf, sizeof buf, &special, &added);
+        if (!t || !added) continue;
+        fprintf(f, "%s\n{\"id\": %d, \"content\": ", first ? "" : ",", id);
+        json_str(f, t);
+        fprintf(f, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": %s}",
+                special ? "true" : "false");
+        first = 0;
+    }
+    /* pipeline of the real Gemma 4 tokenizer.json (chat-and-tokenizer.md §A) */
+    fputs("\n],\n"
+          "\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"" SPACE_MARK "\"},\n"
+          "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, \"behavior\": \"MergedWithPrevious\", "
+          "\"invert\": false},\n"
+          "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<bos>\", "
+          "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], \"pair\": [{\"SpecialToken\": {\"id\": "
+          "\"<bos>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": {\"id\": "
+          "\"<bos>\", \"type_id\": 1}}, {\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}], \"special_tokens\": {\"<bos>\": "
+          "{\"id\": \"<bos>\", \"ids\": [2], \"tokens\": [\"<bos>\"]}}},\n"
+          "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"" SPACE_MARK
+          "\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}]},\n"
+          "\"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", \"continuing_subword_prefix\": null, "
+          "\"end_of_word_suffix\": null, \"fuse_unk\": true, \"byte_fallback\": true, \"ignore_merges\": false,\n"
+          "\"vocab\": {",
+          f);
+    int next = 0;
+    for (int id = 0; id < vocab; id++) {
+        const char *t = fixed_token(id, buf, sizeof buf, &special, &added);
+        if (!t) t = pc[next++].text;
+        fputs(id ? ",\n" : "\n", f);
+        json_str(f, t);
+        fprintf(f, ": %d", id);
+    }
+    fputs("\n},\n\"merges\": [", f);
+    first = 1;
+    for (int i = 0; i < n_pieces; i++) {
+        if (pc[i].left < 0) continue;
+        fputs(first ? "\n[" : ",\n[", f);
+        json_str(f, pc[pc[i].left].text);
+        fputs(", ", f);
+        json_str(f, pc[pc[i].right].text);
+        fputc(']', f);
+        first = 0;
+    }
+    fputs("\n]}\n}\n", f);
+    free(pc);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        remove(path);
+        return g4_fail("%s: write failed", path);
+    }
+    return 0;
+}
+
+/* ---- files and folders ---- */
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return g4_fail("%s: cannot create: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
+    if (fclose(f) != 0 || bad) return g4_fail("%s: write failed", path);
+    return 0;
+}
+
+static int copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) return g4_fail("%s: cannot open: %s", src, strerror(errno));
+    FILE *out = fopen(dst, "wb");
+    if (!out) {
+        fclose(in);
+        return g4_fail("%s: cannot create: %s", dst, strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n;
+    int bad = 0;
+    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
+    int rbad = ferror(in);
+    fclose(in);
+    if (fclose(out) != 0) bad = 1;
+    if (rbad) return g4_fail("%s: read error", src);
+    if (bad) return g4_fail("%s: write failed", dst);
+    return 0;
+}
+
+/* mkdir -p: the output folder may be new, and so may its parents. */
+static int make_dirs(const char *dir) {
+    size_t n = strlen(dir);
+    if (!n) return g4_fail("synth: empty output folder name");
+    char *p = malloc(n + 1);
+    if (!p) return g4_fail("%s: out of memory", dir);
+    memcpy(p, dir, n + 1);
+    int rc = 0;
+    for (size_t i = 1; i <= n && rc == 0; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        struct stat st;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = g4_fail("%s: cannot create the folder: %s", p, strerror(errno));
+        else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) rc = g4_fail("%s: exists and is not a folder", p);
+        p[i] = c;
+    }
+    free(p);
+    return rc;
+}
+
+static int is_text_tensor(const char *name) {
+    return strncmp(name, "model.language_model.", 21) == 0 || strncmp(name, "lm_head.", 8) == 0;
+}
+
+int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, g4_synth_stats *stats) {
+    const preset_t *pr = find_preset(preset);
+    if (!pr) return -1;
+    if (!out_dir) return g4_fail("synth: no output folder");
+    char cfg_path[4096], st_path[4096], gen_path[4096], tok_path[4096];
+    if (g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") ||
+        g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors") ||
+        g4_path_join(gen_path, sizeof gen_path, out_dir, "generation_config.json") ||
+        g4_path_join(tok_path, sizeof tok_path, out_dir, "tokenizer.json") || make_dirs(out_dir))
+        return -1;
+    /* a bad --tokenizer must fail before gigabytes are written, not after */
+    if (tokenizer_src) {
+        FILE *t = fopen(tokenizer_src, "rb");
+        if (!t) return g4_fail("%s: cannot open: %s", tokenizer_src, strerror(errno));
+        fclose(t);
+    }
+    char *cfg_text = g4_synth_config_json(preset);
+    if (!cfg_text) return -1;
+    /* the tensor list comes from the parsed config, exactly as the loader will see it */
+    g4_config cfg;
+    int rc = g4_config_parse(&cfg, cfg_text, cfg_path);
+    if (rc != 0) {
+        free(cfg_text);
+        return g4_fail_prefix("synth preset %s: ", preset);
+    }
+    plan_t plan = {.seed = seed, .path = st_path};
+    g4_stw_init(&plan.w);
+    uint64_t file_bytes = 0;
+    rc = build_plan(&plan, &cfg);
+    if (rc == 0) rc = add_dummy_towers(&plan, cfg.hidden);
+    if (rc == 0) rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes);
+    if (rc == 0) rc = write_text(cfg_path, cfg_text);
+    char *gen_text = rc == 0 ? generation_config_json(cfg.vocab) : NULL;
+    if (rc == 0) rc = gen_text ? write_text(gen_path, gen_text) : -1;
+    if (rc == 0) rc = tokenizer_src ? copy_file(tokenizer_src, tok_path) : g4_synth_write_tokenizer(tok_path, cfg.vocab);
+    if (rc == 0 && stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->n_tensors = plan.w.n;
+        stats->file_bytes = file_bytes;
+        for (int i = 0; i < plan.w.n; i++)
+            if (is_text_tensor(plan.w.t[i].name)) {
+                stats->n_text_tensors++;
+                stats->text_bytes += plan.w.t[i].nbytes;
+            }
+    }
+    free(gen_text);
+    free(cfg_text);
+    free(plan.gen);
+    g4_stw_free(&plan.w);
+    g4_config_free(&cfg);
+    return rc;
+}
+
+int g4_synth(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src) {
+    return g4_synth_ex(preset, out_dir, seed, tokenizer_src, NULL);
+}

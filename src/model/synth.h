@@ -1,0 +1,44 @@
+/* `g4 synth`: writes a random checkpoint folder with the exact on-disk layout of a Gemma 4
+ * QAT mobile checkpoint (checkpoint.md §1-§7), so the engine can be run, profiled and tested
+ * at full size without downloading the real weights.
+ *
+ * The tensor list is derived from the generated config.json through the engine's own config
+ * parser (g4_config_parse, g4_config_module_bits), so synth and loader agree by construction:
+ * a preset changes the config, never the tensor code. Values are random but sized like the
+ * real model's (dequantized weights of RMS about 1/sqrt(in), activation scales 0.01-0.1,
+ * norms and layer_scalar near 1, v_cache_scale 6/127, lm_head activation scales 0), and
+ * lm_head is a byte copy of embed_tokens as in the published file. Everything is a function
+ * of (preset, seed): same inputs, same bytes. */
+#ifndef G4_MODEL_SYNTH_H
+#define G4_MODEL_SYNTH_H
+
+#include <stdint.h>
+
+typedef struct {
+    int n_tensors;       /* in model.safetensors, including the dummy vision/audio ones */
+    int n_text_tensors;  /* under model.language_model. or lm_head. */
+    uint64_t text_bytes; /* payload of the text tensors */
+    uint64_t file_bytes; /* size of model.safetensors */
+} g4_synth_stats;
+
+/* Preset names, NULL-terminated: "e2b" (the real E2B text decoder, 2.1 GB) and "tiny" (the
+ * shape of the shared tiny-mobile fixture, ~0.4 MB). */
+extern const char *const g4_synth_presets[];
+
+/* Writes out_dir/{config.json, generation_config.json, tokenizer.json, model.safetensors},
+ * creating out_dir (and its parents) if needed. tokenizer_src: a tokenizer.json to copy, or
+ * NULL for a generated Gemma-style BPE tokenizer of the model's vocab size. Returns 0, or -1
+ * with a message in g4_last_error(). */
+int g4_synth(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src);
+/* Same, and fills *stats (may be NULL). */
+int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, g4_synth_stats *stats);
+
+/* The config.json text a preset writes (malloc'd), or NULL on an unknown preset. */
+char *g4_synth_config_json(const char *preset);
+
+/* Writes a small valid Gemma-style tokenizer.json with `vocab` entries: the control tokens at
+ * their real ids (those below `vocab`), byte tokens <0x00>..<0xFF> at 238..493, then filler
+ * pieces (single characters, then pairs and triples reachable through merges). */
+int g4_synth_write_tokenizer(const char *path, int vocab);
+
+#endif

@@ -1,0 +1,248 @@
+/* Every dispatch level's matmuls against the reference kernels, bit for bit (memcmp), on random
+ * shapes with odd tails, several activation rows, every weight format, and 1-3 pool threads.
+ * Weight buffers end exactly at the last packed byte so ASan catches any read past a row. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "kernels/kernels.h"
+#include "kernels/pool.h"
+#include "quant/pack.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rnd(void) {
+    /* splitmix64: fixed seed, so a failure reproduces */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int rnd_int(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
+
+/* A finite float of varied magnitude and sign, sometimes an exact (signed) zero. */
+static float rnd_float(void) {
+    uint64_t r = rnd();
+    if ((r & 31) == 0) return (r & 32) ? -0.0f : 0.0f;
+    uint32_t u = (uint32_t)(r >> 32);
+    uint32_t exp = 127 - 24 + (uint32_t)((r >> 8) % 40); /* 2^-24 .. 2^15 */
+    u = (u & 0x807FFFFFu) | exp << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef struct {
+    int bits, in, out, n;
+    size_t extra; /* row padding beyond the packed bytes */
+    int extreme;  /* all codes at their minimum and x = -128: the saturation corner */
+} shape;
+
+typedef struct {
+    g4_qweight w;
+    uint8_t *wbuf;
+    float *scale, *xf, *yref, *y;
+    int8_t *xi;
+    int32_t *aref, *a;
+} problem;
+
+static void make_problem(problem *p, const shape *s) {
+    int bits = s->bits;
+    size_t packed = bits == 16 ? 2 * (size_t)s->in : g4_packed_row_bytes(bits, (size_t)s->in);
+    size_t row_bytes = packed + s->extra;
+    size_t total = (size_t)(s->out - 1) * row_bytes + packed;
+    p->wbuf = malloc(total);
+    for (size_t i = 0; i < total; i++) p->wbuf[i] = (uint8_t)rnd();
+    /* Finite BF16 values only: which NaN payload an add propagates is not part of the contract. */
+    for (int o = 0; bits == 16 && o < s->out; o++)
+        for (int i = 0; i < s->in; i++) {
+            float f = rnd_float();
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            p->wbuf[(size_t)o * row_bytes + 2 * (size_t)i] = (uint8_t)(u >> 16);
+            p->wbuf[(size_t)o * row_bytes + 2 * (size_t)i + 1] = (uint8_t)(u >> 24);
+        }
+    if (s->extreme) memset(p->wbuf, bits == 8 ? 0x80 : 0x00, total);
+    p->scale = malloc(sizeof(float) * (size_t)s->out);
+    for (int o = 0; o < s->out; o++) p->scale[o] = (float)(rnd() % 100000 + 1) * 1e-6f;
+    p->w = (g4_qweight){.bits = bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = p->wbuf,
+                        .w_scale = bits == 16 ? NULL : p->scale};
+    size_t nx = (size_t)s->n * s->in, ny = (size_t)s->n * s->out;
+    p->xf = malloc(sizeof(float) * nx);
+    p->xi = malloc(nx);
+    for (size_t i = 0; i < nx; i++) {
+        p->xf[i] = rnd_float();
+        p->xi[i] = s->extreme ? -128 : (int8_t)rnd();
+    }
+    p->yref = malloc(sizeof(float) * ny);
+    p->y = malloc(sizeof(float) * ny);
+    p->aref = malloc(sizeof(int32_t) * ny);
+    p->a = malloc(sizeof(int32_t) * ny);
+    g4_ref_matmul_f32(&p->w, p->xf, s->n, p->yref);
+    if (bits != 16) g4_ref_matmul_i8(&p->w, p->xi, s->n, p->aref);
+}
+
+static void free_problem(problem *p) {
+    free(p->wbuf);
+    free(p->scale);
+    free(p->xf);
+    free(p->xi);
+    free(p->yref);
+    free(p->y);
+    free(p->aref);
+    free(p->a);
+}
+
+/* Runs one level on one problem; returns the number of mismatching outputs. */
+static int run_level(const g4_kernels *k, problem *p, const shape *s, const char *what) {
+    size_t ny = (size_t)s->n * s->out;
+    int bad = 0;
+    memset(p->y, 0xA5, sizeof(float) * ny);
+    k->matmul_f32(&p->w, p->xf, s->n, p->y);
+    int ok = memcmp(p->y, p->yref, sizeof(float) * ny) == 0;
+    bad += !ok;
+    CHECK(ok, "%s %s f32 bits=%d in=%d out=%d n=%d extra=%zu threads=%d", what, k->name, s->bits, s->in, s->out,
+          s->n, s->extra, g4_kernels_threads());
+    if (s->bits != 16) {
+        memset(p->a, 0xA5, sizeof(int32_t) * ny);
+        k->matmul_i8(&p->w, p->xi, s->n, p->a);
+        ok = memcmp(p->a, p->aref, sizeof(int32_t) * ny) == 0;
+        bad += !ok;
+        CHECK(ok, "%s %s i8 bits=%d in=%d out=%d n=%d extra=%zu threads=%d", what, k->name, s->bits, s->in,
+              s->out, s->n, s->extra, g4_kernels_threads());
+    }
+    return bad;
+}
+
+static const char *level_names[] = {"portable", "avx2", "neon"};
+#define N_LEVELS 3
+
+static void check_shape(const shape *s, const char *what) {
+    problem p;
+    make_problem(&p, s);
+    for (int l = 0; l < N_LEVELS; l++) {
+        const g4_kernels *k = g4_kernels_level(level_names[l]);
+        if (k) run_level(k, &p, s, what);
+    }
+    free_problem(&p);
+}
+
+static void random_shapes(int count) {
+    static const int bits_list[] = {2, 4, 8, 16};
+    for (int c = 0; c < count; c++) {
+        shape s = {.bits = bits_list[c % 4], .in = rnd_int(1, 300), .out = rnd_int(1, 70), .n = rnd_int(1, 9),
+                   .extra = (rnd() % 4 == 0) ? (size_t)rnd_int(1, 5) : 0};
+        if (c % 3 == 0) s.in |= 1; /* odd: partial bytes and partial vectors */
+        check_shape(&s, "random");
+    }
+}
+
+/* The fixture sizes, whole vectors and blocks, the E2B widths, and the prefill chunk. */
+static void fixed_shapes(void) {
+    static const int ins[] = {1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, 1536};
+    static const int bits_list[] = {2, 4, 8, 16};
+    for (size_t b = 0; b < 4; b++)
+        for (size_t i = 0; i < sizeof ins / sizeof *ins; i++) {
+            shape s = {.bits = bits_list[b], .in = ins[i], .out = 13, .n = (int)(i % 6) + 1};
+            check_shape(&s, "fixed");
+        }
+    shape big[] = {
+        {.bits = 2, .in = 12288, .out = 9, .n = 2},
+        {.bits = 4, .in = 6144, .out = 11, .n = 5},
+        {.bits = 8, .in = 256, .out = 70, .n = 64},
+        {.bits = 4, .in = 200, .out = 33, .n = 64},
+        {.bits = 16, .in = 1536, .out = 21, .n = 3},
+        {.bits = 2, .in = 12288, .out = 5, .n = 1, .extreme = 1},
+        {.bits = 4, .in = 12288, .out = 5, .n = 3, .extreme = 1},
+        {.bits = 8, .in = 12288, .out = 5, .n = 2, .extreme = 1},
+    };
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "big");
+}
+
+/* Two threads issuing matmuls at once: one gets the pool, the other runs inline; both exact. */
+static void *concurrent_caller(void *arg) {
+    const problem *p = arg;
+    const g4_kernels *k = g4_kernels_get();
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)p->w.out * 4);
+    long bad = 0;
+    for (int rep = 0; rep < 20; rep++) {
+        k->matmul_i8(&p->w, p->xi, 4, a);
+        bad += memcmp(a, p->aref, sizeof(int32_t) * (size_t)p->w.out * 4) != 0;
+    }
+    free(a);
+    return (void *)bad;
+}
+
+static void concurrency(void) {
+    shape s = {.bits = 4, .in = 160, .out = 64, .n = 4};
+    problem p;
+    make_problem(&p, &s);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, concurrent_caller, &p);
+    for (int i = 0; i < 2; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        CHECK(r == NULL, "concurrent caller %d: %ld mismatching runs", i, (long)(intptr_t)r);
+    }
+    free_problem(&p);
+}
+
+/* G4_DISPATCH picks levels; a bad value warns once on stderr and falls back to the best level. */
+static void dispatch_env(void) {
+    /* `make test` may run with G4_DISPATCH set: put it back afterwards */
+    const char *outer = getenv("G4_DISPATCH");
+    char *saved_env = outer ? strdup(outer) : NULL;
+    unsetenv("G4_DISPATCH");
+    const g4_kernels *best = g4_kernels_get();
+    setenv("G4_DISPATCH", "portable", 1);
+    CHECK_STREQ(g4_kernels_get()->name, "portable");
+    FILE *cap = tmpfile();
+    fflush(stderr);
+    int saved_fd = dup(2);
+    dup2(fileno(cap), 2);
+    setenv("G4_DISPATCH", "bogus", 1);
+    const g4_kernels *k = g4_kernels_get();
+    fflush(stderr);
+    dup2(saved_fd, 2);
+    close(saved_fd);
+    char line[256] = {0};
+    rewind(cap);
+    if (!fgets(line, sizeof line, cap)) line[0] = 0;
+    fclose(cap);
+    CHECK(k == best, "bogus G4_DISPATCH gave %s, not %s", k->name, best->name);
+    CHECK(strstr(line, "G4_DISPATCH=bogus") != NULL, "no warning, got \"%s\"", line);
+    setenv("G4_DISPATCH", "avx2", 1);
+    if (g4_kernels_level("avx2")) CHECK_STREQ(g4_kernels_get()->name, "avx2");
+    unsetenv("G4_DISPATCH");
+    CHECK(g4_kernels_get() == best, "unset G4_DISPATCH");
+    if (saved_env) setenv("G4_DISPATCH", saved_env, 1);
+    free(saved_env);
+    printf("ok dispatch: best level %s\n", best->name);
+}
+
+int main(void) {
+    for (int l = 0; l < N_LEVELS; l++)
+        if (g4_kernels_level(level_names[l])) printf("ok level %s available\n", level_names[l]);
+    dispatch_env();
+    CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());
+    g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */
+    for (int threads = 1; threads <= 3; threads++) {
+        g4_kernels_set_threads(threads);
+        CHECK_EQ_INT(g4_kernels_threads(), threads);
+        random_shapes(120);
+        fixed_shapes();
+    }
+    g4_kernels_set_threads(2);
+    concurrency();
+    g4_kernels_shutdown(); /* a later matmul restarts the pool */
+    random_shapes(8);
+    g4_kernels_set_threads(0);
+    CHECK_EQ_INT(g4_kernels_threads(), (int)sysconf(_SC_NPROCESSORS_ONLN));
+    return check_report("kernels");
+}
