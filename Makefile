@@ -25,9 +25,10 @@ LIB_SRC = \
   src/quant/pack.c src/quant/int8.c src/quant/dynamic.c \
   src/kernels/ref.c src/kernels/dispatch.c src/kernels/avx2.c src/kernels/neon.c src/kernels/pool.c \
   src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c src/model/synth.c \
-  src/generate/sampler.c src/generate/generate.c
+  src/generate/sampler.c src/generate/generate.c \
+  src/text/tokenizer.c src/text/chat.c
 
-TESTS = test_config test_int8 test_unit_linear test_litert test_sampler test_generate test_fixture test_switches test_synth test_broken_checkpoint test_cli
+TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tokenizer test_chat test_sampler test_generate test_fixture test_switches test_synth test_broken_checkpoint test_cli
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)

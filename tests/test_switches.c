@@ -201,6 +201,21 @@ static void test_requant(void) {
     g4_capture_free(&d);
 }
 
+/* --lmhead-dynamic-q8: only the logits move (the lm_head input is quantized per token), and
+ * only by the size of an int8 rounding of the final norm. */
+static void test_lmhead_dynamic(void) {
+    g4_options off = base(G4_ACT_INT, 1, 1, 1), on = off;
+    on.lmhead_dynamic_q8 = 1;
+    g4_capture a = run(&off), b = run(&on);
+    EXPECT_SAME(a, b, "final_norm", "--lmhead-dynamic-q8");
+    EXPECT_DIFF(a, b, "logits", "--lmhead-dynamic-q8");
+    double d = diff(&a, &b, "logits");
+    CHECK(d < 0.5, "--lmhead-dynamic-q8 moved the logits by %g", d);
+    printf("ok --lmhead-dynamic-q8 moves the last logits by at most %.3g\n", d);
+    g4_capture_free(&a);
+    g4_capture_free(&b);
+}
+
 int main(void) {
     model = g4_model_load(tiny_dir());
     CHECK(model != NULL, "%s", g4_last_error());
@@ -212,6 +227,7 @@ int main(void) {
     test_round();
     test_qdiv();
     test_requant();
+    test_lmhead_dynamic();
     g4_model_free(model);
     return check_report("switches");
 }
