@@ -66,6 +66,10 @@ int g4_model_vocab_size(const g4_model *m);
 /* Stop ids from generation_config.json / config.json (eos). */
 int g4_model_stop_ids(const g4_model *m, const int **ids);
 int g4_model_bos_id(const g4_model *m);
+/* The checkpoint folder the model was loaded from. */
+const char *g4_model_dir(const g4_model *m);
+/* Whether the model has per-layer embeddings (the E2B/E4B family; decides the chat form). */
+int g4_model_has_per_layer_inputs(const g4_model *m);
 /* Writes a human-readable description (layers, linears, totals) to `out` (a FILE*). */
 void g4_model_describe(const g4_model *m, void *out);
 

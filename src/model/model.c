@@ -346,6 +346,8 @@ void g4_model_free(g4_model *m) {
 
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.vocab; }
 int g4_model_bos_id(const g4_model *m) { return m->cfg.bos_id; }
+const char *g4_model_dir(const g4_model *m) { return m->dir; }
+int g4_model_has_per_layer_inputs(const g4_model *m) { return m->cfg.ple_dim > 0; }
 int g4_model_stop_ids(const g4_model *m, const int **ids) {
     *ids = m->cfg.stop_ids;
     return m->cfg.n_stop_ids;

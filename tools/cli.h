@@ -1,0 +1,45 @@
+/* Command-line plumbing shared by the g4 commands (tools/cli.c). */
+#ifndef G4_TOOLS_CLI_H
+#define G4_TOOLS_CLI_H
+
+#include <stdint.h>
+
+#include "g4.h"
+
+typedef struct {
+    int argc, i;
+    char **argv;
+    const char *cmd;
+} args_t;
+
+/* "g4: error: <fmt with arg>" on stderr; returns 1 (the exit status). */
+int die(const char *fmt, const char *arg);
+/* "g4: error: <g4_last_error()>"; returns 1. */
+int die_lib(void);
+double now_s(void);
+long peak_rss_kb(void);
+
+/* The value of flag argv[i] ("--flag value" or "--flag=value"); sets *bad with a message. */
+const char *flag_value(args_t *a, const char *flag, int *bad);
+int flag_is(const args_t *a, const char *name);
+int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out);
+int parse_float(const char *cmd, const char *flag, const char *v, float *out);
+int parse_choice(const char *cmd, const char *flag, const char *v, const char *const *choices, int *out);
+int parse_ids(const char *cmd, const char *v, int32_t **ids, int *n);
+/* Engine options (--act, --kv, --ctx, ...). Returns 1 if argv[i] was one. */
+int engine_flag(args_t *a, g4_options *o, int *bad);
+/* Sampling flags (--temp, --top-k, ...). Returns 1 if argv[i] was one; *given gets a bit per
+ * field set (G4_SAMPLE_*), so model defaults can fill the rest. */
+enum { G4_SAMPLE_TEMP = 1, G4_SAMPLE_TOP_K = 2, G4_SAMPLE_TOP_P = 4, G4_SAMPLE_MIN_P = 8, G4_SAMPLE_PENALTY = 16,
+       G4_SAMPLE_LAST_N = 32, G4_SAMPLE_SEED = 64 };
+int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad);
+/* Copies the fields marked in `given` from `from` into `to`. */
+void sampling_override(g4_sampling *to, const g4_sampling *from, int given);
+int unknown_flag(const args_t *a);
+
+int g4_cmd_synth(int argc, char **argv);     /* tools/synth_cmd.c */
+int cmd_tokenize(args_t *a);                 /* tools/text_cmds.c */
+int cmd_chat(args_t *a);
+int cmd_run_text(args_t *a);
+
+#endif
