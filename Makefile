@@ -72,4 +72,4 @@ check: test asan-test
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(OUT)/tools/g4.d $(TEST_BIN:=.d)
+-include $(shell find $(OUT) -name "*.d" 2>/dev/null)

@@ -52,7 +52,8 @@ typedef struct {
     g4_qdiv qdiv;      /* G4_QDIV_DEFAULT: divide in fake mode, reciprocal in int mode */
     g4_requant_rule requant;
     int lmhead_dynamic_q8; /* lm_head input quantized per token at run time, as XNNPACK's qd8 path */
-    int ctx;           /* KV-cache length in tokens */
+    int ctx;           /* KV-cache length in tokens (per sequence) */
+    int n_seq;         /* independent sequences (each with its own KV cache) for batched decoding; 0 = 1 */
 } g4_options;
 
 /* Defaults of the spec's "litert" profile in `int` mode, context 4096. */
@@ -83,13 +84,23 @@ typedef void (*g4_trace_fn)(void *user, const char *name, int pos0, int n, int r
 g4_session *g4_session_new(const g4_model *m, const g4_options *o);
 void g4_session_free(g4_session *s);
 void g4_session_reset(g4_session *s);
-int g4_session_pos(const g4_session *s);
+int g4_session_pos(const g4_session *s); /* of sequence 0 */
 int g4_session_ctx(const g4_session *s);
 const g4_model *g4_session_model(const g4_session *s);
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
-/* Feeds n tokens at the current position. logits: NULL, or room for vocab floats (the last
- * token's logits) or n * vocab floats when all_logits is set. */
+/* Feeds n tokens at the current position of sequence 0. logits: NULL, or room for vocab floats
+ * (the last token's logits) or n * vocab floats when all_logits is set. */
 int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
+
+/* Several independent sequences in one session (g4_options.n_seq): the same for sequence `seq`,
+ * and one decoding step of several sequences at once (one token each, distinct sequences, at
+ * most 64): the weights are read once for all of them. logits: n * vocab floats. A sequence's
+ * results do not depend on what else is in the batch. */
+int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
+int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
+void g4_session_reset_seq(g4_session *s, int seq);
+int g4_session_seq_pos(const g4_session *s, int seq);
+int g4_session_n_seq(const g4_session *s);
 
 /* Index of the largest logit (the first one on ties). */
 int g4_argmax(const float *logits, int n);

@@ -155,7 +155,7 @@ static void test_chat_interrupt(void) {
         FILE *e = freopen(err_path, "w", stderr);
         (void)e;
         if (!freopen("/dev/null", "w", stdout)) _exit(3);
-        execl(bin, bin, "chat", "-m", model, "--temp", "0", "--ctx", "60000", (char *)NULL);
+        execl(bin, bin, "chat", "-m", model, "--temp", "0", "--ctx", "60000", "--ignore-eos", (char *)NULL);
         _exit(127);
     }
     close(to_child[0]);
@@ -165,14 +165,20 @@ static void test_chat_interrupt(void) {
     nanosleep(&ts, NULL);
     kill(pid, SIGINT);
     nanosleep(&ts, NULL);
-    const char *rest = "again\n/exit\n";
+    const char *rest = "/reset\n/exit\n";
     if (write(to_child[1], rest, strlen(rest)) < 0) exit(2);
     close(to_child[1]);
-    int st;
-    waitpid(pid, &st, 0);
+    int st = 0;
+    /* the chat must be back at its prompt and leave on /exit; give it 30 s at most */
+    for (int i = 0; i < 300 && waitpid(pid, &st, WNOHANG) == 0; i++) nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    if (waitpid(pid, &st, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        CHECK(0, "chat did not stop after Ctrl-C and /exit");
+    }
     char *err = slurp(err_path);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chat after Ctrl-C: status %d, stderr %s", st, err);
-    CHECK(strstr(err, "(stopped)") != NULL, "no (stopped) after Ctrl-C: %s", err);
+    CHECK(strstr(err, "(stopped)") != NULL && strstr(err, "(new conversation)") != NULL, "no (stopped) after Ctrl-C: %s", err);
     free(err);
 }
 

@@ -137,7 +137,7 @@ static void usage(FILE *f) {
             "usage:\n"
             "  g4 run -m DIR -p \"text\" [-n N]         answer a prompt (chat template; --raw for none), streaming\n"
             "      -f FILE or standard input give the prompt; --system TEXT, --think on|off, --show-thinking,\n"
-            "      --chat-form e2b|26b, --parse-special on|off (raw prompts)\n"
+            "      --chat-form e2b|26b, --parse-special on|off (raw prompts), --ignore-eos, --verbose (ids on stderr)\n"
             "  g4 chat -m DIR                         interactive chat (/reset, /think on|off, /exit; Ctrl-C stops an answer)\n"
             "  g4 tokenize (-m DIR | --tokenizer FILE) [--add-bos] [--plain] [--decode]\n"
             "                                         JSON lines: a string -> its ids (--decode: ids -> string)\n"

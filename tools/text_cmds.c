@@ -35,7 +35,7 @@ static void catch_sigint(void) {
 
 typedef struct {
     const char *dir, *prompt, *prompt_file, *system;
-    int raw, think, show_thinking, form, form_given, max_tokens, parse_special, verbose;
+    int raw, think, show_thinking, form, form_given, max_tokens, parse_special, verbose, ignore_eos;
     g4_options o;
     g4_sampling sampling;
     int sampling_given;
@@ -52,6 +52,7 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     else if (flag_is(a, "--raw")) t->raw = 1;
     else if (flag_is(a, "--show-thinking")) t->show_thinking = 1;
     else if (flag_is(a, "--verbose")) t->verbose = 1;
+    else if (flag_is(a, "--ignore-eos")) t->ignore_eos = 1;
     else if (flag_is(a, "--think")) {
         if ((v = flag_value(a, "--think", bad)) && parse_choice(a->cmd, "--think", v, onoff, &t->think)) *bad = 1;
     } else if (flag_is(a, "--chat-form")) {
@@ -118,6 +119,11 @@ static int text_model_open(text_model *t, const text_args *a) {
     g4_model_sampling_defaults(t->m, &t->gen.sampling);
     sampling_override(&t->gen.sampling, &a->sampling, a->sampling_given);
     t->gen.max_tokens = a->max_tokens ? a->max_tokens : a->o.ctx;
+    if (a->ignore_eos) {
+        static const int none[1] = {-1};
+        t->gen.stop_ids = none;
+        t->gen.n_stop_ids = 1;
+    }
     t->show_thinking = a->show_thinking;
     t->verbose = a->verbose;
     t->turn_end = g4_tokenizer_piece_to_id(t->tok, "<turn|>");

@@ -28,13 +28,19 @@ struct g4_session {
     const g4_model *m;
     g4_options o;
     const g4_kernels *k;
-    int pos;
+    int n_seq;
+    int *seq_pos;     /* [n_seq] tokens in each sequence's cache */
+    /* The rows of the chunk being computed: which sequence each belongs to and its position.
+     * A prefill chunk is consecutive positions of one sequence; a batched decode step is one
+     * token of each of several sequences. Every row is computed independently except in
+     * attention, which reads its own sequence's cache. */
+    int row_seq[CHUNK], row_pos[CHUNK];
     /* Resolved switches: which quantization points are on, and the rules they use. */
     int q_linear, q_kv, q_pmp;
     g4_round_rule round;
     g4_qdiv_rule qdiv;
     g4_requant **rq; /* [n_linears] per-row requantization (int mode; NULL where unused) */
-    kv_cache *kv;    /* [n_layers]; empty for consumers */
+    kv_cache *kv;    /* [n_seq][n_layers]; empty for consumers */
     /* Per-chunk scratch. */
     float *x, *xn, *xq, *q, *kk, *vv, *att, *proj, *gate, *up, *pli, *ple_tok, *plg, *scores;
     int8_t *xcodes;
@@ -151,7 +157,7 @@ static void linear_group(g4_session *s, const g4_linear *const *L, float *const 
 static void trace(const g4_session *s, const char *name, int n, int d0, int d1, const float *data) {
     if (!s->trace) return;
     int shape[2] = {d0, d1};
-    s->trace(s->trace_user, name, s->pos, n, d1 ? 2 : 1, shape, data);
+    s->trace(s->trace_user, name, s->row_pos[0], n, d1 ? 2 : 1, shape, data);
 }
 
 static void trace_layer(const g4_session *s, const char *fmt, int l, int n, int d0, int d1, const float *data) {
@@ -214,22 +220,24 @@ static void rope_tables(g4_session *s, int n) {
         int h = L->head_dim / 2;
         for (int t = 0; t < n; t++)
             for (int j = 0; j < h; j++) {
-                float angle = (float)(s->pos + t) * L->inv_freq[j];
+                float angle = (float)s->row_pos[t] * L->inv_freq[j];
                 s->rope_cos[type][(size_t)t * h + j] = cosf(angle);
                 s->rope_sin[type][(size_t)t * h + j] = sinf(angle);
             }
     }
 }
 
-/* Stores n rows of K or V at the current position: int8 codes when the cache is quantized
- * (the rows are then replaced by their dequantized values, which is what attention sees). */
-static void store_kv_rows(g4_session *s, float *rows, size_t width, int n, float *f32_cache, int8_t *q_cache, float scale) {
-    size_t len = (size_t)n * width, at = (size_t)s->pos * width;
+static kv_cache *kv_of(const g4_session *s, int seq, int layer) { return &s->kv[(size_t)seq * s->m->cfg.n_layers + layer]; }
+
+/* Stores one row of K or V at its sequence's position: int8 codes when the cache is quantized
+ * (the row is then replaced by its dequantized values, which is what attention sees). */
+static void store_kv_row(g4_session *s, float *row, size_t width, int pos, float *f32_cache, int8_t *q_cache, float scale) {
+    size_t at = (size_t)pos * width;
     if (q_cache) {
-        quantize_codes(s, rows, len, scale, q_cache + at);
-        g4_dequantize_vec(q_cache + at, len, scale, rows);
+        quantize_codes(s, row, width, scale, q_cache + at);
+        g4_dequantize_vec(q_cache + at, width, scale, row);
     } else {
-        memcpy(f32_cache + at, rows, sizeof *rows * len);
+        memcpy(f32_cache + at, row, sizeof *row * width);
     }
 }
 
@@ -245,9 +253,11 @@ static void write_kv(g4_session *s, int l, int n) {
             rope_apply(k, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
             rmsnorm(v, v, NULL, hd, eps);
         }
-    kv_cache *c = &s->kv[l];
-    store_kv_rows(s, s->kk, (size_t)kvw, n, c->kf, c->kq, c->k_scale);
-    store_kv_rows(s, s->vv, (size_t)kvw, n, c->vf, c->vq, c->v_scale);
+    for (int t = 0; t < n; t++) {
+        kv_cache *c = kv_of(s, s->row_seq[t], l);
+        store_kv_row(s, s->kk + (size_t)t * kvw, (size_t)kvw, s->row_pos[t], c->kf, c->kq, c->k_scale);
+        store_kv_row(s, s->vv + (size_t)t * kvw, (size_t)kvw, s->row_pos[t], c->vf, c->vq, c->v_scale);
+    }
     trace_layer(s, "k_layer%d", l, n, L->n_kv_heads, hd, s->kk);
     trace_layer(s, "v_layer%d", l, n, L->n_kv_heads, hd, s->vv);
 }
@@ -264,9 +274,9 @@ static float dot_codes(const float *a, const int8_t *c, int n) {
 static void attention(g4_session *s, int l, int n) {
     const g4_layer *L = &s->m->layers[l];
     int hd = L->head_dim, nh = s->m->cfg.n_heads, kvw = L->n_kv_heads * hd, group = nh / L->n_kv_heads;
-    const kv_cache *c = &s->kv[L->kv_source];
     for (int t = 0; t < n; t++) {
-        int p = s->pos + t;
+        const kv_cache *c = kv_of(s, s->row_seq[t], L->kv_source);
+        int p = s->row_pos[t];
         int lo = L->type == G4_LAYER_SLIDING ? p - s->m->cfg.sliding_window + 1 : 0;
         if (lo < 0) lo = 0;
         for (int h = 0; h < nh; h++) {
@@ -367,36 +377,70 @@ static void output_head(g4_session *s, int n, int first, float *logits) {
     }
 }
 
-static int forward_chunk(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
+/* Computes the rows already described by row_seq/row_pos; logits for rows [first, n). */
+static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int first) {
     embed_tokens(s, ids, n);
     rope_tables(s, n);
     for (int l = 0; l < s->m->cfg.n_layers; l++) decoder_layer(s, l, n);
-    output_head(s, n, all_logits ? 0 : n - 1, logits);
+    output_head(s, n, first, logits);
     if (logits && s->trace) {
-        int first = all_logits ? 0 : n - 1, shape[1] = {s->m->cfg.vocab};
-        s->trace(s->trace_user, "logits", s->pos + first, n - first, 1, shape, logits);
+        int shape[1] = {s->m->cfg.vocab};
+        s->trace(s->trace_user, "logits", s->row_pos[first], n - first, 1, shape, logits);
     }
-    s->pos += n;
-    return 0;
 }
 
-int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
+static int check_ids(const g4_session *s, const int32_t *ids, int n) {
     const g4_config *c = &s->m->cfg;
-    if (n <= 0) return g4_fail("no tokens to evaluate");
-    if (n > s->o.ctx - s->pos)
-        return g4_fail("%d tokens at position %d run past the context of %d tokens (--ctx)", n, s->pos, s->o.ctx);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab || ids[i] >= c->vocab_ple)
             return g4_fail("token id %d is outside the vocabulary (0..%d)", ids[i], c->vocab - 1);
+    return 0;
+}
+
+int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits) {
+    const g4_config *c = &s->m->cfg;
+    if (seq < 0 || seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, s->n_seq);
+    if (n <= 0) return g4_fail("no tokens to evaluate");
+    int *pos = &s->seq_pos[seq];
+    if (n > s->o.ctx - *pos)
+        return g4_fail("%d tokens at position %d run past the context of %d tokens (--ctx)", n, *pos, s->o.ctx);
+    if (check_ids(s, ids, n) != 0) return -1;
     for (int done = 0; done < n;) {
         int len = n - done < CHUNK ? n - done : CHUNK;
         int last = done + len == n;
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * c->vocab;
         else if (logits && last) out = logits;
-        if (forward_chunk(s, ids + done, len, out, all_logits) != 0) return -1;
+        for (int t = 0; t < len; t++) {
+            s->row_seq[t] = seq;
+            s->row_pos[t] = *pos + t;
+        }
+        forward_rows(s, ids + done, len, out, all_logits || !out ? 0 : len - 1);
+        *pos += len;
         done += len;
     }
+    return 0;
+}
+
+int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
+    return g4_session_eval_seq(s, 0, ids, n, logits, all_logits);
+}
+
+int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits) {
+    if (n <= 0 || n > CHUNK) return g4_fail("a batch step takes 1 to %d tokens, not %d", CHUNK, n);
+    if (check_ids(s, ids, n) != 0) return -1;
+    for (int t = 0; t < n; t++) {
+        int q = seqs[t];
+        if (q < 0 || q >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", q, s->n_seq);
+        for (int u = 0; u < t; u++)
+            if (seqs[u] == q) return g4_fail("sequence %d appears twice in one batch step", q);
+        if (s->seq_pos[q] >= s->o.ctx)
+            return g4_fail("sequence %d is at the end of its context of %d tokens (--ctx)", q, s->o.ctx);
+        s->row_seq[t] = q;
+        s->row_pos[t] = s->seq_pos[q];
+    }
+    forward_rows(s, ids, n, logits, 0);
+    for (int t = 0; t < n; t++) s->seq_pos[seqs[t]]++;
     return 0;
 }
 
@@ -461,12 +505,13 @@ static int build_requant_tables(g4_session *s) {
 static int alloc_kv(g4_session *s) {
     const g4_model *m = s->m;
     int ok = 1;
-    s->kv = calloc((size_t)(unsigned)m->cfg.n_layers, sizeof *s->kv);
+    s->kv = calloc((size_t)(unsigned)m->cfg.n_layers * (size_t)s->n_seq, sizeof *s->kv);
     if (!s->kv) return g4_fail("out of memory for the KV cache");
-    for (int l = 0; l < m->cfg.n_layers && ok; l++) {
+    for (int i = 0; i < m->cfg.n_layers * s->n_seq && ok; i++) {
+        int l = i % m->cfg.n_layers;
         const g4_layer *L = &m->layers[l];
         if (!g4_layer_is_producer(m, l)) continue;
-        kv_cache *c = &s->kv[l];
+        kv_cache *c = &s->kv[i];
         size_t len = (size_t)s->o.ctx * L->n_kv_heads * L->head_dim;
         c->k_scale = s->q_kv ? L->k_cache_scale : 0;
         c->v_scale = s->q_kv ? L->v_cache_scale : 0;
@@ -529,6 +574,18 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
     s->m = m;
     s->o = *o;
     s->k = g4_kernels_get();
+    s->n_seq = o->n_seq > 0 ? o->n_seq : 1;
+    if (s->n_seq > CHUNK) {
+        g4_session_free(s);
+        g4_fail("--batch %d: at most %d sequences", o->n_seq, CHUNK);
+        return NULL;
+    }
+    s->seq_pos = calloc((size_t)s->n_seq, sizeof *s->seq_pos);
+    if (!s->seq_pos) {
+        g4_session_free(s);
+        g4_fail("out of memory for the session");
+        return NULL;
+    }
     if (resolve_options(s) || build_requant_tables(s) || alloc_kv(s) || alloc_scratch(s)) {
         g4_session_free(s);
         return NULL;
@@ -539,13 +596,14 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
 void g4_session_free(g4_session *s) {
     if (!s) return;
     int L = s->m->cfg.n_layers;
-    for (int l = 0; s->kv && l < L; l++) {
-        free(s->kv[l].kf);
-        free(s->kv[l].vf);
-        free(s->kv[l].kq);
-        free(s->kv[l].vq);
+    for (int i = 0; s->kv && i < L * s->n_seq; i++) {
+        free(s->kv[i].kf);
+        free(s->kv[i].vf);
+        free(s->kv[i].kq);
+        free(s->kv[i].vq);
     }
     free(s->kv);
+    free(s->seq_pos);
     for (int i = 0; s->rq && i < s->m->n_linears; i++) free(s->rq[i]);
     free(s->rq);
     void *bufs[] = {s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
@@ -554,8 +612,15 @@ void g4_session_free(g4_session *s) {
     free(s);
 }
 
-void g4_session_reset(g4_session *s) { s->pos = 0; }
-int g4_session_pos(const g4_session *s) { return s->pos; }
+void g4_session_reset(g4_session *s) {
+    for (int i = 0; i < s->n_seq; i++) s->seq_pos[i] = 0;
+}
+void g4_session_reset_seq(g4_session *s, int seq) {
+    if (seq >= 0 && seq < s->n_seq) s->seq_pos[seq] = 0;
+}
+int g4_session_pos(const g4_session *s) { return s->seq_pos[0]; }
+int g4_session_seq_pos(const g4_session *s, int seq) { return seq >= 0 && seq < s->n_seq ? s->seq_pos[seq] : -1; }
+int g4_session_n_seq(const g4_session *s) { return s->n_seq; }
 int g4_session_ctx(const g4_session *s) { return s->o.ctx; }
 const g4_model *g4_session_model(const g4_session *s) { return s->m; }
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user) {
