@@ -501,10 +501,40 @@ static int build_requant_tables(g4_session *s) {
     return 0;
 }
 
+/* Bytes of memory the system can still give (MemAvailable), or 0 when unknown. */
+static double available_memory(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* The KV cache's size, checked against the memory available before anything is allocated. */
+static int check_kv_memory(const g4_session *s) {
+    const g4_model *m = s->m;
+    double bytes = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const g4_layer *L = &m->layers[l];
+        if (!g4_layer_is_producer(m, l)) continue;
+        double width = (double)L->n_kv_heads * L->head_dim;
+        bytes += width * (s->q_kv && L->k_cache_scale != 0 ? 1 : 4) + width * (s->q_kv && L->v_cache_scale != 0 ? 1 : 4);
+    }
+    bytes *= (double)s->o.ctx * s->n_seq;
+    double avail = available_memory();
+    if (avail > 0 && bytes > avail)
+        return g4_fail("the KV cache for %d sequence(s) of %d tokens (--ctx) needs %.0f MiB, but only %.0f MiB of memory are available",
+                       s->n_seq, s->o.ctx, bytes / 1048576, avail / 1048576);
+    return 0;
+}
+
 /* K/V storage for each producer: int8 codes where the point is quantized with a non-zero scale. */
 static int alloc_kv(g4_session *s) {
     const g4_model *m = s->m;
     int ok = 1;
+    if (check_kv_memory(s) != 0) return -1;
     s->kv = calloc((size_t)(unsigned)m->cfg.n_layers * (size_t)s->n_seq, sizeof *s->kv);
     if (!s->kv) return g4_fail("out of memory for the KV cache");
     for (int i = 0; i < m->cfg.n_layers * s->n_seq && ok; i++) {
