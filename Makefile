@@ -35,7 +35,7 @@ LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test check clean
-.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/synth_cmd.o
+.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
@@ -45,7 +45,7 @@ $(OUT)/%.o: %.c
 $(OUT)/libg4.a: $(LIB_OBJ)
 	@ar rcs $@ $^
 
-$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/synth_cmd.o $(OUT)/libg4.a
+$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a

@@ -71,6 +71,8 @@ int g4_model_bos_id(const g4_model *m);
 const char *g4_model_dir(const g4_model *m);
 /* Whether the model has per-layer embeddings (the E2B/E4B family; decides the chat form). */
 int g4_model_has_per_layer_inputs(const g4_model *m);
+/* Weight bytes one decoded token reads (packed weights, scales, norms, gathered embedding rows). */
+size_t g4_model_decode_bytes(const g4_model *m);
 /* Writes a human-readable description (layers, linears, totals) to `out` (a FILE*). */
 void g4_model_describe(const g4_model *m, void *out);
 
@@ -91,6 +93,12 @@ void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
 /* Feeds n tokens at the current position of sequence 0. logits: NULL, or room for vocab floats
  * (the last token's logits) or n * vocab floats when all_logits is set. */
 int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
+
+/* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
+typedef enum { G4_PROF_EMBED = 0, G4_PROF_LINEAR, G4_PROF_ATTENTION, G4_PROF_LM_HEAD, G4_PROF_OTHER, G4_PROF_COUNT } g4_prof_op;
+void g4_session_set_profiling(g4_session *s, int on);
+void g4_session_profile(const g4_session *s, double seconds[G4_PROF_COUNT]);
+const char *g4_prof_op_name(g4_prof_op op);
 
 /* Several independent sequences in one session (g4_options.n_seq): the same for sequence `seq`,
  * and one decoding step of several sequences at once (one token each, distinct sequences, at

@@ -75,6 +75,8 @@ static void check_case(const char *c, int bits) {
             for (int o = 0; o < out; o++) {
                 int i = t * out + o;
                 int8_t yc = g4_requantize(&rq[o], acc_ref[i]);
+                if (modes[m] == G4_REQUANT_F32)
+                    CHECK(g4_requantize_f32(acc_ref[i], rq[o].scale_f32) == yc, "%s: g4_requantize_f32 differs", c);
                 if (yc == y_codes[i]) continue;
                 if (tie_dist[i] < 1e-4f) near_tie++;
                 else exact_bad++;

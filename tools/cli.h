@@ -41,5 +41,6 @@ int g4_cmd_synth(int argc, char **argv);     /* tools/synth_cmd.c */
 int cmd_tokenize(args_t *a);                 /* tools/text_cmds.c */
 int cmd_chat(args_t *a);
 int cmd_run_text(args_t *a);
+int cmd_bench(args_t *a);                    /* tools/bench_cmd.c */
 
 #endif

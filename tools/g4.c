@@ -144,6 +144,8 @@ static void usage(FILE *f) {
             "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
             "  g4 synth --preset e2b|tiny -o DIR      write a random checkpoint in the real layout\n"
+            "  g4 bench -m DIR [-t N] [-p 512] [-n 128] [-r 3] [--json] [--bandwidth on|off] [engine options]\n"
+            "                                         load, prefill and decode speed, memory, per-operation time\n"
             "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
             "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
             "engine options (run):\n"
@@ -183,7 +185,8 @@ int main(int argc, char **argv) {
         return cmd_run_text(&a);
     }
     if (!strcmp(argv[1], "chat")) return cmd_chat(&a);
+    if (!strcmp(argv[1], "bench")) return cmd_bench(&a);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&a);
-    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, tokenize, inspect, synth, help)\n", argv[1]);
+    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, tokenize, inspect, bench, synth, help)\n", argv[1]);
     return 1;
 }

@@ -1,7 +1,9 @@
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise */
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +86,29 @@ const g4_tensor *g4_st_find(const g4_safetensors *st, const char *name) {
 }
 
 const char *g4_st_path(const g4_safetensors *st, const g4_tensor *t) { return st->paths[t->file]; }
+
+/* The whole pages a tensor lies on, clipped to its file's mapping. */
+static int tensor_pages(const g4_safetensors *st, const g4_tensor *t, void **begin, size_t *len) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)st->maps[t->file].data;
+    uintptr_t b = (uintptr_t)t->data / page * page, e = (uintptr_t)t->data + t->nbytes;
+    if (!t->nbytes || b < base) return -1;
+    *begin = (void *)b;
+    *len = e - b;
+    return 0;
+}
+
+/* madvise is advice: a failure changes memory use or speed, never results, so it is ignored. */
+void g4_st_advise_random(const g4_safetensors *st, const g4_tensor *t) {
+    void *p;
+    size_t len;
+    if (tensor_pages(st, t, &p, &len) == 0) madvise(p, len, MADV_RANDOM);
+}
+
+void g4_st_release(const g4_safetensors *st, const g4_tensor *t) {
+    void *p;
+    size_t len;
+    if (tensor_pages(st, t, &p, &len) == 0) madvise(p, len, MADV_DONTNEED);
+}
 
 /* A JSON number that must be a non-negative integer below 2^53 (exact in a double). */
 static int json_uint(const cJSON *v, uint64_t *out) {

@@ -51,6 +51,13 @@ const char *g4_st_path(const g4_safetensors *st, const g4_tensor *t);
 /* "[a, b]" into buf. */
 const char *g4_shape_str(const g4_tensor *t, char *buf, size_t cap);
 
+/* Tells the kernel that a tensor is read at random rows (an embedding table): no readahead and
+ * no fault-around, so gathering a row maps only its own pages. */
+void g4_st_advise_random(const g4_safetensors *st, const g4_tensor *t);
+/* Drops a read-only tensor's pages from this process (they stay in the page cache and come
+ * back on the next read): used after validating a large table that is then read sparsely. */
+void g4_st_release(const g4_safetensors *st, const g4_tensor *t);
+
 /* Little-endian loads that are safe on unaligned data. */
 float g4_load_f32(const uint8_t *p);
 float g4_bf16_to_f32(uint16_t bits);

@@ -17,6 +17,24 @@ static void print_linear(FILE *f, const g4_linear *L, const char *short_name) {
             L->w.out, linear_bytes(L), L->s_in != 0 ? "on " : "off", L->s_out != 0 ? "on " : "off");
 }
 
+size_t g4_model_decode_bytes(const g4_model *m) {
+    const g4_config *c = &m->cfg;
+    size_t bytes = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *L = &m->layers[l];
+        int producer = L->kv_source == l;
+        const g4_linear *lins[9];
+        int n = g4_layer_linears(L, producer, lins);
+        for (int i = 0; i < n; i++) bytes += linear_bytes(lins[i]);
+        /* BF16 norms (5 of hidden size, q_norm, k_norm on producers) and the layer scalar */
+        bytes += (5 * (size_t)c->hidden + (size_t)L->head_dim * (producer ? 2 : 1)) * 2 + 2;
+    }
+    bytes += linear_bytes(&m->pmp) + linear_bytes(&m->lm_head) + (size_t)(c->ple_dim + c->hidden) * 2;
+    /* one gathered row (and its scales) of each embedding table */
+    bytes += m->embed.row_bytes + (size_t)m->embed.nblocks * 4 + m->embed_ple.row_bytes + (size_t)m->embed_ple.nblocks * 4;
+    return bytes;
+}
+
 void g4_model_describe(const g4_model *m, void *out) {
     FILE *f = out;
     const g4_config *c = &m->cfg;
@@ -27,7 +45,7 @@ void g4_model_describe(const g4_model *m, void *out) {
                "%d KV-shared layers, final softcap %g\n",
             H, c->n_layers, c->n_heads, c->vocab, P, c->sliding_window, c->n_kv_shared, c->final_softcap);
     double params = 0;
-    size_t per_token = 0, kv_f32 = 0, kv_int8 = 0;
+    size_t kv_f32 = 0, kv_int8 = 0;
     fprintf(f, "layers:\n");
     for (int l = 0; l < c->n_layers; l++) {
         const g4_layer *L = &m->layers[l];
@@ -43,10 +61,8 @@ void g4_model_describe(const g4_model *m, void *out) {
             if (!producer && (i == 1 || i == 2)) continue;
             print_linear(f, lins[i], names[i]);
             params += linear_params(lins[i]);
-            per_token += linear_bytes(lins[i]);
         }
         params += 5.0 * H + L->head_dim * (producer ? 2 : 1) + 1;
-        per_token += (5 * (size_t)H + (size_t)L->head_dim * (producer ? 2 : 1)) * 2 + 2;
         if (producer) {
             size_t width = (size_t)L->n_kv_heads * L->head_dim;
             kv_f32 += 2 * width * 4;
@@ -64,8 +80,6 @@ void g4_model_describe(const g4_model *m, void *out) {
     params += (double)m->embed.rows * m->embed.cols + (double)m->embed_ple.rows * m->embed_ple.cols;
     params += linear_params(&m->pmp) + P + H;
     if (m->lm_head.w.w != m->embed.codes) params += linear_params(&m->lm_head);
-    per_token += linear_bytes(&m->pmp) + linear_bytes(&m->lm_head) + (size_t)(P + H) * 2;
-    per_token += m->embed.row_bytes + (size_t)m->embed.nblocks * 4 + m->embed_ple.row_bytes + (size_t)m->embed_ple.nblocks * 4;
     size_t disk = 0, text = 0;
     for (int i = 0; i < m->st.n_files; i++) disk += m->st.maps[i].size;
     for (int i = 0; i < m->st.n_tensors; i++) {
@@ -75,7 +89,8 @@ void g4_model_describe(const g4_model *m, void *out) {
     fprintf(f, "totals:\n");
     fprintf(f, "  parameters (text decoder, live): %.0f (%.2f M)\n", params, params / 1e6);
     fprintf(f, "  bytes on disk: %zu (text tensors %zu)\n", disk, text);
-    fprintf(f, "  bytes touched per decoded token: %zu (%.2f MB), plus the KV cache\n", per_token, per_token / 1e6);
+    fprintf(f, "  bytes touched per decoded token: %zu (%.2f MB), plus the KV cache\n", g4_model_decode_bytes(m),
+            g4_model_decode_bytes(m) / 1e6);
     fprintf(f, "  KV cache per token: %zu B with --kv int8 (default), %zu B with --kv f32\n", kv_int8, kv_f32);
     fprintf(f, "  stop ids:");
     for (int i = 0; i < c->n_stop_ids; i++) fprintf(f, " %d", c->stop_ids[i]);

@@ -4,6 +4,7 @@
  * activation-quant.md §2; which ones are active is decided once, in the session options. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,8 @@ struct g4_session {
     int q_linear, q_kv, q_pmp;
     g4_round_rule round;
     g4_qdiv_rule qdiv;
-    g4_requant **rq; /* [n_linears] per-row requantization (int mode; NULL where unused) */
+    g4_requant **rq; /* [n_linears] per-row requantization (int mode, rules other than f32) */
+    float **rq_f32;  /* [n_linears] per-row f32 multipliers (int mode, requant f32: XNNPACK's rule) */
     kv_cache *kv;    /* [n_seq][n_layers]; empty for consumers */
     /* Per-chunk scratch. */
     float *x, *xn, *xq, *q, *kk, *vv, *att, *proj, *gate, *up, *pli, *ple_tok, *plg, *scores;
@@ -48,7 +50,23 @@ struct g4_session {
     float *rope_cos[2], *rope_sin[2];
     g4_trace_fn trace;
     void *trace_user;
+    int profiling;
+    double prof[G4_PROF_COUNT], prof_total;
 };
+
+static double clock_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Profiling brackets: PROF_BEGIN starts a clock when profiling is on, PROF_END charges the
+ * elapsed time to an operation class. */
+#define PROF_BEGIN(s) double prof_t0_ = (s)->profiling ? clock_s() : 0
+#define PROF_END(s, op) \
+    do { \
+        if ((s)->profiling) (s)->prof[op] += clock_s() - prof_t0_; \
+    } while (0)
 
 void g4_options_default(g4_options *o) {
     *o = (g4_options){.act = G4_ACT_INT, .linear_quant = 1, .kv_quant = 1, .pmp_quant = 1, .pmp_out_raw = 0,
@@ -117,17 +135,19 @@ static void linear_from_codes(g4_session *s, const g4_linear *L, const int8_t *c
     int out = L->w.out;
     s->k->matmul_i8(&L->w, codes, n, s->acc);
     const g4_requant *rq = s->rq[L->id];
+    const float *m32 = s->rq_f32[L->id];
     for (int t = 0; t < n; t++)
         for (int o = 0; o < out; o++) {
             int32_t acc = s->acc[(size_t)t * out + o];
             size_t i = (size_t)t * out + o;
-            if (rq) y[i] = g4_dequantize(g4_requantize(&rq[o], acc), L->s_out, 0);
+            if (m32) y[i] = g4_dequantize(g4_requantize_f32(acc, m32[o]), L->s_out, 0);
+            else if (rq) y[i] = g4_dequantize(g4_requantize(&rq[o], acc), L->s_out, 0);
             else y[i] = (float)acc * (L->s_in * L->w.w_scale[o]); /* s_out == 0: float output */
         }
 }
 
 /* y = Q(W Q(x; s_in); s_out) for n rows: float, fake-quant or true integer, per the session. */
-static void linear(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
+static void linear_body(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
     if (runs_int(s, L)) {
         quantize_codes(s, x, (size_t)n * L->w.in, L->s_in, s->xcodes);
         linear_from_codes(s, L, s->xcodes, n, y);
@@ -143,13 +163,24 @@ static void linear(g4_session *s, const g4_linear *L, const float *x, int n, flo
     if (s->q_linear) fake_quant(s, y, (size_t)n * L->w.out, L->s_out);
 }
 
+static void linear(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
+    PROF_BEGIN(s);
+    linear_body(s, L, x, n, y);
+    PROF_END(s, G4_PROF_LINEAR);
+}
+
 /* Linears reading the same input (q/k/v, gate/up): in int mode the input is quantized once
  * and its codes shared when the input scales are bit-identical (they are in the checkpoint). */
 static void linear_group(g4_session *s, const g4_linear *const *L, float *const *y, int count, const float *x, int n) {
     for (int i = 0; i < count; i++) {
         int share = i > 0 && runs_int(s, L[0]) && runs_int(s, L[i]) && memcmp(&L[i]->s_in, &L[0]->s_in, sizeof(float)) == 0;
-        if (share) linear_from_codes(s, L[i], s->xcodes, n, y[i]);
-        else linear(s, L[i], x, n, y[i]);
+        if (share) {
+            PROF_BEGIN(s);
+            linear_from_codes(s, L[i], s->xcodes, n, y[i]);
+            PROF_END(s, G4_PROF_LINEAR);
+        } else {
+            linear(s, L[i], x, n, y[i]);
+        }
     }
 }
 
@@ -329,7 +360,9 @@ static void decoder_layer(g4_session *s, int l, int n) {
             rope_apply(q, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
         }
     if (producer) write_kv(s, l, n);
+    PROF_BEGIN(s);
     attention(s, l, n);
+    PROF_END(s, G4_PROF_ATTENTION);
     linear(s, &L->o, s->att, n, s->proj);
     add_normed(s->x, s->proj, L->ln_post_attn, n, H, eps);
     /* MLP block */
@@ -379,10 +412,23 @@ static void output_head(g4_session *s, int n, int first, float *logits) {
 
 /* Computes the rows already described by row_seq/row_pos; logits for rows [first, n). */
 static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int first) {
-    embed_tokens(s, ids, n);
+    double t0 = s->profiling ? clock_s() : 0;
+    {
+        PROF_BEGIN(s);
+        embed_tokens(s, ids, n);
+        PROF_END(s, G4_PROF_EMBED);
+    }
     rope_tables(s, n);
     for (int l = 0; l < s->m->cfg.n_layers; l++) decoder_layer(s, l, n);
-    output_head(s, n, first, logits);
+    {
+        /* the lm_head's own time is counted here, not as a layer linear */
+        double before = s->prof[G4_PROF_LINEAR];
+        PROF_BEGIN(s);
+        output_head(s, n, first, logits);
+        PROF_END(s, G4_PROF_LM_HEAD);
+        s->prof[G4_PROF_LINEAR] = before;
+    }
+    if (s->profiling) s->prof_total += clock_s() - t0;
     if (logits && s->trace) {
         int shape[1] = {s->m->cfg.vocab};
         s->trace(s->trace_user, "logits", s->row_pos[first], n - first, 1, shape, logits);
@@ -483,7 +529,8 @@ static int build_requant_tables(g4_session *s) {
                                             G4_REQUANT_TFL_SINGLE, G4_REQUANT_TFL_NEON_4ROW, G4_REQUANT_TFL_REF};
     const g4_model *m = s->m;
     s->rq = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq);
-    if (!s->rq) return g4_fail("out of memory for requantization tables");
+    s->rq_f32 = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq_f32);
+    if (!s->rq || !s->rq_f32) return g4_fail("out of memory for requantization tables");
     if (s->o.requant < G4_REQ_F32 || s->o.requant > G4_REQ_TFL_REF) return g4_fail("unknown requant rule %d", (int)s->o.requant);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const g4_linear *lins[9];
@@ -493,9 +540,18 @@ static int build_requant_tables(g4_session *s) {
             if (!runs_int(s, L) || L->s_out == 0) continue;
             g4_requant *rq = malloc(sizeof *rq * (size_t)L->w.out);
             if (!rq) return g4_fail("out of memory for requantization tables");
+            /* every rule is validated the same way; f32 then keeps only its multipliers (4 bytes a row) */
+            int rc = g4_requant_init_rows(rq, (size_t)L->w.out, modes[s->o.requant], L->s_in, L->w.w_scale, L->s_out, 0);
+            if (rc == 0 && s->o.requant == G4_REQ_F32) {
+                float *m32 = malloc(sizeof *m32 * (size_t)L->w.out);
+                if (!m32) rc = g4_fail("out of memory for requantization tables");
+                for (int o = 0; m32 && o < L->w.out; o++) m32[o] = rq[o].scale_f32;
+                s->rq_f32[L->id] = m32;
+                free(rq);
+                rq = NULL;
+            }
             s->rq[L->id] = rq;
-            if (g4_requant_init_rows(rq, (size_t)L->w.out, modes[s->o.requant], L->s_in, L->w.w_scale, L->s_out, 0) != 0)
-                return g4_fail("%s: %s", L->name, g4_last_error());
+            if (rc != 0) return g4_fail("%s: %s", L->name, g4_last_error());
         }
     }
     return 0;
@@ -635,11 +691,33 @@ void g4_session_free(g4_session *s) {
     free(s->kv);
     free(s->seq_pos);
     for (int i = 0; s->rq && i < s->m->n_linears; i++) free(s->rq[i]);
+    for (int i = 0; s->rq_f32 && i < s->m->n_linears; i++) free(s->rq_f32[i]);
     free(s->rq);
+    free(s->rq_f32);
     void *bufs[] = {s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
                     s->ple_tok, s->plg, s->scores, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s);
+}
+
+void g4_session_set_profiling(g4_session *s, int on) {
+    s->profiling = on;
+    memset(s->prof, 0, sizeof s->prof);
+    s->prof_total = 0;
+}
+
+void g4_session_profile(const g4_session *s, double seconds[G4_PROF_COUNT]) {
+    double named = 0;
+    for (int i = 0; i < G4_PROF_COUNT; i++) {
+        seconds[i] = s->prof[i];
+        if (i != G4_PROF_OTHER) named += s->prof[i];
+    }
+    seconds[G4_PROF_OTHER] = s->prof_total > named ? s->prof_total - named : 0; /* norms, RoPE, GELU, PLE block glue */
+}
+
+const char *g4_prof_op_name(g4_prof_op op) {
+    static const char *names[G4_PROF_COUNT] = {"embed+ple", "linear", "attention", "lm_head", "other"};
+    return op < G4_PROF_COUNT ? names[op] : "?";
 }
 
 void g4_session_reset(g4_session *s) {

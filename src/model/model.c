@@ -173,6 +173,9 @@ static int bind_embedding(g4_model *m, g4_qembedding *e, const char *module, int
         return wrong(m, s, want);
     }
     if (check_scales(m, s, rows, nblocks, NULL) != 0) return -1;
+    g4_st_release(&m->st, s); /* validated whole, then gathered one row per token */
+    g4_st_advise_random(&m->st, c);
+    g4_st_advise_random(&m->st, s);
     *e = (g4_qembedding){.bits = bits, .rows = rows, .cols = cols, .nblocks = nblocks,
                          .row_bytes = g4_packed_row_bytes(bits, (size_t)cols), .codes = c->data, .scale = s};
     return 0;

@@ -252,6 +252,12 @@ static int8_t requant_f32(const g4_requant *rq, int32_t acc) {
     return add_zp_clamp_f32(g4_round_f32(v, G4_ROUND_HALF_EVEN), rq->zero_point);
 }
 
+int8_t g4_requantize_f32(int32_t acc, float scale_f32) {
+    float v = (float)acc;
+    v = v * scale_f32;
+    return add_zp_clamp_f32(g4_round_f32(v, G4_ROUND_HALF_EVEN), 0);
+}
+
 /* The unit_linear reference: ((acc * s_x) * s_w) / s_y, each step rounded to double. This is
  * deliberately not acc * M with M precomputed: that can differ in the last bit. */
 static int8_t requant_f64(const g4_requant *rq, int32_t acc) {

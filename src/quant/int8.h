@@ -125,6 +125,9 @@ int g4_requant_init_rows(g4_requant *rq, size_t out, g4_requant_mode mode, float
 
 /* int32 accumulator -> int8 output code, clamped to [-128, 127]. */
 int8_t g4_requantize(const g4_requant *rq, int32_t acc);
+/* The f32 rule alone (zero point 0), from its multiplier rq.scale_f32: what g4_requantize does
+ * for G4_REQUANT_F32, for kernels that keep only the multipliers. */
+int8_t g4_requantize_f32(int32_t acc, float scale_f32);
 
 /* ---------------------------------------------------------------- integer dot / matvec -- */
 

@@ -1,0 +1,238 @@
+/* `g4 bench`: load time, prefill and decode speed, peak memory and a per-operation breakdown,
+ * repeated; and the machine's read bandwidth measured in the same run, so decode speed can be
+ * stated as a fraction of the bandwidth roofline. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kernels/kernels.h"
+#include "util/err.h"
+
+typedef struct {
+    const char *dir;
+    int threads, prompt, gen, reps, json, bandwidth;
+    g4_options o;
+} bench_args;
+
+/* ---- read bandwidth: each thread sums its slice of a large buffer ---- */
+
+typedef struct {
+    const uint64_t *data;
+    size_t n;
+    uint64_t sum;
+} bw_slice;
+
+static void *sum_slice(void *p) {
+    bw_slice *s = p;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= s->n; i += 4) {
+        a += s->data[i];
+        b += s->data[i + 1];
+        c += s->data[i + 2];
+        d += s->data[i + 3];
+    }
+    s->sum = a + b + c + d;
+    return NULL;
+}
+
+/* Bytes per second read from memory by `threads` threads (best of 5 passes over 1 GiB). */
+static double read_bandwidth(int threads) {
+    size_t bytes = (size_t)1 << 30, n = bytes / 8;
+    uint64_t *buf = malloc(bytes);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        pthread_t th[64];
+        bw_slice sl[64];
+        int t_n = threads < 64 ? threads : 64;
+        double t0 = now_s();
+        for (int t = 0; t < t_n; t++) {
+            sl[t] = (bw_slice){buf + n / t_n * t, n / t_n, 0};
+            pthread_create(&th[t], NULL, sum_slice, &sl[t]);
+        }
+        uint64_t total = 0;
+        for (int t = 0; t < t_n; t++) {
+            pthread_join(th[t], NULL);
+            total += sl[t].sum;
+        }
+        double dt = now_s() - t0;
+        if (total == 42) fputc(' ', stderr); /* keeps the sums alive */
+        if (bytes / dt > best) best = bytes / dt;
+    }
+    free(buf);
+    return best;
+}
+
+/* ---- one repetition: prefill a random prompt, then decode greedily ---- */
+
+typedef struct {
+    double prefill_tok_s, decode_tok_s;
+    double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
+} bench_rep;
+
+static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_rep *r) {
+    int V = g4_model_vocab_size(m);
+    g4_options o = b->o;
+    o.ctx = b->prompt + b->gen + 1;
+    g4_session *s = g4_session_new(m, &o);
+    int32_t *ids = malloc(sizeof *ids * (size_t)(b->prompt > 0 ? b->prompt : 1));
+    float *logits = malloc(sizeof *logits * (size_t)V);
+    int rc = -1;
+    if (!s || !ids || !logits) {
+        if (s) g4_fail("out of memory");
+        goto done;
+    }
+    for (int i = 0; i < b->prompt; i++) ids[i] = (int32_t)(3 + (seed = seed * 1103515245u + 12345u) % (unsigned)(V - 3));
+    g4_session_set_profiling(s, 1);
+    double t0 = now_s();
+    if (b->prompt > 0 && g4_session_eval(s, ids, b->prompt, logits, 0) != 0) goto done;
+    double t1 = now_s();
+    g4_session_profile(s, r->prof_prefill);
+    g4_session_set_profiling(s, 1);
+    int32_t next = b->prompt > 0 ? g4_argmax(logits, V) : 2;
+    for (int i = 0; i < b->gen; i++) {
+        if (g4_session_eval(s, &next, 1, logits, 0) != 0) goto done;
+        next = g4_argmax(logits, V);
+    }
+    double t2 = now_s();
+    g4_session_profile(s, r->prof_decode);
+    r->prefill_tok_s = b->prompt > 0 ? b->prompt / (t1 - t0) : 0;
+    r->decode_tok_s = b->gen > 0 ? b->gen / (t2 - t1) : 0;
+    rc = 0;
+done:
+    free(ids);
+    free(logits);
+    g4_session_free(s);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static const char *act_name(g4_act_mode a) { return a == G4_ACT_FLOAT ? "float" : a == G4_ACT_FAKE ? "fake" : "int"; }
+
+static int parse_bench(args_t *a, bench_args *b) {
+    int bad = 0;
+    memset(b, 0, sizeof *b);
+    g4_options_default(&b->o);
+    b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    b->prompt = 512;
+    b->gen = 128;
+    b->reps = 3;
+    b->bandwidth = 1;
+    static const char *const onoff[] = {"off", "on", NULL};
+    for (a->i = 2; a->i < a->argc && !bad; a->i++) {
+        const char *v;
+        if (flag_is(a, "-m") || flag_is(a, "--model")) b->dir = flag_value(a, "-m", &bad);
+        else if (flag_is(a, "-t") || flag_is(a, "--threads")) {
+            if ((v = flag_value(a, "-t", &bad)) && parse_int(a->cmd, "-t", v, 1, 64, &b->threads)) bad = 1;
+        } else if (flag_is(a, "-p") || flag_is(a, "--prompt-tokens")) {
+            if ((v = flag_value(a, "-p", &bad)) && parse_int(a->cmd, "-p", v, 0, 1 << 20, &b->prompt)) bad = 1;
+        } else if (flag_is(a, "-n") || flag_is(a, "--gen-tokens")) {
+            if ((v = flag_value(a, "-n", &bad)) && parse_int(a->cmd, "-n", v, 0, 1 << 20, &b->gen)) bad = 1;
+        } else if (flag_is(a, "-r") || flag_is(a, "--reps")) {
+            if ((v = flag_value(a, "-r", &bad)) && parse_int(a->cmd, "-r", v, 1, 1000, &b->reps)) bad = 1;
+        } else if (flag_is(a, "--bandwidth")) {
+            if ((v = flag_value(a, "--bandwidth", &bad)) && parse_choice(a->cmd, "--bandwidth", v, onoff, &b->bandwidth)) bad = 1;
+        } else if (flag_is(a, "--json")) b->json = 1;
+        else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
+    }
+    if (bad) return 1;
+    if (!b->dir) return die("g4 bench needs -m DIR%s", "");
+    if (b->prompt + b->gen < 1) return die("g4 bench: -p and -n are both 0%s", "");
+    return 0;
+}
+
+static void print_ops(FILE *f, const char *what, const double *ops, int json) {
+    double total = 0;
+    for (int i = 0; i < G4_PROF_COUNT; i++) total += ops[i];
+    if (json) {
+        fprintf(f, ", \"ops_%s_s\": {", what);
+        for (int i = 0; i < G4_PROF_COUNT; i++) fprintf(f, "%s\"%s\": %.6f", i ? ", " : "", g4_prof_op_name((g4_prof_op)i), ops[i]);
+        fprintf(f, "}");
+        return;
+    }
+    fprintf(f, "  %-8s", what);
+    for (int i = 0; i < G4_PROF_COUNT; i++)
+        fprintf(f, "  %s %.1f%%", g4_prof_op_name((g4_prof_op)i), total > 0 ? 100 * ops[i] / total : 0);
+    fprintf(f, "\n");
+}
+
+int cmd_bench(args_t *a) {
+    bench_args b;
+    if (parse_bench(a, &b) != 0) return 1;
+    g4_kernels_set_threads(b.threads);
+    double t0 = now_s();
+    g4_model *m = g4_model_load(b.dir);
+    if (!m) return die_lib();
+    double load_s = now_s() - t0;
+    bench_rep *reps = calloc((size_t)b.reps, sizeof *reps);
+    double *pf = calloc((size_t)b.reps, sizeof *pf), *dc = calloc((size_t)b.reps, sizeof *dc);
+    int rc = 0;
+    for (int i = 0; i < b.reps && rc == 0; i++) {
+        if (run_rep(m, &b, 1234u + (unsigned)i, &reps[i]) != 0) rc = die_lib();
+        pf[i] = reps[i].prefill_tok_s;
+        dc[i] = reps[i].decode_tok_s;
+        if (!b.json && rc == 0)
+            fprintf(stderr, "rep %d: prefill %.2f tok/s, decode %.2f tok/s\n", i + 1, pf[i], dc[i]);
+    }
+    if (rc == 0) {
+        struct rusage ru; /* before the bandwidth test's 1 GiB buffer */
+        getrusage(RUSAGE_SELF, &ru);
+        double peak = (double)ru.ru_maxrss * 1024;
+        double bw = b.bandwidth ? read_bandwidth(b.threads) : 0;
+        double pmin = pf[0], pmax = pf[0], dmin = dc[0], dmax = dc[0];
+        for (int i = 1; i < b.reps; i++) {
+            pmin = pf[i] < pmin ? pf[i] : pmin;
+            pmax = pf[i] > pmax ? pf[i] : pmax;
+            dmin = dc[i] < dmin ? dc[i] : dmin;
+            dmax = dc[i] > dmax ? dc[i] : dmax;
+        }
+        double pmed = median(pf, b.reps), dmed = median(dc, b.reps);
+        double bytes = (double)g4_model_decode_bytes(m), roof = bw > 0 ? bw / bytes : 0;
+        const bench_rep *last = &reps[b.reps - 1];
+        if (b.json) {
+            printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"prompt_tokens\": %d, "
+                   "\"gen_tokens\": %d, \"reps\": %d, \"load_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, "
+                   "\"prefill_tok_s_max\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, "
+                   "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
+                   "\"roofline_fraction\": %.4f",
+                   b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
+                   dmed, dmin, dmax, peak, bytes, bw, roof, roof > 0 ? dmed / roof : 0);
+            print_ops(stdout, "prefill", last->prof_prefill, 1);
+            print_ops(stdout, "decode", last->prof_decode, 1);
+            printf("}\n");
+        } else {
+            printf("model %s, kernels %s, %d thread(s), --act %s, %d reps\n", b.dir, g4_kernels_get()->name, b.threads,
+                   act_name(b.o.act), b.reps);
+            printf("  load            %.3f s\n", load_s);
+            printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.prompt, pmed, pmin, pmax);
+            printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);
+            printf("  peak resident   %.1f MiB\n", peak / 1048576);
+            if (bw > 0)
+                printf("  read bandwidth  %.2f GB/s -> roofline %.2f tok/s at %.2f MB/token; decode at %.2f of it\n", bw / 1e9,
+                       roof, bytes / 1e6, dmed / roof);
+            printf("time per operation (last rep):\n");
+            print_ops(stdout, "prefill", last->prof_prefill, 0);
+            print_ops(stdout, "decode", last->prof_decode, 0);
+        }
+    }
+    free(reps);
+    free(pf);
+    free(dc);
+    g4_model_free(m);
+    return rc;
+}
