@@ -41,7 +41,7 @@ static float rnd_float(void) {
 typedef struct {
     int bits, in, out, n;
     size_t extra; /* row padding beyond the packed bytes */
-    int extreme;  /* all codes at their minimum and x = -128: the saturation corner */
+    int extreme;  /* x = -128 with every raw weight field 0 (1) or all ones (2): the int16 corners */
 } shape;
 
 typedef struct {
@@ -68,7 +68,7 @@ static void make_problem(problem *p, const shape *s) {
             p->wbuf[(size_t)o * row_bytes + 2 * (size_t)i] = (uint8_t)(u >> 16);
             p->wbuf[(size_t)o * row_bytes + 2 * (size_t)i + 1] = (uint8_t)(u >> 24);
         }
-    if (s->extreme) memset(p->wbuf, bits == 8 ? 0x80 : 0x00, total);
+    if (s->extreme) memset(p->wbuf, s->extreme == 2 ? 0xFF : bits == 8 ? 0x80 : 0x00, total);
     p->scale = malloc(sizeof(float) * (size_t)s->out);
     for (int o = 0; o < s->out; o++) p->scale[o] = (float)(rnd() % 100000 + 1) * 1e-6f;
     p->w = (g4_qweight){.bits = bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = p->wbuf,
@@ -99,25 +99,21 @@ static void free_problem(problem *p) {
     free(p->a);
 }
 
-/* Runs one level on one problem; returns the number of mismatching outputs. */
-static int run_level(const g4_kernels *k, problem *p, const shape *s, const char *what) {
+/* Runs one level on one problem against the reference results. */
+static void run_level(const g4_kernels *k, problem *p, const shape *s, const char *what) {
     size_t ny = (size_t)s->n * s->out;
-    int bad = 0;
     memset(p->y, 0xA5, sizeof(float) * ny);
     k->matmul_f32(&p->w, p->xf, s->n, p->y);
     int ok = memcmp(p->y, p->yref, sizeof(float) * ny) == 0;
-    bad += !ok;
     CHECK(ok, "%s %s f32 bits=%d in=%d out=%d n=%d extra=%zu threads=%d", what, k->name, s->bits, s->in, s->out,
           s->n, s->extra, g4_kernels_threads());
     if (s->bits != 16) {
         memset(p->a, 0xA5, sizeof(int32_t) * ny);
         k->matmul_i8(&p->w, p->xi, s->n, p->a);
         ok = memcmp(p->a, p->aref, sizeof(int32_t) * ny) == 0;
-        bad += !ok;
         CHECK(ok, "%s %s i8 bits=%d in=%d out=%d n=%d extra=%zu threads=%d", what, k->name, s->bits, s->in,
               s->out, s->n, s->extra, g4_kernels_threads());
     }
-    return bad;
 }
 
 static const char *level_names[] = {"portable", "avx2", "neon"};
@@ -158,9 +154,16 @@ static void fixed_shapes(void) {
         {.bits = 8, .in = 256, .out = 70, .n = 64},
         {.bits = 4, .in = 200, .out = 33, .n = 64},
         {.bits = 16, .in = 1536, .out = 21, .n = 3},
+        /* several K slices (the prefill path splits K when activation rows do not fit L1) */
+        {.bits = 2, .in = 8191, .out = 7, .n = 3},
+        {.bits = 4, .in = 4097, .out = 6, .n = 4},
+        {.bits = 8, .in = 2049, .out = 9, .n = 5},
         {.bits = 2, .in = 12288, .out = 5, .n = 1, .extreme = 1},
         {.bits = 4, .in = 12288, .out = 5, .n = 3, .extreme = 1},
         {.bits = 8, .in = 12288, .out = 5, .n = 2, .extreme = 1},
+        {.bits = 2, .in = 12288, .out = 5, .n = 2, .extreme = 2},
+        {.bits = 4, .in = 12288, .out = 5, .n = 1, .extreme = 2},
+        {.bits = 8, .in = 12288, .out = 5, .n = 3, .extreme = 2},
     };
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "big");
 }
@@ -191,6 +194,37 @@ static void concurrency(void) {
         CHECK(r == NULL, "concurrent caller %d: %ld mismatching runs", i, (long)(intptr_t)r);
     }
     free_problem(&p);
+}
+
+/* Every item of a pool job runs exactly once, whatever the thread count and chunking. */
+typedef struct {
+    int *hits;
+    pthread_mutex_t mu;
+} pool_probe;
+
+static void probe_fn(void *ctx, int b, int e) {
+    pool_probe *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    for (int i = b; i < e; i++) p->hits[i]++;
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_exactly_once(void) {
+    static const int sizes[] = {1, 2, 3, 5, 17, 64, 1000, 70001};
+    int bad = 0;
+    for (int threads = 1; threads <= 3; threads++) {
+        g4_kernels_set_threads(threads);
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            int items = sizes[k];
+            pool_probe p = {.hits = calloc((size_t)items, sizeof(int))};
+            pthread_mutex_init(&p.mu, NULL);
+            for (int rep = 0; rep < 50; rep++) g4_pool_for(items, 1 + rep % 5, 1e12, probe_fn, &p);
+            for (int i = 0; i < items; i++) bad += p.hits[i] != 50;
+            pthread_mutex_destroy(&p.mu);
+            free(p.hits);
+        }
+    }
+    CHECK(bad == 0, "%d items not run exactly once per job", bad);
 }
 
 /* G4_DISPATCH picks levels; a bad value warns once on stderr and falls back to the best level. */
@@ -231,6 +265,7 @@ int main(void) {
         if (g4_kernels_level(level_names[l])) printf("ok level %s available\n", level_names[l]);
     dispatch_env();
     CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());
+    pool_exactly_once();
     g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */
     for (int threads = 1; threads <= 3; threads++) {
         g4_kernels_set_threads(threads);

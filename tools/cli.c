@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "kernels/kernels.h"
 #include "util/err.h"
 
 int die(const char *fmt, const char *arg) {
@@ -178,6 +179,10 @@ int engine_flag(args_t *a, g4_options *o, int *bad) {
     } else if (flag_is(a, "--lmhead-dynamic-q8")) {
         if (!(v = flag_value(a, "--lmhead-dynamic-q8", bad)) || parse_choice(a->cmd, "--lmhead-dynamic-q8", v, onoff, &o->lmhead_dynamic_q8))
             return *bad = 1;
+    } else if (flag_is(a, "-t") || flag_is(a, "--threads")) {
+        int t;
+        if (!(v = flag_value(a, "--threads", bad)) || parse_int(a->cmd, "--threads", v, 1, 256, &t)) return *bad = 1;
+        g4_kernels_set_threads(t);
     } else if (flag_is(a, "--ctx")) {
         if (!(v = flag_value(a, "--ctx", bad)) || parse_int(a->cmd, "--ctx", v, 1, 1 << 20, &o->ctx)) return *bad = 1;
     } else {

@@ -161,6 +161,7 @@ static void usage(FILE *f) {
             "  --requant f32|f64|tfl-double|tfl-single|tfl-neon|tfl-ref  int-mode requantization (default f32 = XNNPACK)\n"
             "  --lmhead-dynamic-q8 on|off  quantize the lm_head input per token at run time, as XNNPACK (default off)\n"
             "  --ctx N                 context length (default 4096)\n"
+            "  -t, --threads N         worker threads for the matmuls (default: all cores)\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
             "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
             G4_VERSION);

@@ -55,8 +55,9 @@ static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in *
  * permuted once per call to match ("prepared" rows, zero-padded to whole blocks):
  *   4-bit block: [x0 x2 .. x30 | x1 x3 .. x31]           (low nibbles | high nibbles)
  *   2-bit block: [x0 x4 .. x60 | x1 x5 .. | x2 .. | x3 ..] (field 0 | 1 | 2 | 3)
- * 8-bit codes are signed and would saturate maddubs (2*128*128 > 32767), so they go through
- * madd_epi16 on sign-extended values; their prepared rows are the activations as int16. */
+ * 8-bit codes would saturate maddubs whichever operand is made unsigned (2*255*127 and 2*128*128
+ * both exceed 32767), so they go through madd_epi16 on sign-extended values; their prepared rows
+ * are the activations as int16. */
 typedef struct {
     const g4_qweight *w;
     int n;
@@ -318,10 +319,15 @@ static void avx2_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t 
         g4_ref_matmul_i8(w, x, n, acc); /* not a valid int weight; let the reference decide */
         return;
     }
-    size_t pb = g4_packed_row_bytes(bits, (size_t)(w->in > 0 ? w->in : 0));
+    if (w->in <= 0) { /* empty dot products; the block loops below would write nothing */
+        memset(acc, 0, sizeof *acc * (size_t)n * (size_t)w->out);
+        return;
+    }
+    size_t pb = g4_packed_row_bytes(bits, (size_t)w->in);
     size_t nblk = (pb + 15) / 16;
     size_t xstride = nblk * i8_block_xbytes(bits);
-    /* 32-byte aligned rows keep every activation load within one cache line pair */
+    /* xstride is a multiple of 32, so on a 32-byte aligned buffer no activation load splits a
+     * cache line */
     uint8_t *xp = aligned_alloc(32, (size_t)n * xstride + 32);
     uint32_t *corr = malloc(sizeof *corr * (size_t)n);
     if (!xp || !corr) {
@@ -341,19 +347,37 @@ static void avx2_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t 
 /* ------------------------------------------------------------------ float x codes / BF16 --- */
 
 /* Eight consecutive weights starting at element i (a multiple of 8) as floats. LSB-first packing
- * puts element e of the group at bit bits*e of the little-endian word, hence the variable shift. */
+ * puts element e of the group at bit bits*e of the little-endian word, hence the variable shift.
+ * 2-bit codes come from a table lookup: vpermps reads the low 3 bits of each lane, i.e. the field
+ * plus one bit of the next, so the table repeats the 4 codes twice and no mask is needed. */
 INLINE __m256 load8_w(const uint8_t *row, int i, const int BITS) {
     if (BITS == 16) {
         __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
     }
     if (BITS == 8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i))));
-    uint32_t v = 0;
-    if (BITS == 4) memcpy(&v, row + i / 2, 4);
-    else memcpy(&v, row + i / 4, 2);
-    __m256i sh = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28) : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    __m256i f = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), sh), _mm256_set1_epi32(BITS == 4 ? 15 : 3));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(f, _mm256_set1_epi32(BITS == 4 ? 8 : 2)));
+    if (BITS == 2) {
+        uint16_t v;
+        memcpy(&v, row + i / 4, 2);
+        __m256i f = _mm256_srlv_epi32(_mm256_set1_epi32(v), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+        return _mm256_permutevar8x32_ps(_mm256_setr_ps(-2, -1, 0, 1, -2, -1, 0, 1), f);
+    }
+    uint32_t v;
+    memcpy(&v, row + i / 2, 4);
+    __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    __m256i f = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), sh), _mm256_set1_epi32(15));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(f, _mm256_set1_epi32(8)));
+}
+
+/* Sixteen 2-bit weights from element i (a multiple of 16): one 4-byte broadcast feeds both
+ * halves. */
+INLINE void load16_w2(const uint8_t *row, int i, __m256 *lo, __m256 *hi) {
+    uint32_t v;
+    memcpy(&v, row + i / 4, 4);
+    __m256i b = _mm256_set1_epi32((int)v);
+    const __m256 table = _mm256_setr_ps(-2, -1, 0, 1, -2, -1, 0, 1);
+    *lo = _mm256_permutevar8x32_ps(table, _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)));
+    *hi = _mm256_permutevar8x32_ps(table, _mm256_srlv_epi32(b, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)));
 }
 
 /* g4_reduce8 on the lanes: (a0+a4, a1+a5, a2+a6, a3+a7), then (s0+s2) + (s1+s3). */
@@ -385,6 +409,21 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
 #pragma GCC unroll 4
     for (int t = 0; t < RT; t++) xt[t] = j->x + (size_t)(t0 + t) * in;
     int i = 0;
+    if (BITS == 2) {
+        /* lanes see elements i..i+7 then i+8..i+15: the reference order */
+        for (; i + 16 <= in; i += 16) {
+#pragma GCC unroll 4
+            for (int r = 0; r < RO; r++) {
+                __m256 lo, hi;
+                load16_w2(row[r], i, &lo, &hi);
+#pragma GCC unroll 4
+                for (int t = 0; t < RT; t++) {
+                    acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_loadu_ps(xt[t] + i), lo));
+                    acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_loadu_ps(xt[t] + i + 8), hi));
+                }
+            }
+        }
+    }
     for (; i + 8 <= in; i += 8) {
 #pragma GCC unroll 4
         for (int r = 0; r < RO; r++) wf[r] = load8_w(row[r], i, BITS);

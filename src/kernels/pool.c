@@ -1,11 +1,22 @@
 /* A persistent thread pool for the matmuls. Decode issues a few hundred small matmuls per token,
- * so waking threads must be cheap: idle workers spin briefly on an atomic job counter before
- * sleeping on a condition variable, and the caller runs the first slice itself.
- * Locking: run_mu serializes jobs and (re)configuration; mu only guards the sleep/wake
- * handshakes. Job fields are published by the release increment of `gen`. */
+ * so waking threads must be cheap: idle workers poll an atomic job word for a short while before
+ * sleeping on a condition variable, and the caller works on the job itself.
+ *
+ * A job's items are cut into a few chunks per thread that every participant claims from one
+ * atomic word, so a worker the OS has not scheduled yet (2 vCPUs shared with other processes)
+ * only means the caller claims more chunks; nobody waits for a thread that has not started.
+ * Which thread runs a chunk never changes its results: each item is computed by exactly one
+ * thread with the same code.
+ *
+ * The job word packs [generation:32][chunks:16][next chunk:16]. Claiming is a compare-exchange
+ * that also checks the generation, so a late worker can never take a chunk of a later job; the
+ * job's other fields are read only after a successful claim, while the caller is still waiting
+ * for that chunk and cannot rewrite them. Locking: run_mu serializes jobs and reconfiguration; mu
+ * only guards the sleep/wake handshakes. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,6 +25,7 @@
 #include "pool.h"
 
 #define MAX_THREADS 256
+#define CHUNKS_PER_THREAD 4
 /* How long an idle thread keeps polling before it sleeps: long enough to cover the float work
  * between two matmuls of one decode step, short enough not to burn a core between tokens. */
 #define SPIN_NS 200000L
@@ -24,20 +36,25 @@ static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;
 
 /* Under run_mu. */
-static int want_threads;    /* 0: default */
-static int n_running;       /* threads incl. the caller; 0 while stopped */
+static int want_threads; /* 0: default */
+static int n_running;    /* threads incl. the caller; 0 while stopped */
 static int atexit_done;
 static double min_work = 65536;
+static uint32_t generation;
 static pthread_t workers[MAX_THREADS];
 
-static atomic_ulong gen;    /* bumped once per job and once to stop */
-static atomic_int pending;  /* workers yet to finish the current job */
+static _Atomic uint64_t job_word;
+static atomic_int done_chunks;
 static atomic_int stopping;
 
-/* The current job: written by the caller before bumping gen, read-only while it runs. */
+/* The current job: written by the caller before it publishes job_word. */
 static g4_pool_fn job_fn;
 static void *job_ctx;
-static int job_items, job_per;
+static int job_items, job_chunk;
+
+static uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 32); }
+static int word_chunks(uint64_t w) { return (int)((w >> 16) & 0xFFFF); }
+static int word_next(uint64_t w) { return (int)(w & 0xFFFF); }
 
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -53,49 +70,54 @@ static long now_ns(void) {
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-/* Bounded polls: until the generation moves past `old` / until no worker is pending. They return
- * 0 when the time is up and the caller should sleep instead. */
-static int spin_gen(unsigned long old) {
-    long start = now_ns();
-    for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(&gen, memory_order_acquire) != old) return 1;
-        cpu_relax();
-        if ((i & 255) == 0 && now_ns() - start > SPIN_NS) return 0;
-    }
-}
-
-static int spin_done(void) {
-    long start = now_ns();
-    for (unsigned i = 1;; i++) {
-        if (atomic_load_explicit(&pending, memory_order_acquire) == 0) return 1;
-        cpu_relax();
-        if ((i & 255) == 0 && now_ns() - start > SPIN_NS) return 0;
-    }
-}
-
-static void run_slice(int s) {
-    long b = (long)s * job_per, e = b + job_per;
-    if (e > job_items) e = job_items;
-    if (b < e) job_fn(job_ctx, (int)b, (int)e);
-}
-
-static void *worker(void *arg) {
-    int idx = (int)(intptr_t)arg;
-    unsigned long seen = 0;
-    for (;;) {
-        if (!spin_gen(seen)) {
-            pthread_mutex_lock(&mu);
-            while (atomic_load_explicit(&gen, memory_order_acquire) == seen) pthread_cond_wait(&cv_work, &mu);
-            pthread_mutex_unlock(&mu);
-        }
-        seen = atomic_load_explicit(&gen, memory_order_acquire);
-        if (atomic_load_explicit(&stopping, memory_order_acquire)) return NULL;
-        run_slice(idx);
-        if (atomic_fetch_sub_explicit(&pending, 1, memory_order_acq_rel) == 1) {
+/* Claims and runs chunks of generation `gen` until none is left. */
+static void work_on(uint32_t gen) {
+    uint64_t w = atomic_load_explicit(&job_word, memory_order_acquire);
+    while (word_gen(w) == gen && word_next(w) < word_chunks(w)) {
+        if (!atomic_compare_exchange_weak_explicit(&job_word, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        long b = (long)word_next(w) * job_chunk, e = b + job_chunk;
+        if (e > job_items) e = job_items;
+        if (b < e) job_fn(job_ctx, (int)b, (int)e);
+        if (atomic_fetch_add_explicit(&done_chunks, 1, memory_order_acq_rel) + 1 == word_chunks(w)) {
             pthread_mutex_lock(&mu);
             pthread_cond_broadcast(&cv_done);
             pthread_mutex_unlock(&mu);
         }
+        w = atomic_load_explicit(&job_word, memory_order_acquire);
+    }
+}
+
+/* Polls until the job word leaves generation `gen`; 0 when the time is up (then sleep). */
+static int spin_new_job(uint32_t gen) {
+    long start = now_ns();
+    for (unsigned i = 1;; i++) {
+        if (word_gen(atomic_load_explicit(&job_word, memory_order_acquire)) != gen) return 1;
+        cpu_relax();
+        if ((i & 255) == 0 && now_ns() - start > SPIN_NS) return 0;
+    }
+}
+
+static int spin_done(int chunks) {
+    long start = now_ns();
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(&done_chunks, memory_order_acquire) == chunks) return 1;
+        cpu_relax();
+        if ((i & 255) == 0 && now_ns() - start > SPIN_NS) return 0;
+    }
+}
+
+static void *worker(void *arg) {
+    uint32_t seen = (uint32_t)(uintptr_t)arg;
+    for (;;) {
+        if (!spin_new_job(seen)) {
+            pthread_mutex_lock(&mu);
+            while (word_gen(atomic_load_explicit(&job_word, memory_order_acquire)) == seen) pthread_cond_wait(&cv_work, &mu);
+            pthread_mutex_unlock(&mu);
+        }
+        seen = word_gen(atomic_load_explicit(&job_word, memory_order_acquire));
+        if (atomic_load_explicit(&stopping, memory_order_acquire)) return NULL;
+        work_on(seen);
     }
 }
 
@@ -106,31 +128,39 @@ static int default_threads(void) {
 
 static int configured_threads(void) { return want_threads > 0 ? want_threads : default_threads(); }
 
-/* Under run_mu. */
-static void stop_locked(void) {
-    if (n_running <= 1) {
-        n_running = 0;
-        return;
-    }
-    atomic_store_explicit(&stopping, 1, memory_order_release);
+/* Under run_mu: a new generation with no chunks, seen by sleeping and polling workers alike. */
+static void publish(uint64_t word) {
     pthread_mutex_lock(&mu);
-    atomic_fetch_add_explicit(&gen, 1, memory_order_acq_rel);
+    atomic_store_explicit(&job_word, word, memory_order_release);
     pthread_cond_broadcast(&cv_work);
     pthread_mutex_unlock(&mu);
-    for (int i = 1; i < n_running; i++) pthread_join(workers[i], NULL);
-    atomic_store_explicit(&stopping, 0, memory_order_release);
-    atomic_store_explicit(&gen, 0, memory_order_release);
+}
+
+/* Under run_mu. */
+static void stop_locked(void) {
+    if (n_running > 1) {
+        atomic_store_explicit(&stopping, 1, memory_order_release);
+        publish((uint64_t)++generation << 32);
+        for (int i = 1; i < n_running; i++) pthread_join(workers[i], NULL);
+        atomic_store_explicit(&stopping, 0, memory_order_release);
+    }
     n_running = 0;
 }
 
-static void shutdown_at_exit(void) { g4_kernels_shutdown(); }
+/* exit() may come from another thread while a matmul holds the pool; joining then would wait
+ * forever, and the process is going away anyway. */
+static void shutdown_at_exit(void) {
+    if (pthread_mutex_trylock(&run_mu) != 0) return;
+    stop_locked();
+    pthread_mutex_unlock(&run_mu);
+}
 
-/* Under run_mu. Workers start at generation 0 (stop_locked resets it once they are joined). */
+/* Under run_mu. */
 static void start_locked(void) {
     int want = configured_threads();
     n_running = 1;
     for (int i = 1; i < want; i++) {
-        if (pthread_create(&workers[i], NULL, worker, (void *)(intptr_t)i) != 0) break; /* run with fewer */
+        if (pthread_create(&workers[i], NULL, worker, (void *)(uintptr_t)generation) != 0) break; /* run with fewer */
         n_running++;
     }
     if (!atexit_done) atexit_done = atexit(shutdown_at_exit) == 0;
@@ -150,21 +180,26 @@ void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&run_mu);
         return;
     }
-    int per = (items + nt - 1) / nt;
-    per = (per + grain - 1) / grain * grain;
+    int want_chunks = nt * CHUNKS_PER_THREAD;
+    int chunk = (items + want_chunks - 1) / want_chunks;
+    chunk = (chunk + grain - 1) / grain * grain;
+    int chunks = (items + chunk - 1) / chunk;
+    if (chunks > 0xFFFF) { /* keep the count within its 16 bits */
+        chunk = (items + 0xFFFE) / 0xFFFF;
+        chunk = (chunk + grain - 1) / grain * grain;
+        chunks = (items + chunk - 1) / chunk;
+    }
     job_fn = fn;
     job_ctx = ctx;
     job_items = items;
-    job_per = per;
-    atomic_store_explicit(&pending, nt - 1, memory_order_relaxed);
-    pthread_mutex_lock(&mu);
-    atomic_fetch_add_explicit(&gen, 1, memory_order_acq_rel);
-    pthread_cond_broadcast(&cv_work);
-    pthread_mutex_unlock(&mu);
-    run_slice(0);
-    if (!spin_done()) {
+    job_chunk = chunk;
+    atomic_store_explicit(&done_chunks, 0, memory_order_relaxed);
+    uint32_t gen = ++generation;
+    publish((uint64_t)gen << 32 | (uint64_t)chunks << 16);
+    work_on(gen);
+    if (!spin_done(chunks)) {
         pthread_mutex_lock(&mu);
-        while (atomic_load_explicit(&pending, memory_order_acquire) != 0) pthread_cond_wait(&cv_done, &mu);
+        while (atomic_load_explicit(&done_chunks, memory_order_acquire) != chunks) pthread_cond_wait(&cv_done, &mu);
         pthread_mutex_unlock(&mu);
     }
     pthread_mutex_unlock(&run_mu);

@@ -5,8 +5,8 @@
 /* Processes items [begin, end) of a job. */
 typedef void (*g4_pool_fn)(void *ctx, int begin, int end);
 
-/* Runs fn over [0, items) split into one contiguous slice per pool thread (the caller runs the
- * first); slice bounds are multiples of `grain`. `work` is the job's size in multiply-adds: below
+/* Runs fn over [0, items) cut into contiguous chunks that the pool threads and the caller claim
+ * (chunk bounds are multiples of `grain`). `work` is the job's size in multiply-adds: below
  * the pool's minimum the caller runs everything itself, since waking threads would cost more.
  * The caller also runs everything when another thread is using the pool. Returns when done. */
 void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx);

@@ -1,0 +1,195 @@
+/* Micro-benchmark of the dispatched matmuls on E2B shapes (model.md §11), per level and thread
+ * count, plus the machine's streaming read bandwidth so decode can be set against the roofline.
+ * Weights are rotated through enough copies (>= 256 MB) that they come from DRAM, not L3, as they
+ * do in a real decode step.
+ *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
+ *       src/kernels/{ref,dispatch,pool,avx2,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
+ *   ./bench_kernels [quick]      (quick: fewer shapes, shorter runs) */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kernels.h"
+#include "quant/pack.h"
+
+/* Weight + scale bytes touched per decoded token (model.md §11). */
+#define MODEL_BYTES 795.76e6
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* ---- streaming read bandwidth ---- */
+
+typedef struct {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} stream_arg;
+
+static void *stream_sum(void *arg) {
+    stream_arg *a = arg;
+    /* four independent sums so the loop is bound by loads, not by one add chain */
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= a->n; i += 4) {
+        s0 += a->p[i];
+        s1 += a->p[i + 1];
+        s2 += a->p[i + 2];
+        s3 += a->p[i + 3];
+    }
+    a->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+static double read_bandwidth(const uint64_t *buf, size_t words, int threads) {
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[16];
+        stream_arg a[16];
+        double t0 = now_s();
+        for (int i = 0; i < threads; i++) {
+            a[i] = (stream_arg){buf + words / threads * i, words / threads, 0};
+            pthread_create(&th[i], NULL, stream_sum, &a[i]);
+        }
+        uint64_t sum = 0;
+        for (int i = 0; i < threads; i++) {
+            pthread_join(th[i], NULL);
+            sum += a[i].sum;
+        }
+        double dt = now_s() - t0;
+        if (sum == 42) printf(" "); /* keeps the sums alive */
+        double gbs = (double)(words / threads * threads) * 8 / dt / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    return best;
+}
+
+/* ---- matmuls ---- */
+
+typedef struct {
+    const char *name;
+    int in, out, bits;
+} bshape;
+
+static void bench_shape(const bshape *s, int quick) {
+    size_t row_bytes = s->bits == 16 ? 2 * (size_t)s->in : g4_packed_row_bytes(s->bits, (size_t)s->in);
+    size_t wbytes = row_bytes * (size_t)s->out, sbytes = s->bits == 16 ? 0 : 4 * (size_t)s->out;
+    int copies = (int)((256e6 + wbytes - 1) / wbytes);
+    if (copies < 2) copies = 2;
+    uint8_t **w = malloc(sizeof *w * (size_t)copies);
+    for (int c = 0; c < copies; c++) {
+        w[c] = malloc(wbytes);
+        for (size_t i = 0; i < wbytes; i += 8) {
+            uint64_t r = rnd();
+            memcpy(w[c] + i, &r, wbytes - i < 8 ? wbytes - i : 8);
+        }
+        if (s->bits == 16) /* keep BF16 values finite and ordinary */
+            for (size_t i = 1; i < wbytes; i += 2) w[c][i] = (uint8_t)((w[c][i] & 0x80) | 0x3C | (w[c][i] & 1));
+    }
+    float *scale = malloc(sizeof(float) * (size_t)s->out);
+    for (int o = 0; o < s->out; o++) scale[o] = 0.01f;
+    int nmax = 64;
+    float *xf = malloc(sizeof(float) * (size_t)nmax * s->in), *y = malloc(sizeof(float) * (size_t)nmax * s->out);
+    int8_t *xi = malloc((size_t)nmax * s->in);
+    int32_t *acc = malloc(sizeof(int32_t) * (size_t)nmax * s->out);
+    for (size_t i = 0; i < (size_t)nmax * s->in; i++) {
+        xi[i] = (int8_t)rnd();
+        xf[i] = (float)(int8_t)rnd() * 0.01f;
+    }
+    static const char *levels[] = {"portable", "avx2", "neon"};
+    static const int ns[] = {1, 64};
+    for (int op = 0; op < 2; op++) {
+        if (op == 0 && s->bits == 16) continue; /* BF16 runs in float only */
+        for (int li = 0; li < 3; li++) {
+            const g4_kernels *k = g4_kernels_level(levels[li]);
+            if (!k) continue;
+            for (int ni = 0; ni < 2; ni++) {
+                int n = ns[ni];
+                double macs = (double)s->in * s->out * n;
+                /* the reference at n = 64 on the big shapes takes minutes: skip what it cannot finish */
+                if (li == 0 && macs > 1e9) continue;
+                for (int threads = 1; threads <= 2; threads++) {
+                    g4_kernels_set_threads(threads);
+                    g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0],
+                                     .w_scale = scale};
+                    /* best of 5 batches: other processes on the machine only ever slow a batch down */
+                    double budget = (quick ? 0.3 : 1.0) / 5, per = 1e30;
+                    int calls = 0;
+                    for (int batch = 0; batch < 5; batch++) {
+                        double t0 = now_s(), dt;
+                        int c = 0;
+                        do {
+                            qw.w = w[calls++ % copies];
+                            if (op == 0) k->matmul_i8(&qw, xi, n, acc);
+                            else k->matmul_f32(&qw, xf, n, y);
+                            c++;
+                            dt = now_s() - t0;
+                        } while (dt < budget);
+                        if (dt / c < per) per = dt / c;
+                    }
+                    double gbs = (double)(wbytes + sbytes) / per / 1e9;
+                    printf("%-22s %-4s %-8s n=%-2d thr=%d  %9.3f ms  %7.2f GB/s  %7.2f GMAC/s  %9.1f tok/s(this)  %6.1f tok/s(model@GB/s)\n",
+                           s->name, op == 0 ? "i8" : "f32", k->name, n, threads, per * 1e3, gbs, macs / per / 1e9,
+                           n / per, gbs * 1e9 / MODEL_BYTES);
+                    fflush(stdout);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < copies; c++) free(w[c]);
+    free(w);
+    free(scale);
+    free(xf);
+    free(y);
+    free(xi);
+    free(acc);
+}
+
+/* Other processes sharing the cores skew every number here; say how busy the machine was. */
+static void print_load(const char *when) {
+    char buf[128] = "?";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f)) strcpy(buf, "?\n");
+        fclose(f);
+    }
+    printf("load average %s: %s", when, buf);
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+    print_load("at start");
+    size_t words = ((size_t)1 << 30) / 8;
+    uint64_t *buf = malloc(words * 8);
+    for (size_t i = 0; i < words; i++) buf[i] = i;
+    for (int t = 1; t <= 2; t++) printf("stream read 1 GB, %d thread(s): %.2f GB/s -> decode roofline %.1f tok/s\n", t,
+                                        read_bandwidth(buf, words, t), read_bandwidth(buf, words, t) * 1e9 / MODEL_BYTES);
+    free(buf);
+    static const bshape shapes[] = {
+        {"gate/up 1536x6144 q4", 1536, 6144, 4},
+        {"down 6144x1536 q4", 6144, 1536, 4},
+        {"down 12288x1536 q2", 12288, 1536, 2},
+        {"gate 1536x12288 q2", 1536, 12288, 2},
+        {"ple 1536x256 q8", 1536, 256, 8},
+        {"pmp 1536x8960 bf16", 1536, 8960, 16},
+        {"lm_head 1536x262144 q2", 1536, 262144, 2},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        if (!quick || i != 1) bench_shape(&shapes[i], quick);
+    print_load("at end");
+    return 0;
+}
