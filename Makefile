@@ -34,7 +34,7 @@ TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tok
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test check clean
+.PHONY: all test asan-test dispatch-test check clean
 .SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
@@ -67,7 +67,14 @@ test: $(OUT)/g4 $(TEST_BIN)
 asan-test:
 	$(MAKE) BUILD=asan test
 
-check: test asan-test
+# The model-level tests again with the portable kernels forced: every dispatch level must give
+# the same tokens (and, by construction, the same bits) on the fixtures.
+DISPATCH_TESTS = test_fixture test_generate test_switches test_unit_linear
+dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
+	@for t in $^; do G4_DISPATCH=portable $$t > $$t.portable.log 2>&1 || { tail -5 $$t.portable.log; echo "$$t failed with G4_DISPATCH=portable"; exit 1; }; done
+	@echo "dispatch-portable: $$(cat $(DISPATCH_TESTS:%=$(OUT)/tests/%.portable.log) | grep -E '^[a-z_]+: [0-9]+ passed' | awk '{p+=$$2; f+=$$4} END {print p " passed, " f " failed"}')"
+
+check: test dispatch-test asan-test
 
 clean:
 	rm -rf build
