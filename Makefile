@@ -27,15 +27,15 @@ LIB_SRC = \
   src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c src/model/synth.c \
   src/generate/sampler.c src/generate/generate.c \
   src/text/tokenizer.c src/text/chat.c \
-  src/eval/gsm8k.c
+  src/eval/gsm8k.c src/eval/results.c src/eval/harness.c
 
-TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tokenizer test_chat test_gsm8k test_sampler test_generate test_fixture test_switches test_synth test_broken_checkpoint test_cli test_text_cli
+TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tokenizer test_chat test_gsm8k test_sampler test_generate test_fixture test_switches test_synth test_broken_checkpoint test_cli test_text_cli test_eval
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test dispatch-test check clean
-.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/synth_cmd.o
+.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
@@ -45,7 +45,7 @@ $(OUT)/%.o: %.c
 $(OUT)/libg4.a: $(LIB_OBJ)
 	@ar rcs $@ $^
 
-$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/libg4.a
+$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a

@@ -42,5 +42,6 @@ int cmd_tokenize(args_t *a);                 /* tools/text_cmds.c */
 int cmd_chat(args_t *a);
 int cmd_run_text(args_t *a);
 int cmd_bench(args_t *a);                    /* tools/bench_cmd.c */
+int cmd_eval(args_t *a);                     /* tools/eval_cmd.c */
 
 #endif

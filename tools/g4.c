@@ -141,6 +141,9 @@ static void usage(FILE *f) {
             "  g4 chat -m DIR                         interactive chat (/reset, /think on|off, /exit; Ctrl-C stops an answer)\n"
             "  g4 tokenize (-m DIR | --tokenizer FILE) [--add-bos] [--plain] [--decode]\n"
             "                                         JSON lines: a string -> its ids (--decode: ids -> string)\n"
+            "  g4 eval gsm8k -m DIR --data test.jsonl --out run.jsonl [--n N] [--offset K] [--max-tokens N] [--think off|on]\n"
+            "        [--batch B] [engine options]     GSM8K quality run (protocol prompt, greedy); rerun the same command to resume\n"
+            "  g4 eval compare A.jsonl B.jsonl        per-question differences, accuracy delta, exact McNemar p-value\n"
             "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
             "  g4 synth --preset e2b|tiny -o DIR      write a random checkpoint in the real layout\n"
@@ -187,7 +190,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "chat")) return cmd_chat(&a);
     if (!strcmp(argv[1], "bench")) return cmd_bench(&a);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(&a);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&a);
-    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, tokenize, inspect, bench, synth, help)\n", argv[1]);
+    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, tokenize, eval, inspect, bench, synth, help)\n", argv[1]);
     return 1;
 }
