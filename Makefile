@@ -34,13 +34,16 @@ TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tok
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test dispatch-test check clean
-.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
+.PHONY: all test asan-test dispatch-test quality check clean
+.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -c $< -o $@
+
+# the CLI finds the built-in model (models/) of the tree it was built from
+$(OUT)/tools/cli.o: CFLAGS += -DG4_SOURCE_DIR='"$(CURDIR)"' 
 
 $(OUT)/libg4.a: $(LIB_OBJ)
 	@ar rcs $@ $^
@@ -74,7 +77,11 @@ dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@for t in $^; do G4_DISPATCH=portable $$t > $$t.portable.log 2>&1 || { tail -5 $$t.portable.log; echo "$$t failed with G4_DISPATCH=portable"; exit 1; }; done
 	@echo "dispatch-portable: $$(cat $(DISPATCH_TESTS:%=$(OUT)/tests/%.portable.log) | grep -E '^[a-z_]+: [0-9]+ passed' | awk '{p+=$$2; f+=$$4} END {print p " passed, " f " failed"}')"
 
-check: test dispatch-test asan-test
+# The end-to-end quality gate on the built-in trained model (release build only: a few minutes).
+quality: $(OUT)/g4 $(OUT)/tests/test_quality
+	@G4_BIN=$(OUT)/g4 $(OUT)/tests/test_quality
+
+check: test dispatch-test quality asan-test
 
 clean:
 	rm -rf build

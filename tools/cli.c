@@ -11,8 +11,15 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include <unistd.h>
+
 #include "kernels/kernels.h"
 #include "util/err.h"
+#include "util/file.h"
+
+#ifndef G4_SOURCE_DIR
+#define G4_SOURCE_DIR "."
+#endif
 
 int die(const char *fmt, const char *arg) {
     fprintf(stderr, "g4: error: ");
@@ -265,3 +272,22 @@ int unknown_flag(const args_t *a) {
     return 1;
 }
 
+
+/* The built-in model: $G4_MODEL, else models/gemma4-tiny-math of the source tree this binary was
+ * built in (found beside the executable first, so a moved checkout still works). */
+const char *default_model_dir(void) {
+    static char path[4096];
+    const char *env = getenv("G4_MODEL");
+    if (env && *env) return env;
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0; /* build/release */
+        if (snprintf(path, sizeof path, "%s/../../models/gemma4-tiny-math", exe) < (int)sizeof path && g4_file_exists(path))
+            return path;
+    }
+    snprintf(path, sizeof path, "%s/models/gemma4-tiny-math", G4_SOURCE_DIR);
+    return path;
+}

@@ -36,6 +36,8 @@ int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad);
 /* Copies the fields marked in `given` from `from` into `to`. */
 void sampling_override(g4_sampling *to, const g4_sampling *from, int given);
 int unknown_flag(const args_t *a);
+/* The folder `run`, `chat` and `eval` use when -m is not given: the built-in trained model. */
+const char *default_model_dir(void);
 
 int g4_cmd_synth(int argc, char **argv);     /* tools/synth_cmd.c */
 int cmd_tokenize(args_t *a);                 /* tools/text_cmds.c */

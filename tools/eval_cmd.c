@@ -63,7 +63,7 @@ static int parse_eval(args_t *a, eval_args *e) {
     for (a->i = 3; a->i < a->argc && !bad; a->i++)
         if (!eval_flag(a, e, &bad)) return unknown_flag(a);
     if (bad) return 1;
-    if (!e->dir) return die("g4 eval gsm8k needs -m DIR (a checkpoint folder)%s", "");
+    if (!e->dir) e->dir = default_model_dir();
     if (!e->data) return die("g4 eval gsm8k needs --data FILE (GSM8K test.jsonl)%s", "");
     if (!e->out) return die("g4 eval gsm8k needs --out FILE (the results, JSON lines; rerun to resume)%s", "");
     /* the protocol's budgets (§4): 1024 new tokens thinking off, 4096 thinking on */

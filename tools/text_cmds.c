@@ -215,7 +215,7 @@ int cmd_run_text(args_t *a) {
         else if (!text_flag(a, &ta, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
-    if (!ta.dir) return die("g4 run needs -m DIR (a checkpoint folder)%s", "");
+    if (!ta.dir) ta.dir = default_model_dir();
     char *text = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -290,7 +290,7 @@ int cmd_chat(args_t *a) {
     for (a->i = 2; a->i < a->argc && !bad; a->i++)
         if (!text_flag(a, &ta, &bad)) return unknown_flag(a);
     if (bad) return 1;
-    if (!ta.dir) return die("g4 chat needs -m DIR (a checkpoint folder)%s", "");
+    if (!ta.dir) ta.dir = default_model_dir();
     text_model t;
     if (text_model_open(&t, &ta) != 0) {
         die_lib();

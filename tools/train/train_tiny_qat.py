@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train a tiny Gemma 4 (text) with the mobile QAT recipe on synthetic GSM8K-shape word problems and
+r"""Train a tiny Gemma 4 (text) with the mobile QAT recipe on synthetic GSM8K-shape word problems and
 export it in the on-disk format of google/gemma-4-E2B-it-qat-mobile-transformers.
 
 Subcommands (all deterministic for a given seed; see --help of each):
@@ -15,7 +15,15 @@ Subcommands (all deterministic for a given seed; see --help of each):
   greedy     --model DIR         print prompt ids and the PyTorch greedy continuation (fake-quant, LR
                                  profile = g4 --act fake defaults) for a few held-out problems, as JSON
   hfcheck    --model DIR         load the export with transformers' GemmaQuantizer and compare its
-                                 logits ("hf" profile) with this file's model
+                                 logits ("hf" profile and float activations) with this file's model
+  g4check    --model DIR         run g4 (build/release/g4) on held-out prompts in --act fake/int/float and
+                                 --profile hf; compare greedy ids (40 tokens) and prefill logits with
+                                 PyTorch (--torch-ref metrics.json: the GPU greedy ids of the training run)
+
+Reproduce the shipped model (one H200, ~5.5 min):
+  python3 tools/train/train_tiny_qat.py tokenizer --out models/gemma4-tiny-math
+  python3 tools/train/train_tiny_qat.py train --out /tmp/w/gemma4-tiny-math --tokenizer models/gemma4-tiny-math \
+      --scratch /tmp/w --n-train 300000 --time-budget 200 --deadline 330
 
 The model is written out here (not transformers' module) so that every quantization point of
 shared/spec/activation-quant.md sits exactly where the spec puts it; `hfcheck` proves that the float
@@ -37,7 +45,6 @@ import math
 import os
 import random
 import re
-import sys
 import time
 from collections import OrderedDict
 
@@ -156,8 +163,9 @@ def make_problem(rng):
     other_item = rng.choice([x for x in ITEMS if x != item])
     obj = "her" if pron == "she" else "him"
     poss = "her" if pron == "she" else "his"
-    n_ops = rng.choices([2, 3, 4], weights=[3, 4, 3])[0]
-    cur = rng.randint(10, 99) if rng.random() < 0.3 else rng.randint(100, 999)
+    n_ops = rng.choices([2, 3, 4, 5], weights=[2, 3, 3, 2])[0]
+    r0 = rng.random()
+    cur = rng.randint(10, 99) if r0 < 0.2 else (rng.randint(100, 999) if r0 < 0.8 else rng.randint(1000, 4999))
     sents = [f"{name} has {cur} {item}."]
     lines = []
 
@@ -173,11 +181,11 @@ def make_problem(rng):
                 continue
             if op == "mulsub" and cur < 10:
                 continue
-            if op == "mul" and cur > 2500:
+            if op == "mul" and cur > 5000:
                 continue
             if op == "half" and (cur % 2 or cur < 4):
                 continue
-            if op in ("add", "muladd") and cur > 8000:
+            if op in ("add", "muladd") and cur > 15000:
                 continue
             break
         if op == "add":
@@ -194,7 +202,7 @@ def make_problem(rng):
             cur -= n
         elif op == "muladd":
             a = rng.randint(2, 9)
-            b = rng.randint(2, 99) if rng.random() < 0.8 else rng.randint(100, 250)
+            b = rng.randint(2, 99) if rng.random() < 0.6 else rng.randint(100, 999)
             c1, cn = rng.choice(CONTAINERS)
             s = rng.choice([f"{who()} buys {a} {cn} with {b} {item} in each {c1}.",
                             f"{friend} gives {obj} {a} {cn} of {item} with {b} {item} in each {c1}."])
@@ -205,13 +213,11 @@ def make_problem(rng):
             c1, cn = rng.choice(CONTAINERS)
             for _t in range(50):
                 a = rng.randint(2, 9)
-                b = rng.randint(2, 99)
+                b = rng.randint(2, 99) if rng.random() < 0.6 else rng.randint(100, 999)
                 if a * b < cur:
                     break
             else:
-                a, b = 1, max(1, cur // 2)
-                a = 2 if cur >= 4 else 1
-                b = max(1, (cur - 1) // a)
+                a, b = 2, (cur - 1) // 2
             s = rng.choice([f"{who()} fills {a} {cn} with {b} {item} each and sells them.",
                             f"{who()} puts {b} {item} in each of {a} {cn} and gives the {cn} away."])
             lines.append(f"{a}*{b}={a * b}.")
@@ -229,7 +235,7 @@ def make_problem(rng):
             cur //= 2
         sents.append(s)
     # distractor sentences (irrelevant numbers), inserted anywhere after the first sentence
-    n_dis = rng.choices([0, 1, 2], weights=[2, 4, 3])[0]
+    n_dis = rng.choices([0, 1, 2, 3], weights=[2, 4, 3, 2])[0]
     for _ in range(n_dis):
         d = rng.choice([
             f"{friend} has {_amount(rng)} {item}.",
@@ -429,6 +435,7 @@ class QFlags:
         self.deploy = False
         self.calib = False
         self.stats = None  # dict name -> [clipped, total] (tensors) when collecting
+        self.stat_mask = None  # [B,T] bool: positions that count in the statistics
 
 
 def qrange(bits):
@@ -488,6 +495,8 @@ class ActQ(nn.Module):
         return torch.fake_quantize_per_tensor_affine(x, float(self.fixed), 0, -128, 127)
 
     def _stat(self, q):
+        if self.f.stat_mask is not None:
+            q = q[self.f.stat_mask]
         e = self.f.stats.setdefault(self.name, [0, 0])
         e[0] = e[0] + ((q > 127) | (q < -128)).sum()
         e[1] = e[1] + q.numel()
@@ -587,6 +596,7 @@ class Layer(nn.Module):
         super().__init__()
         H, P = cfg["hidden_size"], cfg["hidden_size_per_layer_input"]
         self.i = i
+        self.f = flags
         self.type = cfg["layer_types"][i]
         self.hd = cfg["global_head_dim"] if self.type == "full_attention" else cfg["head_dim"]
         self.nh = cfg["num_attention_heads"]
@@ -633,8 +643,16 @@ class Layer(nn.Module):
             shared[self.type] = (k, v)
         else:
             k, v = shared[self.type]
-        a = F.scaled_dot_product_attention(q, k.expand(B, self.nh, T, self.hd), v.expand(B, self.nh, T, self.hd),
-                                           attn_mask=mask, scale=1.0)
+        if self.f.deploy or not self.training:
+            # eager attention (transformers' eager path and g4; scaling 1.0) everywhere outside training:
+            # on CUDA, scaled_dot_product_attention with the batched [B,1,T,T] left-padding mask gave
+            # wrong results in evaluation (first H200 run), eager does not.
+            sc = torch.matmul(q, k.transpose(-1, -2))
+            sc = sc.masked_fill(~mask, float("-inf"))
+            a = torch.matmul(torch.softmax(sc, dim=-1, dtype=torch.float32), v)
+        else:
+            a = F.scaled_dot_product_attention(q, k.expand(B, self.nh, T, self.hd), v.expand(B, self.nh, T, self.hd),
+                                               attn_mask=mask, scale=1.0)
         a = a.transpose(1, 2).reshape(B, T, self.nh * self.hd)
         o = self.o(self.o.aq_in(a))  # A7, A8
         h = h + self.ln_post_attn(o)
@@ -971,7 +989,7 @@ def load_export(model_dir, device="cpu"):
 # ----------------------------------------------------------------------------------------------
 
 
-def set_mode(model, mode, pmp_scales=None):
+def set_mode(model, mode):
     """mode: 'full' (every quantizer: linears + KV + PMP, = g4 --act fake / int defaults),
     'hf' (linears only), 'wonly' (quantized weights, float activations, = g4 --act float),
     'float' (master weights, nothing quantized; training model only)."""
@@ -1018,24 +1036,26 @@ def greedy_batch(model, prompts, max_new, stop_ids, device, bs=500):
             pads.append(Lmax - len(p))
         padt = torch.tensor(pads, device=device)
         pos = (torch.arange(Lmax + max_new, device=device)[None] - padt[:, None]).clamp_min(0)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        n_gen = 0
+        alive = torch.arange(B, device=device)  # rows still generating (finished rows are dropped)
+        final = ids.clone()
         for step in range(max_new):
             cur = Lmax + step
-            logits = model(ids[:, :cur], pos[:, :cur], valid[:, :cur], out_positions="last")
+            logits = model(ids[alive, :cur], pos[alive, :cur], valid[alive, :cur], out_positions="last")
             nxt = logits.argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
-            ids[:, cur] = nxt
-            valid[:, cur] = True
-            done |= torch.isin(nxt, stop)
-            n_gen = step + 1
-            if bool(done.all()):
+            ids[alive, cur] = nxt
+            valid[alive, cur] = True
+            fin = torch.isin(nxt, stop)
+            if step == max_new - 1:
+                fin = torch.ones_like(fin)
+            if bool(fin.any()):
+                final[alive[fin]] = ids[alive[fin]]
+                alive = alive[~fin]
+            if alive.numel() == 0:
                 break
-        gen = ids[:, Lmax:Lmax + n_gen].tolist()
+        gen = final[:, Lmax:].tolist()
         for r, i in enumerate(idxs):
-            g = gen[r]
             outl = []
-            for t in g:
+            for t in gen[r][:max_new]:
                 outl.append(t)
                 if t in stop_ids:
                     break
@@ -1043,7 +1063,7 @@ def greedy_batch(model, prompts, max_new, stop_ids, device, bs=500):
     return outs
 
 
-def evaluate(model, tok, test, device, max_new=96, bs=500, collect_stats=False, tag=""):
+def evaluate(model, tok, test, device, max_new=192, bs=500, collect_stats=False, tag=""):
     prompts = [tok.encode(chat_prompt(q), add_special_tokens=False).ids for q, _, _ in test]
     if collect_stats:
         model.f.stats = {}
@@ -1066,6 +1086,27 @@ def evaluate(model, tok, test, device, max_new=96, bs=500, collect_stats=False, 
     log(f"eval[{tag}]: accuracy {res['accuracy']:.4f} ({correct}/{n}), whole-solution match {res['exact_solution_match']:.4f}, "
         f"stopped {res['stopped']:.3f}, {res['seconds']:.1f}s")
     return res, stats, gens
+
+
+@torch.no_grad()
+def clip_stats(model, tok, test, device, bs=250):
+    """Clip fraction P(|round(x/s)| beyond the int8 range) per quantization site, teacher-forced on
+    prompt + reference reply of every test problem (real tokens only)."""
+    seqs, _ = encode_dataset(tok, test)
+    model.f.stats = {}
+    for b0 in range(0, len(seqs), bs):
+        ch = seqs[b0:b0 + bs]
+        T = max(len(x) for x in ch)
+        ids = torch.full((len(ch), T), PAD, dtype=torch.long, device=device)
+        for r, x in enumerate(ch):
+            ids[r, :len(x)] = torch.tensor(x, device=device)
+        lens = torch.tensor([len(x) for x in ch], device=device)
+        model.f.stat_mask = torch.arange(T, device=device)[None] < lens[:, None]
+        model(ids, out_positions="last")
+    model.f.stat_mask = None
+    stats = {k: (float(c) / float(t) if float(t) else 0.0) for k, (c, t) in model.f.stats.items()}
+    model.f.stats = None
+    return stats
 
 
 def summarize_clip(stats):
@@ -1122,7 +1163,7 @@ def calibrate(model, data, device, n_batches, bs, gen):
     with torch.no_grad():
         for _ in range(n_batches):
             sel = torch.randint(0, data[0].shape[0], (bs,), device=device, generator=gen)
-            ids, lens, st = data[0][sel], data[1][sel], data[2][sel]
+            ids, lens = data[0][sel], data[1][sel]
             T = int(lens.max().item())
             model(ids[:, :T].long(), out_positions="last")
     f.calib = False
@@ -1225,7 +1266,6 @@ def cmd_train(args):
     phase = "float"
     step, qat_step, float_steps_done = 0, 0, 0
     t_train = time.time()
-    t_phase = t_train
     hist = []
     calib_info, pmp_info = None, None
     ema = None
@@ -1314,33 +1354,65 @@ def cmd_train(args):
     metrics["scale_drift_learned_over_calibrated"] = ({"min": min(drift), "max": max(drift), "n": len(drift)} if drift else None)
     metrics["loss_history"] = hist
     test_eval = test[:args.n_eval]
-    set_mode(model, "float")
-    res_float, _, _ = evaluate(model, tok, test_eval, device, collect_stats=False, tag="float master weights", bs=args.eval_bs)
-    set_mode(model, "full")
-    res_train_full, _, _ = evaluate(model, tok, test_eval, device, tag="training model, full fake-quant", bs=args.eval_bs)
-    del model
+    metrics["accuracy"] = OrderedDict()
+    scratch = args.scratch or args.out
+
+    def flush():
+        metrics["total_seconds"] = time.time() - t_all
+        with open(os.path.join(args.out, "metrics.json"), "w") as f:
+            json.dump(metrics, f, indent=1)
+            f.write("\n")
+        with open(os.path.join(scratch, "train_log.txt"), "w") as f:
+            f.write("\n".join(LOG_LINES) + "\n")
+        if args.after_export_hook:
+            os.system(args.after_export_hook)
+
+    last = [0.0]
+
+    def time_left():
+        ok = time.time() - t_all + last[0] * 1.2 < args.deadline
+        if not ok:
+            log(f"skipping further evaluations: deadline {args.deadline}s")
+        return ok
+
+    def run_eval(key, m, mode, tag):
+        t0 = time.time()
+        set_mode(m, mode)
+        res, _, gens = evaluate(m, tok, test_eval, device, tag=tag, bs=args.eval_bs)
+        metrics["accuracy"][key] = res
+        last[0] = time.time() - t0
+        flush()
+        return gens
+
     dm = load_export(args.out, device)
-    set_mode(dm, "full")
-    res_full, stats, gens = evaluate(dm, tok, test_eval, device, collect_stats=True, tag="export, full fake-quant (g4 fake)", bs=args.eval_bs)
-    set_mode(dm, "hf")
-    res_hf, _, _ = evaluate(dm, tok, test_eval, device, tag="export, hf profile (linears only)", bs=args.eval_bs)
-    set_mode(dm, "wonly")
-    res_w, _, _ = evaluate(dm, tok, test_eval, device, tag="export, quantized weights + float activations (g4 --act float)", bs=args.eval_bs)
-    metrics["accuracy"] = OrderedDict([
-        ("export_full_fakequant", res_full), ("export_hf_profile", res_hf), ("export_weights_only_float_acts", res_w),
-        ("float_master_weights", res_float), ("training_model_full_fakequant", res_train_full)])
+    gens = run_eval("export_full_fakequant", dm, "full", "export, full fake-quant = g4 --act fake defaults")
+    metrics["first_generations_full"] = gens[:8]
+    stats = clip_stats(dm, tok, test_eval, device)
     metrics["clip_fraction_by_site"] = summarize_clip(stats)
     metrics["clip_fraction_per_tensor"] = stats
     metrics["clip_fraction_overall_max"] = max(stats.values()) if stats else None
-    metrics["first_generations_full"] = gens[:8]
-    metrics["total_seconds"] = time.time() - t_all
-    with open(os.path.join(args.out, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=1)
-        f.write("\n")
     log("clip fraction by site:", json.dumps(metrics["clip_fraction_by_site"]))
-    log(f"total {metrics['total_seconds']:.1f}s")
-    with open(os.path.join(args.scratch or args.out, "train_log.txt"), "w") as f:
-        f.write("\n".join(LOG_LINES) + "\n")
+    flush()
+    # reference greedy ids for the g4 comparison (g4check --torch-ref): first items of test.jsonl, n=40
+    tg = OrderedDict()
+    items = list(range(min(args.n_greedy_ref, len(test))))
+    prompts = [tok.encode(chat_prompt(test[i][0]), add_special_tokens=False).ids for i in items]
+    for mode in ("full", "hf", "wonly"):
+        set_mode(dm, mode)
+        g = greedy_batch(dm, prompts, 40, {EOS, TURN_END}, device, bs=len(prompts))
+        tg[mode] = [{"item": i, "prompt_ids": p, "gen_ids": x} for i, p, x in zip(items, prompts, g)]
+    metrics["torch_greedy_n40"] = tg
+    flush()
+    if time_left():
+        run_eval("float_master_weights", model, "float", "float master weights, nothing quantized")
+    if time_left():
+        run_eval("export_weights_only_float_acts", dm, "wonly", "export, quantized weights + float activations = g4 --act float")
+    if time_left():
+        run_eval("export_hf_profile", dm, "hf", "export, hf profile (linear clamps only) = g4 --act fake --profile hf")
+    if time_left():
+        run_eval("training_model_full_fakequant", model, "full", "training model (learnable fake-quant), full")
+    log(f"total {time.time() - t_all:.1f}s")
+    flush()
 
 
 def cmd_eval(args):
@@ -1350,9 +1422,9 @@ def cmd_eval(args):
     m = load_export(args.model, device)
     for mode in args.modes.split(","):
         set_mode(m, mode)
-        res, stats, _ = evaluate(m, tok, test, device, collect_stats=(mode == "full"), tag=mode, bs=args.eval_bs)
-        if stats:
-            log(json.dumps(summarize_clip(stats)))
+        evaluate(m, tok, test, device, tag=mode, bs=args.eval_bs)
+        if mode == "full":
+            log(json.dumps(summarize_clip(clip_stats(m, tok, test, device))))
 
 
 def read_test(model_dir):
@@ -1377,6 +1449,89 @@ def cmd_greedy(args):
         g = greedy_batch(m, [p], args.n, set() if args.no_stop else {EOS, TURN_END}, torch.device("cpu"), bs=1)[0]
         res.append({"item": i, "prompt_ids": p, "gen_ids": g, "text": tok.decode(g, skip_special_tokens=False), "gold": a})
     print(json.dumps(res))
+
+
+def cmd_g4check(args):
+    """Runs g4 on held-out prompts and compares with this file's PyTorch model on the exported checkpoint:
+    prefill logits (g4 --logits-npy) in each mode, and greedy ids (g4 run --ids ... -n N)."""
+    import subprocess
+    import tempfile
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    tok = load_tokenizer(args.model)
+    test = read_test(args.model)
+    m = load_export(args.model, "cpu")
+    modes = [("fake", [], "full"), ("int", [], "full"), ("fake", ["--profile", "hf"], "hf"), ("float", [], "wonly")]
+    ref = None
+    if args.torch_ref:
+        ref = json.load(open(args.torch_ref))["torch_greedy_n40"]
+        assert args.n == 40
+    report = {"items": [], "summary": {}}
+    agree = {k[0] + ("-hf" if k[1] else ""): [0, 0, 0] for k in modes}  # identical, same-answer, total
+    for i in [int(x) for x in args.items.split(",")]:
+        q, lines, a = test[i]
+        p = tok.encode(chat_prompt(q), add_special_tokens=False).ids
+        item = {"item": i, "gold": a, "prompt_len": len(p)}
+        if args.check_g4_tokenizer:
+            r = subprocess.run([args.g4, "tokenize", "-m", args.model], input=json.dumps(chat_prompt(q)) + "\n",
+                               capture_output=True, text=True)
+            try:
+                item["g4_tokenize_equal"] = json.loads(r.stdout.strip().splitlines()[-1]) == p
+            except Exception:  # noqa: BLE001
+                item["g4_tokenize_equal"] = "error: " + (r.stderr.strip()[-200:] or r.stdout.strip()[-200:])
+        for act, extra, mymode in modes:
+            key = act + ("-hf" if extra else "")
+            set_mode(m, mymode)
+            if ref is not None:
+                r_ = [x for x in ref[mymode] if x["item"] == i][0]
+                assert r_["prompt_ids"] == p
+                mine = r_["gen_ids"]
+            else:
+                mine = greedy_batch(m, [p], args.n, {EOS, TURN_END}, torch.device("cpu"), bs=1)[0]
+            with tempfile.TemporaryDirectory() as td:
+                npy = os.path.join(td, "l.npy")
+                cmd = [args.g4, "run", "-m", args.model, "--ids", ",".join(map(str, p)), "-n", str(args.n), "--act", act,
+                       "--logits-npy", npy] + extra
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise SystemExit(f"g4 failed: {' '.join(cmd[:6])}...: {r.stderr}")
+                g4ids = []
+                for x in r.stdout.split():  # `g4 run --ids` does not stop at the stop ids: cut after the first
+                    g4ids.append(int(x))
+                    if int(x) in (EOS, TURN_END):
+                        break
+                g4log = np.load(npy)
+            if args.no_logits:
+                dl = None
+            else:
+                with torch.no_grad():
+                    mylog = m(torch.tensor([p]))[0].numpy()
+                dl = float(np.abs(g4log - mylog).max())
+            same_prefix = 0
+            for x, y in zip(mine, g4ids):
+                if x != y:
+                    break
+                same_prefix += 1
+            t_me = tok.decode([t for t in mine if t not in (EOS, TURN_END)], skip_special_tokens=False)
+            t_g4 = tok.decode([t for t in g4ids if t not in (EOS, TURN_END)], skip_special_tokens=False)
+            ident = mine == g4ids
+            same_ans = extract_answer(t_me) == extract_answer(t_g4)
+            agree[key][0] += int(ident)
+            agree[key][1] += int(same_ans)
+            agree[key][2] += 1
+            item[key] = {"identical": ident, "common_prefix": same_prefix, "len_torch": len(mine), "len_g4": len(g4ids),
+                         "prefill_logits_max_abs_diff": dl, "answer_torch": extract_answer(t_me), "answer_g4": extract_answer(t_g4)}
+            if not ident:
+                item[key]["torch_ids"] = mine
+                item[key]["g4_ids"] = g4ids
+        log(json.dumps(item))
+        report["items"].append(item)
+    report["summary"] = {k: {"identical_greedy": v[0], "same_extracted_answer": v[1], "n": v[2]} for k, v in agree.items()}
+    report["pytorch_reference_mode"] = {"fake": "full", "int": "full (fake-quant in f32)", "fake-hf": "hf", "float": "wonly"}
+    log(json.dumps(report["summary"]))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
 
 
 def cmd_tokenizer(args):
@@ -1447,6 +1602,8 @@ def main():
     a.add_argument("--calib-bs", type=int, default=256)
     a.add_argument("--eval-bs", type=int, default=500)
     a.add_argument("--log-every", type=int, default=50)
+    a.add_argument("--n-greedy-ref", type=int, default=20)
+    a.add_argument("--deadline", type=float, default=1e9, help="skip further evaluations past this many seconds")
     a.add_argument("--after-export-hook", help="shell command run right after the export (e.g. tar the files)")
     a.add_argument("--cpu", action="store_true")
     a = sub.add_parser("eval")
@@ -1461,12 +1618,21 @@ def main():
     a.add_argument("--n", type=int, default=40)
     a.add_argument("--mode", default="full")
     a.add_argument("--no-stop", action="store_true")
+    a = sub.add_parser("g4check")
+    a.add_argument("--model", required=True)
+    a.add_argument("--g4", default="./build/release/g4")
+    a.add_argument("--items", default="0,1,2,3,4,5,6,7,8,9")
+    a.add_argument("--n", type=int, default=40)
+    a.add_argument("--out")
+    a.add_argument("--check-g4-tokenizer", action="store_true")
+    a.add_argument("--torch-ref", help="metrics.json of the training run: use its GPU greedy ids instead of CPU decoding")
+    a.add_argument("--no-logits", action="store_true", help="skip the prefill-logit comparison")
     a = sub.add_parser("hfcheck")
     a.add_argument("--model", required=True)
     a.add_argument("--n", type=int, default=4)
     args = ap.parse_args()
     {"tokenizer": cmd_tokenizer, "train": cmd_train, "eval": cmd_eval, "greedy": cmd_greedy,
-     "hfcheck": cmd_hfcheck}[args.cmd](args)
+     "hfcheck": cmd_hfcheck, "g4check": cmd_g4check}[args.cmd](args)
 
 
 if __name__ == "__main__":
