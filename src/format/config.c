@@ -219,7 +219,8 @@ static void add_stop_ids(g4_config *cfg, const cJSON *v) {
     const cJSON *one = v;
     int is_list = cJSON_IsArray(v);
     for (const cJSON *e = is_list ? v->child : one; e; e = is_list ? e->next : NULL) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble != floor(e->valuedouble)) continue;
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0 || e->valuedouble != floor(e->valuedouble))
+            continue;
         int id = (int)e->valuedouble, seen = 0;
         for (int i = 0; i < cfg->n_stop_ids; i++) seen |= cfg->stop_ids[i] == id;
         if (!seen && cfg->n_stop_ids < G4_MAX_STOP_IDS) cfg->stop_ids[cfg->n_stop_ids++] = id;

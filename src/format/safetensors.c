@@ -81,6 +81,7 @@ static int cmp_tensor_name(const void *a, const void *b) {
 }
 
 const g4_tensor *g4_st_find(const g4_safetensors *st, const char *name) {
+    if (!st->n_tensors) return NULL;
     g4_tensor key = {.name = (char *)name};
     return bsearch(&key, st->tensors, (size_t)st->n_tensors, sizeof key, cmp_tensor_name);
 }
@@ -244,7 +245,7 @@ static int add_file(g4_safetensors *st, const char *path) {
 }
 
 static int finish(g4_safetensors *st) {
-    qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, cmp_tensor_name);
+    if (st->n_tensors > 1) qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, cmp_tensor_name);
     for (int i = 1; i < st->n_tensors; i++)
         if (strcmp(st->tensors[i - 1].name, st->tensors[i].name) == 0)
             return g4_fail("%s: tensor %s appears twice", st->paths[st->tensors[i].file], st->tensors[i].name);
@@ -271,7 +272,7 @@ static int open_index(g4_safetensors *st, const char *dir, const char *index_pat
         cJSON_Delete(root);
         return g4_fail("%s: not JSON with a \"weight_map\" object", index_path);
     }
-    int rc = 0;
+    int rc = wm->child ? 0 : g4_fail("%s: weight_map is empty", index_path);
     for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
         char path[4096];
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0)
