@@ -34,7 +34,7 @@ TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tok
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test dispatch-test quality check clean
+.PHONY: all test asan-test dispatch-test quality check clean fuzz fuzz-run
 .SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
@@ -81,9 +81,23 @@ dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 quality: $(OUT)/g4 $(OUT)/tests/test_quality
 	@G4_BIN=$(OUT)/g4 $(OUT)/tests/test_quality
 
-check: test dispatch-test quality asan-test
+# Everything CI runs, one stage after another (parallel stages would distort the quality gate's time).
+check:
+	$(MAKE) test
+	$(MAKE) dispatch-test
+	$(MAKE) quality
+	$(MAKE) asan-test
+	$(MAKE) fuzz
+
+# libFuzzer targets (fuzz/README.md; clang + libclang-rt): `make fuzz` is the short smoke run CI
+# does, `make fuzz-run FUZZ_SECONDS=600` the long one.
+fuzz:
+	$(MAKE) -C fuzz smoke
+fuzz-run:
+	$(MAKE) -C fuzz run SECONDS=$(or $(FUZZ_SECONDS),60)
 
 clean:
 	rm -rf build
+	$(MAKE) -C fuzz clean
 
 -include $(shell find $(OUT) -name "*.d" 2>/dev/null)

@@ -3,7 +3,7 @@
 # Run as root (or with sudo available). Safe to run repeatedly.
 set -euo pipefail
 
-packages=(gcc make libc6-dev libcjson-dev libpcre2-dev)
+packages=(gcc make libc6-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -791,6 +791,7 @@ static int read_added_tokens(const cJSON *added, const char *path, struct json_v
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
         if (!cJSON_IsString(content) || !content->valuestring[0])
             return g4_fail("%s: added_tokens[%d]: missing or empty content", path, i);
+        if (strlen(content->valuestring) >= MAX_PIECE_BYTES) return g4_fail("%s: added_tokens[%d]: content too long", path, i);
         static const char *const unsupported[] = {"lstrip", "rstrip", "single_word", "normalized"};
         for (size_t k = 0; k < sizeof unsupported / sizeof *unsupported; k++)
             if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, unsupported[k])))
@@ -870,8 +871,9 @@ static int resolve_merges(g4_tokenizer *t, const cJSON *merges, const char *path
         size_t na, nb;
         if (merge_parts(e, &a, &na, &b, &nb)) return g4_fail("%s: model.merges[%u]: expected [\"a\", \"b\"] or \"a b\"", path, r);
         int32_t ia = vocab_find(t, a, na), ib = vocab_find(t, b, nb);
-        if (ia < 0 || ib < 0 || na + nb > sizeof buf)
+        if (ia < 0 || ib < 0)
             return g4_fail("%s: model.merges[%u]: \"%.40s\" or \"%.40s\" is not in the vocab", path, r, a, b);
+        if (na + nb >= sizeof buf) return g4_fail("%s: model.merges[%u]: merged piece too long", path, r);
         memcpy(buf, a, na), memcpy(buf + na, b, nb);
         buf[na + nb] = 0;
         int32_t ir = vocab_find(t, buf, na + nb);
@@ -1325,10 +1327,12 @@ int g4_tokenizer_decode(const g4_tokenizer *t, const int32_t *ids, size_t n, cha
     int rc = bytes_reserve(&b, n * 4);
     for (size_t i = 0; rc == 0 && i < n; i++) rc = decode_one(t, &a, ids[i], &b);
     if (rc == 0) rc = asm_finish(&a, &b);
+    if (rc == 0) rc = bytes_reserve(&b, 1); /* room for the terminating NUL, even for no ids */
     if (rc) {
         free(b.p);
         return -1;
     }
+    b.p[b.n] = 0;
     *out = b.p, *out_len = b.n;
     return 0;
 }
