@@ -1,7 +1,9 @@
 /* Every dispatch level's matmuls against the reference kernels, bit for bit (memcmp), on random
  * shapes with odd tails, several activation rows, every weight format, and 1-3 pool threads.
- * Weight buffers end exactly at the last packed byte so ASan catches any read past a row. */
+ * Weight buffers end exactly at the last packed byte so ASan catches any read past a row. The
+ * elementwise and attention kernels are checked the same way against their references. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 
 #include "check.h"
 #include "kernels/kernels.h"
+#include "kernels/levels.h"
 #include "kernels/pool.h"
 #include "quant/pack.h"
 
@@ -168,6 +171,190 @@ static void fixed_shapes(void) {
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "big");
 }
 
+/* ---- elementwise and attention kernels against their references ---- */
+
+/* A float that is sometimes special: NaN, +-inf, +-0, a half-way point of the quantizer grid, or
+ * out of the int8 range; otherwise of varied magnitude around the scale. */
+static float rnd_act(float scale) {
+    switch (rnd() % 16) {
+    case 0: return NAN;
+    case 1: return (rnd() & 1) ? INFINITY : -INFINITY;
+    case 2: return (rnd() & 1) ? 0.0f : -0.0f;
+    case 3: return ((float)rnd_int(-140, 140) + 0.5f) * scale; /* ties, some exact */
+    case 4: return (float)rnd_int(-128, 127) * scale;           /* exact grid values */
+    case 5: return rnd_float();
+    default: return ((float)(int)(rnd() % 600001) - 300000.0f) * 1e-3f * scale;
+    }
+}
+
+static int same_bits(const void *a, const void *b, size_t bytes) { return memcmp(a, b, bytes) == 0; }
+
+static void check_quantizers(const g4_kernels *k) {
+    static const float scales[] = {0.0123f, 1.0f, 3e-5f, 0.5f, 17.25f};
+    for (int c = 0; c < 60; c++) {
+        float scale = scales[c % 5];
+        g4_quantizer q;
+        g4_quantizer_init(&q, scale, c % 7 == 3 ? rnd_int(-5, 5) : 0, c % 4 == 1 ? G4_ROUND_HALF_AWAY : G4_ROUND_HALF_EVEN,
+                          c % 3 == 2 ? G4_QDIV_DIV : G4_QDIV_RECIP);
+        size_t n = (size_t)rnd_int(0, 300);
+        float *x = malloc(sizeof(float) * (n + 1)), *fr = malloc(sizeof(float) * (n + 1)), *fk = malloc(sizeof(float) * (n + 1));
+        int8_t *cr = malloc(n + 1), *ck = malloc(n + 1);
+        for (size_t i = 0; i < n; i++) x[i] = rnd_act(scale);
+        g4_ref_quantize(&q, x, n, cr);
+        memset(ck, 0x5A, n + 1);
+        k->quantize(&q, x, n, ck);
+        CHECK(same_bits(cr, ck, n) && ck[n] == 0x5A, "%s quantize n=%zu scale=%g case %d", k->name, n, (double)scale, c);
+        memcpy(fr, x, sizeof(float) * n);
+        memcpy(fk, x, sizeof(float) * n);
+        fk[n] = 7.0f;
+        g4_ref_fake_quant(&q, fr, n);
+        k->fake_quant(&q, fk, n);
+        CHECK(same_bits(fr, fk, sizeof(float) * n) && fk[n] == 7.0f, "%s fake_quant n=%zu case %d", k->name, n, c);
+        free(x);
+        free(fr);
+        free(fk);
+        free(cr);
+        free(ck);
+    }
+}
+
+static void check_requant(const g4_kernels *k) {
+    for (int c = 0; c < 40; c++) {
+        int n = rnd_int(1, 5), out = rnd_int(1, 90);
+        size_t len = (size_t)n * out;
+        int32_t *acc = malloc(sizeof(int32_t) * len);
+        float *m32 = malloc(sizeof(float) * (size_t)out), *ws = malloc(sizeof(float) * (size_t)out);
+        float *yr = malloc(sizeof(float) * len), *yk = malloc(sizeof(float) * len);
+        for (size_t i = 0; i < len; i++) {
+            uint64_t r = rnd();
+            acc[i] = r % 8 == 0 ? (r & 8 ? INT32_MAX : INT32_MIN) : r % 8 == 1 ? (int32_t)(r >> 40) : (int32_t)(r >> 32) % 100000;
+        }
+        for (int o = 0; o < out; o++) {
+            m32[o] = (float)(rnd() % 100000 + 1) * 1e-7f;
+            if (o % 5 == 0) m32[o] = 0.5f; /* acc * 0.5 lands on ties */
+            ws[o] = (float)(rnd() % 100000 + 1) * 1e-6f;
+        }
+        float s_out = (float)(rnd() % 1000 + 1) * 1e-3f, s_in = (float)(rnd() % 1000 + 1) * 1e-4f;
+        g4_ref_requant_f32(acc, n, out, m32, s_out, yr);
+        k->requant_f32(acc, n, out, m32, s_out, yk);
+        CHECK(same_bits(yr, yk, sizeof(float) * len), "%s requant_f32 n=%d out=%d", k->name, n, out);
+        g4_ref_acc_scale(acc, n, out, s_in, ws, yr);
+        k->acc_scale(acc, n, out, s_in, ws, yk);
+        CHECK(same_bits(yr, yk, sizeof(float) * len), "%s acc_scale n=%d out=%d", k->name, n, out);
+        free(acc);
+        free(m32);
+        free(ws);
+        free(yr);
+        free(yk);
+    }
+}
+
+static void check_gelu(const g4_kernels *k) {
+    static const float scales[] = {0.0123f, 0.25f, 3e-3f, 0.0f, 1.5f};
+    for (int c = 0; c < 40; c++) {
+        float scale = scales[c % 5];
+        size_t n = c % 4 == 0 ? (size_t)rnd_int(1, 70) : (size_t)rnd_int(60, 3000);
+        float *g = malloc(sizeof(float) * n), *m = malloc(sizeof(float) * n), *gr = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) {
+            /* mostly dequantized codes (the table path), with anything else mixed in */
+            g[i] = rnd() % 8 ? (float)rnd_int(-128, 127) * (scale ? scale : 0.01f) : rnd_act(scale ? scale : 1.0f);
+            m[i] = rnd() % 64 ? rnd_act(0.05f) : NAN;
+        }
+        memcpy(gr, g, sizeof(float) * n);
+        g4_ref_gelu_mul(gr, m, n);
+        k->gelu_mul(g, m, n, scale);
+        CHECK(same_bits(gr, g, sizeof(float) * n), "%s gelu_mul n=%zu scale=%g", k->name, n, (double)scale);
+        free(g);
+        free(m);
+        free(gr);
+    }
+}
+
+/* Softcap over the pool equals the plain loop. */
+static void check_softcap(void) {
+    size_t n = (size_t)rnd_int(1, 5000);
+    float *x = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = xr[i] = rnd_act(1.0f) * 40.0f;
+    for (size_t i = 0; i < n; i++) xr[i] = 30.0f * tanhf(xr[i] / 30.0f);
+    g4_softcap(x, n, 30.0f);
+    CHECK(same_bits(xr, x, sizeof(float) * n), "softcap n=%zu", n);
+    free(x);
+    free(xr);
+}
+
+typedef struct {
+    int n, nh, hd, group, ctx, int8_k, int8_v;
+} attn_shape;
+
+static void check_attention_shape(const attn_shape *as) {
+    int n_kv = as->nh / as->group, kvw = n_kv * as->hd, w = as->nh * as->hd;
+    size_t cache = (size_t)as->ctx * kvw;
+    int8_t *kq = malloc(cache), *vq = malloc(cache);
+    float *kf = malloc(sizeof(float) * cache), *vf = malloc(sizeof(float) * cache);
+    float *q = malloc(sizeof(float) * (size_t)as->n * w), *oref = malloc(sizeof(float) * (size_t)as->n * w),
+          *out = malloc(sizeof(float) * (size_t)as->n * w);
+    for (size_t i = 0; i < cache; i++) {
+        kq[i] = (int8_t)rnd();
+        vq[i] = (int8_t)rnd();
+        kf[i] = ((float)(int)(rnd() % 20001) - 10000.0f) * 1e-4f;
+        vf[i] = rnd() % 50 ? ((float)(int)(rnd() % 20001) - 10000.0f) * 1e-4f : -0.0f;
+    }
+    for (size_t i = 0; i < (size_t)as->n * w; i++) q[i] = ((float)(int)(rnd() % 20001) - 10000.0f) * 3e-4f;
+    g4_attn_row rows[8];
+    for (int t = 0; t < as->n; t++) {
+        int hi = rnd_int(0, as->ctx - 1), lo = rnd() % 3 ? 0 : rnd_int(0, hi);
+        rows[t] = (g4_attn_row){.kq = as->int8_k ? kq : NULL, .vq = as->int8_v ? vq : NULL, .kf = as->int8_k ? NULL : kf,
+                                .vf = as->int8_v ? NULL : vf, .k_scale = as->int8_k ? 0.0371f : 0,
+                                .v_scale = as->int8_v ? 0.0113f : 0,
+                                .lo = lo, .hi = hi};
+    }
+    g4_attn a = {.n = as->n, .n_heads = as->nh, .head_dim = as->hd, .kv_width = kvw, .group = as->group, .q = q, .out = oref,
+                 .rows = rows};
+    g4_ref_attention(&a);
+    for (int l = 0; l < N_LEVELS; l++) {
+        const g4_kernels *k = g4_kernels_level(level_names[l]);
+        if (!k) continue;
+        memset(out, 0xA5, sizeof(float) * (size_t)as->n * w);
+        a.out = out;
+        k->attention(&a);
+        CHECK(same_bits(oref, out, sizeof(float) * (size_t)as->n * w), "%s attention n=%d heads=%d hd=%d group=%d ctx=%d k8=%d v8=%d threads=%d",
+              k->name, as->n, as->nh, as->hd, as->group, as->ctx, as->int8_k, as->int8_v, g4_kernels_threads());
+    }
+    free(kq);
+    free(vq);
+    free(kf);
+    free(vf);
+    free(q);
+    free(oref);
+    free(out);
+}
+
+static void check_attention(void) {
+    static const int hds[] = {8, 12, 16, 20, 32, 64, 256};
+    static const int groups[][2] = {{1, 1}, {2, 1}, {2, 2}, {4, 2}, {8, 8}, {8, 4}, {6, 3}, {8, 1}};
+    for (int c = 0; c < 40; c++) {
+        attn_shape as = {.n = rnd_int(1, 5), .hd = hds[c % 7], .ctx = rnd_int(1, 80), .int8_k = c % 4 != 1, .int8_v = c % 4 != 2};
+        as.nh = groups[c % 8][0];
+        as.group = groups[c % 8][1];
+        check_attention_shape(&as);
+    }
+    /* the E2B shapes: one decode row and a prefill chunk, long enough for several V blocks */
+    attn_shape big[] = {{1, 8, 256, 8, 600, 1, 1}, {1, 8, 512, 8, 300, 1, 1}, {3, 8, 512, 8, 300, 0, 0}, {8, 8, 256, 8, 200, 1, 1}};
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_attention_shape(&big[i]);
+}
+
+static void elementwise_kernels(void) {
+    for (int l = 0; l < N_LEVELS; l++) {
+        const g4_kernels *k = g4_kernels_level(level_names[l]);
+        if (!k) continue;
+        check_quantizers(k);
+        check_requant(k);
+        check_gelu(k);
+    }
+    check_softcap();
+    check_attention();
+}
+
 /* Two threads issuing matmuls at once: one gets the pool, the other runs inline; both exact. */
 static void *concurrent_caller(void *arg) {
     const problem *p = arg;
@@ -272,8 +459,16 @@ int main(void) {
         CHECK_EQ_INT(g4_kernels_threads(), threads);
         random_shapes(120);
         fixed_shapes();
+        elementwise_kernels();
     }
     g4_kernels_set_threads(2);
+    /* both table lookups of the AVX2 2-bit float matmul, whichever this CPU picks */
+    for (int permps = 0; permps <= 1; permps++) {
+        g4_avx2_force_2bit_lookup(permps);
+        random_shapes(60);
+        fixed_shapes();
+    }
+    g4_avx2_force_2bit_lookup(-1);
     concurrency();
     g4_kernels_shutdown(); /* a later matmul restarts the pool */
     random_shapes(8);

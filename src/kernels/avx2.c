@@ -8,6 +8,9 @@
  * independent accumulator chains hide the add latency when n == 1 (decode). Each output still
  * has its own accumulator with the reference's per-lane order, so the tile shape, the thread
  * count and the row split never change a bit. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,24 +50,26 @@ static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in *
 
 /* ------------------------------------------------------------------ int8 x packed codes ---- */
 
-/* The int8 path works on 16-byte weight blocks (64 2-bit, 32 4-bit or 16 8-bit codes) and uses
+/* The int8 path works on 32-byte weight blocks (128 2-bit, 64 4-bit or 32 8-bit codes) and uses
  * the raw offset-binary fields as the unsigned operand of maddubs:
  *   sum x*(raw - off) = sum x*raw - off*sum x,   off = 2 (2-bit), 8 (4-bit).
  * A raw field is at most 15, so a maddubs pair sum stays within 2*15*128 and cannot saturate.
- * The fields of a block are extracted in bit order, not element order, so the activations are
- * permuted once per call to match ("prepared" rows, zero-padded to whole blocks):
- *   4-bit block: [x0 x2 .. x30 | x1 x3 .. x31]           (low nibbles | high nibbles)
- *   2-bit block: [x0 x4 .. x60 | x1 x5 .. | x2 .. | x3 ..] (field 0 | 1 | 2 | 3)
+ * A block's fields are extracted with one mask (and one 16-bit shift) per field, so a field
+ * vector holds byte i's field f for i = 0..31, i.e. elements in bit order, not element order; the
+ * activations are permuted once per call to match ("prepared" rows, zero-padded to whole blocks):
+ *   4-bit block: [x0 x2 .. x62 | x1 x3 .. x63]                (low nibbles | high nibbles)
+ *   2-bit block: [x0 x4 .. x124 | x1 x5 .. | x2 .. | x3 ..]  (field 0 | 1 | 2 | 3)
  * 8-bit codes would saturate maddubs whichever operand is made unsigned (2*255*127 and 2*128*128
  * both exceed 32767), so they go through madd_epi16 on sign-extended values; their prepared rows
- * are the activations as int16. */
+ * are the activations as int16. Integer sums are exact in any order, so the tile shape, the block
+ * grouping and the thread split never change a result. */
 typedef struct {
     const g4_qweight *w;
     int n;
     const uint8_t *xp; /* n prepared rows, xstride bytes apart */
     size_t xstride;
     const uint32_t *corr; /* off * sum x per activation row (mod 2^32) */
-    int nfull;            /* whole 16-byte blocks per weight row */
+    int nfull;            /* whole 32-byte blocks per weight row */
     int tail;             /* bytes of the last partial block (0: none) */
     int32_t *acc;
     /* The span of blocks a tile covers: [kb0, kb1), block nfull being the tail. The first span
@@ -72,7 +77,8 @@ typedef struct {
     int kb0, kb1, first;
 } i8_job;
 
-static size_t i8_block_xbytes(int bits) { return bits == 2 ? 64 : 32; }
+#define I8_BLOCK 32
+static size_t i8_block_xbytes(int bits) { return bits == 2 ? 128 : 64; }
 
 INLINE int32_t hsum_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -81,26 +87,18 @@ INLINE int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Weight block at p unpacked for maddubs (wa, and wb for 2-bit), or sign-extended (8-bit). */
-INLINE void i8_unpack(const uint8_t *p, __m256i *wa, __m256i *wb, const int BITS) {
-    __m128i raw = _mm_loadu_si128((const __m128i *)p);
-    if (BITS == 8) {
-        *wa = _mm256_cvtepi8_epi16(raw);
-    } else if (BITS == 4) {
-        /* low lane keeps the low nibbles, high lane the high nibbles */
-        __m256i b = _mm256_broadcastsi128_si256(raw);
-        *wa = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(15));
-    } else {
-        __m256i b = _mm256_broadcastsi128_si256(raw);
-        *wa = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), _mm256_set1_epi8(3));
-        *wb = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)), _mm256_set1_epi8(3));
-    }
+/* Field f (0..3 for 2-bit, 0..1 for 4-bit) of every byte of the 32-byte block at p. */
+INLINE __m256i i8_field(const uint8_t *p, int f, const int BITS) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    if (f) v = _mm256_srli_epi16(v, f * BITS);
+    return _mm256_and_si256(v, _mm256_set1_epi8(BITS == 2 ? 3 : 15));
 }
 
 /* Blocks whose maddubs pair sums can be added in int16 before widening: a 4-bit pair sum lies in
- * [-3840, 3810], so 8 fit; a 2-bit block (two pair sums) in [-1536, 1524], so 16 fit. Widening
- * once per group instead of once per block halves the multiply-port work. */
-#define I8_GROUP(BITS) ((BITS) == 2 ? 16 : (BITS) == 4 ? 8 : 1)
+ * [-3840, 3810] and a block gives two per lane, so 4 blocks fit; a 2-bit pair sum lies in
+ * [-768, 762] and a block gives four, so 8 fit. Widening once per group instead of once per
+ * maddubs halves the multiply-port work. */
+#define I8_GROUP(BITS) ((BITS) == 2 ? 8 : (BITS) == 4 ? 4 : 1)
 
 /* acc[r][t] += the dot of nb blocks of weight row r (from wrow[r]) and prepared activation row t
  * (from xrow[t]). */
@@ -110,18 +108,23 @@ INLINE void i8_blocks(__m256i acc[MAX_RO][MAX_RT], const uint8_t *const wrow[MAX
     const __m256i ones = _mm256_set1_epi16(1);
     if (BITS == 8) {
         for (int b = 0; b < nb; b++) {
-            __m256i wa[MAX_RO], unused;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i wa[MAX_RO];
 #pragma GCC unroll 4
-            for (int r = 0; r < RO; r++) i8_unpack(wrow[r] + (size_t)b * 16, &wa[r], &unused, 8);
+                for (int r = 0; r < RO; r++)
+                    wa[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wrow[r] + (size_t)b * I8_BLOCK + 16 * h)));
 #pragma GCC unroll 4
-            for (int t = 0; t < RT; t++) {
-                __m256i x = _mm256_loadu_si256((const __m256i *)(xrow[t] + (size_t)b * xb));
+                for (int t = 0; t < RT; t++) {
+                    __m256i x = _mm256_load_si256((const __m256i *)(xrow[t] + (size_t)b * xb + 32 * h));
 #pragma GCC unroll 4
-                for (int r = 0; r < RO; r++) acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(wa[r], x));
+                    for (int r = 0; r < RO; r++) acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(wa[r], x));
+                }
             }
         }
         return;
     }
+    const int fields = BITS == 2 ? 4 : 2;
     for (int g = 0; g < nb; g += I8_GROUP(BITS)) {
         int ge = nb - g > I8_GROUP(BITS) ? g + I8_GROUP(BITS) : nb;
         __m256i s16[MAX_RO][MAX_RT];
@@ -131,19 +134,16 @@ INLINE void i8_blocks(__m256i acc[MAX_RO][MAX_RT], const uint8_t *const wrow[MAX
             for (int t = 0; t < RT; t++) s16[r][t] = _mm256_setzero_si256();
         }
         for (int b = g; b < ge; b++) {
-            __m256i wa[MAX_RO], wb[MAX_RO];
 #pragma GCC unroll 4
-            for (int r = 0; r < RO; r++) i8_unpack(wrow[r] + (size_t)b * 16, &wa[r], &wb[r], BITS);
+            for (int f = 0; f < fields; f++) {
+                __m256i wf[MAX_RO];
 #pragma GCC unroll 4
-            for (int t = 0; t < RT; t++) {
-                const uint8_t *xp = xrow[t] + (size_t)b * xb;
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)xp);
+                for (int r = 0; r < RO; r++) wf[r] = i8_field(wrow[r] + (size_t)b * I8_BLOCK, f, BITS);
 #pragma GCC unroll 4
-                for (int r = 0; r < RO; r++) s16[r][t] = _mm256_add_epi16(s16[r][t], _mm256_maddubs_epi16(wa[r], x0));
-                if (BITS == 2) {
-                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xp + 32));
+                for (int t = 0; t < RT; t++) {
+                    __m256i x = _mm256_load_si256((const __m256i *)(xrow[t] + (size_t)b * xb + 32 * f));
 #pragma GCC unroll 4
-                    for (int r = 0; r < RO; r++) s16[r][t] = _mm256_add_epi16(s16[r][t], _mm256_maddubs_epi16(wb[r], x1));
+                    for (int r = 0; r < RO; r++) s16[r][t] = _mm256_add_epi16(s16[r][t], _mm256_maddubs_epi16(wf[r], x));
                 }
             }
         }
@@ -161,7 +161,7 @@ INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO
     const uint8_t *wrow[MAX_RO], *xrow[MAX_RT];
 #pragma GCC unroll 4
     for (int r = 0; r < RO; r++) {
-        wrow[r] = w->w + (size_t)(o + r) * w->row_bytes + (size_t)j->kb0 * 16;
+        wrow[r] = w->w + (size_t)(o + r) * w->row_bytes + (size_t)j->kb0 * I8_BLOCK;
 #pragma GCC unroll 4
         for (int t = 0; t < RT; t++) acc[r][t] = _mm256_setzero_si256();
     }
@@ -172,12 +172,12 @@ INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO
     if (j->tail && j->kb1 > j->nfull) {
         /* The last row of a tensor may end anywhere: copy the partial block instead of reading
          * past it. Whatever sits in the copy's padding meets zero activations. */
-        uint8_t buf[MAX_RO][16];
+        uint8_t buf[MAX_RO][I8_BLOCK];
         const uint8_t *trow[MAX_RO], *xtail[MAX_RT];
 #pragma GCC unroll 4
         for (int r = 0; r < RO; r++) {
-            memset(buf[r], 0, 16);
-            memcpy(buf[r], w->w + (size_t)(o + r) * w->row_bytes + (size_t)j->nfull * 16, (size_t)j->tail);
+            memset(buf[r], 0, I8_BLOCK);
+            memcpy(buf[r], w->w + (size_t)(o + r) * w->row_bytes + (size_t)j->nfull * I8_BLOCK, (size_t)j->tail);
             trow[r] = buf[r];
         }
 #pragma GCC unroll 4
@@ -224,7 +224,7 @@ static void i8_rows(void *ctx, int o0, int o1) {
     int kb_total = j->nfull + (j->tail ? 1 : 0);
     int ks = j->n == 1 ? kb_total : (int)(16384 / (MAX_RT * i8_block_xbytes(bits)));
     if (ks >= kb_total) ks = kb_total;
-    int chunk = chunk_rows((size_t)ks * 16);
+    int chunk = chunk_rows((size_t)ks * I8_BLOCK);
     i8_job js = *j;
     for (int ob = o0; ob < o1; ob += chunk) {
         int oe = o1 - ob > chunk ? ob + chunk : o1;
@@ -245,44 +245,130 @@ static void i8_rows(void *ctx, int o0, int o1) {
     }
 }
 
+/* One activation row (decode): each weight row is streamed on its own, front to back, so a
+ * thread reads one contiguous run of memory; two int16 sums (even and odd blocks) keep two add
+ * chains in flight, and a prefetch runs I8_PREFETCH bytes ahead of the loads. Interleaving
+ * several rows instead (RO > 1) turns one stream into several and measured slower from DRAM. */
+#define I8_PREFETCH 2048
+/* A prefetch hint some way past p (never faults, so it may run past the end of the weights; the
+ * address is formed as an integer since it may lie outside the object). */
+INLINE void prefetch_ahead(const uint8_t *p, size_t ahead) {
+    _mm_prefetch((const char *)(uintptr_t)((uintptr_t)p + ahead), _MM_HINT_T0);
+}
+INLINE __m256i i8_row1_pair(const uint8_t *p, const uint8_t *x, __m256i s, const int BITS) {
+    const int fields = BITS == 2 ? 4 : 2;
+#pragma GCC unroll 4
+    for (int f = 0; f < fields; f++)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(i8_field(p, f, BITS), _mm256_load_si256((const __m256i *)(x + 32 * f))));
+    return s;
+}
+
+/* Sum over blocks [0, nb) of one weight row against one prepared activation row. */
+INLINE __m256i i8_row1(const uint8_t *w, const uint8_t *x, int nb, const int BITS) {
+    const size_t xb = i8_block_xbytes(BITS);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    if (BITS == 8) {
+        __m256i acc1 = _mm256_setzero_si256();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *p = w + (size_t)b * I8_BLOCK;
+            if ((b & 1) == 0) prefetch_ahead(p, I8_PREFETCH);
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w0, _mm256_load_si256((const __m256i *)(x + (size_t)b * xb))));
+            acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(w1, _mm256_load_si256((const __m256i *)(x + (size_t)b * xb + 32))));
+        }
+        return _mm256_add_epi32(acc, acc1);
+    }
+    /* I8_GROUP blocks per int16 sum, shared between the two chains (even and odd blocks) */
+    const int group = 2 * I8_GROUP(BITS);
+    for (int g = 0; g < nb; g += group) {
+        int ge = nb - g > group ? g + group : nb;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        int b = g;
+        for (; b + 2 <= ge; b += 2) {
+            const uint8_t *p = w + (size_t)b * I8_BLOCK;
+            prefetch_ahead(p, I8_PREFETCH);
+            s0 = i8_row1_pair(p, x + (size_t)b * xb, s0, BITS);
+            s1 = i8_row1_pair(p + I8_BLOCK, x + (size_t)(b + 1) * xb, s1, BITS);
+        }
+        if (b < ge) s0 = i8_row1_pair(w + (size_t)b * I8_BLOCK, x + (size_t)b * xb, s0, BITS);
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones)));
+    }
+    return acc;
+}
+
+INLINE void i8_rows1_bits(const i8_job *j, int o0, int o1, const int BITS) {
+    const g4_qweight *w = j->w;
+    const uint8_t *x = j->xp;
+    const uint32_t corr = j->corr[0];
+    for (int o = o0; o < o1; o++) {
+        const uint8_t *row = w->w + (size_t)o * w->row_bytes;
+        __m256i acc = i8_row1(row, x, j->nfull, BITS);
+        if (j->tail) {
+            uint8_t buf[I8_BLOCK] = {0};
+            memcpy(buf, row + (size_t)j->nfull * I8_BLOCK, (size_t)j->tail);
+            acc = _mm256_add_epi32(acc, i8_row1(buf, x + (size_t)j->nfull * i8_block_xbytes(BITS), 1, BITS));
+        }
+        j->acc[o] = (int32_t)((uint32_t)hsum_i32(acc) - corr);
+    }
+}
+
+static void i8_rows1(void *ctx, int o0, int o1) {
+    const i8_job *j = ctx;
+    if (j->w->bits == 2) i8_rows1_bits(j, o0, o1, 2);
+    else if (j->w->bits == 4) i8_rows1_bits(j, o0, o1, 4);
+    else i8_rows1_bits(j, o0, o1, 8);
+}
+
 /* One prepared block from `elems` activations at x (fewer than a whole block only at the end of a
  * row: the rest is zero). Returns sum(x) over the block. */
 INLINE int32_t i8_prepare_block(const int8_t *x, int elems, uint8_t *out, const int BITS) {
-    const int full = BITS == 2 ? 64 : BITS == 4 ? 32 : 16;
-    int8_t tmp[64];
+    const int full = BITS == 2 ? 128 : BITS == 4 ? 64 : 32;
+    int8_t tmp[128];
     if (elems < full) {
         memset(tmp, 0, sizeof tmp);
         memcpy(tmp, x, (size_t)elems);
         x = tmp;
     }
     if (BITS == 8) {
-        _mm256_storeu_si256((__m256i *)out, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x)));
+        _mm256_store_si256((__m256i *)out, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x)));
+        _mm256_store_si256((__m256i *)(out + 32), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x + 16))));
         return 0; /* no offset correction for signed codes */
     }
     /* sum of (x + 128) over each 8 bytes, from which 128 per element is taken back below */
     const __m256i bias = _mm256_set1_epi8((char)0x80);
-    __m256i v0 = _mm256_loadu_si256((const __m256i *)x), sums;
+    __m256i sums = _mm256_setzero_si256();
     if (BITS == 4) {
-        /* per lane [evens | odds], then the two lanes' evens together and odds together */
+        /* per 16 bytes [evens | odds]; qwords then ordered evens, evens, odds, odds */
         const __m256i sh = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                             0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-        __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v0, sh), 0xD8);
-        _mm256_storeu_si256((__m256i *)out, p);
-        sums = _mm256_sad_epu8(_mm256_xor_si256(v0, bias), _mm256_setzero_si256());
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)x), v1 = _mm256_loadu_si256((const __m256i *)(x + 32));
+        __m256i a = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v0, sh), 0xD8);
+        __m256i b = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v1, sh), 0xD8);
+        _mm256_store_si256((__m256i *)out, _mm256_permute2x128_si256(a, b, 0x20));
+        _mm256_store_si256((__m256i *)(out + 32), _mm256_permute2x128_si256(a, b, 0x31));
+        sums = _mm256_add_epi64(_mm256_sad_epu8(_mm256_xor_si256(v0, bias), _mm256_setzero_si256()),
+                                _mm256_sad_epu8(_mm256_xor_si256(v1, bias), _mm256_setzero_si256()));
     } else {
-        /* per 16-byte chunk c: dwords [field 0 | 1 | 2 | 3] of c; then a 4x4 dword transpose
-         * gathers field f of the chunks 0..3 into 16 consecutive bytes */
-        __m256i v1 = _mm256_loadu_si256((const __m256i *)(x + 32));
+        /* per 16 bytes: dwords [field 0 | 1 | 2 | 3]; then per vector qwords [field 0 | 1 | 2 | 3]
+         * (each 8 bytes: 16 elements' worth of one field), and a 4x4 qword transpose across the
+         * four vectors gathers field f of all 128 elements into 32 consecutive bytes */
         const __m256i sh = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                                             0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        __m256i a = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v0, sh), idx);
-        __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v1, sh), idx);
-        __m256i lo = _mm256_unpacklo_epi64(a, b), hi = _mm256_unpackhi_epi64(a, b);
-        _mm256_storeu_si256((__m256i *)out, _mm256_permute2x128_si256(lo, hi, 0x20));
-        _mm256_storeu_si256((__m256i *)(out + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
-        sums = _mm256_add_epi64(_mm256_sad_epu8(_mm256_xor_si256(v0, bias), _mm256_setzero_si256()),
-                                _mm256_sad_epu8(_mm256_xor_si256(v1, bias), _mm256_setzero_si256()));
+        __m256i v[4], p[4];
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_si256((const __m256i *)(x + 32 * k));
+            p[k] = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v[k], sh), idx);
+            sums = _mm256_add_epi64(sums, _mm256_sad_epu8(_mm256_xor_si256(v[k], bias), _mm256_setzero_si256()));
+        }
+        __m256i lo01 = _mm256_unpacklo_epi64(p[0], p[1]), hi01 = _mm256_unpackhi_epi64(p[0], p[1]);
+        __m256i lo23 = _mm256_unpacklo_epi64(p[2], p[3]), hi23 = _mm256_unpackhi_epi64(p[2], p[3]);
+        _mm256_store_si256((__m256i *)out, _mm256_permute2x128_si256(lo01, lo23, 0x20));
+        _mm256_store_si256((__m256i *)(out + 32), _mm256_permute2x128_si256(hi01, hi23, 0x20));
+        _mm256_store_si256((__m256i *)(out + 64), _mm256_permute2x128_si256(lo01, lo23, 0x31));
+        _mm256_store_si256((__m256i *)(out + 96), _mm256_permute2x128_si256(hi01, hi23, 0x31));
     }
     __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
     s2 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
@@ -292,7 +378,7 @@ INLINE int32_t i8_prepare_block(const int8_t *x, int elems, uint8_t *out, const 
 /* Permutes and pads the activation rows into the block layout described above. */
 INLINE void i8_prepare_rows(const int8_t *x, int n, int in, size_t nblk, uint8_t *xp, size_t xstride, uint32_t *corr,
                             const int BITS) {
-    const int full = BITS == 2 ? 64 : BITS == 4 ? 32 : 16;
+    const int full = BITS == 2 ? 128 : BITS == 4 ? 64 : 32;
     for (int t = 0; t < n; t++) {
         const int8_t *xt = x + (size_t)t * in;
         uint8_t *pt = xp + (size_t)t * xstride;
@@ -324,11 +410,11 @@ static void avx2_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t 
         return;
     }
     size_t pb = g4_packed_row_bytes(bits, (size_t)w->in);
-    size_t nblk = (pb + 15) / 16;
+    size_t nblk = (pb + I8_BLOCK - 1) / I8_BLOCK;
     size_t xstride = nblk * i8_block_xbytes(bits);
-    /* xstride is a multiple of 32, so on a 32-byte aligned buffer no activation load splits a
-     * cache line */
-    uint8_t *xp = aligned_alloc(32, (size_t)n * xstride + 32);
+    /* xstride is a multiple of 64, so on a 64-byte aligned buffer every activation load is
+     * aligned */
+    uint8_t *xp = aligned_alloc(64, (size_t)n * xstride + 64);
     uint32_t *corr = malloc(sizeof *corr * (size_t)n);
     if (!xp || !corr) {
         free(xp);
@@ -338,8 +424,8 @@ static void avx2_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t 
     }
     i8_prepare(x, n, w->in, bits, nblk, xp, xstride, corr);
     i8_job j = {.w = w, .n = n, .xp = xp, .xstride = xstride, .corr = corr,
-                .nfull = (int)(pb / 16), .tail = (int)(pb % 16), .acc = acc};
-    g4_pool_for(w->out, MAX_RO, macs(w, n), i8_rows, &j);
+                .nfull = (int)(pb / I8_BLOCK), .tail = (int)(pb % I8_BLOCK), .acc = acc};
+    g4_pool_for(w->out, MAX_RO, macs(w, n), n == 1 ? i8_rows1 : i8_rows, &j);
     free(xp);
     free(corr);
 }
@@ -370,14 +456,18 @@ INLINE __m256 load8_w(const uint8_t *row, int i, const int BITS) {
 }
 
 /* Sixteen 2-bit weights from element i (a multiple of 16): one 4-byte broadcast feeds both
- * halves. */
-INLINE void load16_w2(const uint8_t *row, int i, __m256 *lo, __m256 *hi) {
+ * halves. The table lookup is vpermilps (index bits [1:0] within each 128-bit half), which
+ * measured faster on AMD Zen 3, or vpermps (bits [2:0]), faster on Intel; both read the same
+ * table, so they give the same weights. */
+INLINE void load16_w2(const uint8_t *row, int i, __m256 *lo, __m256 *hi, const int PERMPS) {
     uint32_t v;
     memcpy(&v, row + i / 4, 4);
     __m256i b = _mm256_set1_epi32((int)v);
     const __m256 table = _mm256_setr_ps(-2, -1, 0, 1, -2, -1, 0, 1);
-    *lo = _mm256_permutevar8x32_ps(table, _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)));
-    *hi = _mm256_permutevar8x32_ps(table, _mm256_srlv_epi32(b, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)));
+    __m256i ilo = _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    __m256i ihi = _mm256_srlv_epi32(b, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30));
+    *lo = PERMPS ? _mm256_permutevar8x32_ps(table, ilo) : _mm256_permutevar_ps(table, ilo);
+    *hi = PERMPS ? _mm256_permutevar8x32_ps(table, ihi) : _mm256_permutevar_ps(table, ihi);
 }
 
 /* g4_reduce8 on the lanes: (a0+a4, a1+a5, a2+a6, a3+a7), then (s0+s2) + (s1+s3). */
@@ -394,7 +484,9 @@ typedef struct {
     float *y;
 } f32_job;
 
-INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int RO, const int RT) {
+/* BITS 3 is the 2-bit format unpacked with vpermps instead of vpermilps (see load16_w2). */
+INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS3, const int RO, const int RT) {
+    const int BITS = BITS3 == 3 ? 2 : BITS3;
     const g4_qweight *w = j->w;
     const int in = w->in;
     __m256 acc[MAX_RO][MAX_RT], wf[MAX_RO];
@@ -415,7 +507,7 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
 #pragma GCC unroll 4
             for (int r = 0; r < RO; r++) {
                 __m256 lo, hi;
-                load16_w2(row[r], i, &lo, &hi);
+                load16_w2(row[r], i, &lo, &hi, BITS3 == 3);
 #pragma GCC unroll 4
                 for (int t = 0; t < RT; t++) {
                     acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_loadu_ps(xt[t] + i), lo));
@@ -471,6 +563,21 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
 }
 
 static void f32_tile_2(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 2) }
+static void f32_tile_2p(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 3) }
+
+/* Which 2-bit lookup runs (load16_w2): -1 until chosen, then 1 for vpermps (Intel), 0 for
+ * vpermilps. */
+static atomic_int f32_2bit_permps = -1;
+
+static int use_2bit_permps(void) {
+    int v = atomic_load_explicit(&f32_2bit_permps, memory_order_relaxed);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_is("intel") ? 1 : 0;
+        atomic_store_explicit(&f32_2bit_permps, v, memory_order_relaxed);
+    }
+    return v;
+}
 static void f32_tile_4(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 4) }
 static void f32_tile_8(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 8) }
 static void f32_tile_16(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 16) }
@@ -479,7 +586,7 @@ static void f32_rows(void *ctx, int o0, int o1) {
     const f32_job *j = ctx;
     int bits = j->w->bits;
     void (*tile)(const f32_job *, int, int, int, int) =
-        bits == 2 ? f32_tile_2 : bits == 4 ? f32_tile_4 : bits == 8 ? f32_tile_8 : f32_tile_16;
+        bits == 2 ? (use_2bit_permps() ? f32_tile_2p : f32_tile_2) : bits == 4 ? f32_tile_4 : bits == 8 ? f32_tile_8 : f32_tile_16;
     int chunk = chunk_rows(j->w->row_bytes);
     for (int ob = o0; ob < o1; ob += chunk) {
         int oe = o1 - ob > chunk ? ob + chunk : o1;
@@ -505,6 +612,332 @@ static void avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y
     g4_pool_for(w->out, MAX_RO, macs(w, n), f32_rows, &j);
 }
 
+/* ------------------------------------------------------------------ elementwise ------------ */
+
+/* v clamped to [-128, 127] (NaN to 127, as the reference's comparison order gives), then rounded
+ * to int32: vcvtps2dq rounds to nearest even in the default MXCSR mode, which is the reference's
+ * half-even rule; clamping first is the same as clamping after since the bounds are integers. */
+INLINE __m256i quant8(__m256 v) {
+    v = _mm256_min_ps(v, _mm256_set1_ps(127.0f)); /* minps returns the second operand for NaN */
+    v = _mm256_max_ps(v, _mm256_set1_ps(-128.0f));
+    return _mm256_cvtps_epi32(v);
+}
+
+/* The quantizer's x / s (or x * (1/s)) of 8 values. */
+INLINE __m256 quant_scaled(const g4_quantizer *q, __m256 x) {
+    return q->qdiv == G4_QDIV_DIV ? _mm256_div_ps(x, _mm256_set1_ps(q->scale)) : _mm256_mul_ps(x, _mm256_set1_ps(q->inv_scale));
+}
+
+/* The vector paths cover the default rules only: half-even rounding and zero point 0. */
+static int quant_vectorizable(const g4_quantizer *q) { return q->round == G4_ROUND_HALF_EVEN && q->zero_point == 0; }
+
+static void avx2_quantize(const g4_quantizer *q, const float *x, size_t n, int8_t *codes) {
+    if (!quant_vectorizable(q)) {
+        g4_ref_quantize(q, x, n, codes);
+        return;
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i c0 = quant8(quant_scaled(q, _mm256_loadu_ps(x + i)));
+        __m256i c1 = quant8(quant_scaled(q, _mm256_loadu_ps(x + i + 8)));
+        __m256i c2 = quant8(quant_scaled(q, _mm256_loadu_ps(x + i + 16)));
+        __m256i c3 = quant8(quant_scaled(q, _mm256_loadu_ps(x + i + 24)));
+        /* in range already, so the saturating packs are exact; they interleave 128-bit lanes */
+        __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+        _mm256_storeu_si256((__m256i *)(codes + i), _mm256_permutevar8x32_epi32(b, order));
+    }
+    g4_ref_quantize(q, x + i, n - i, codes + i);
+}
+
+static void avx2_fake_quant(const g4_quantizer *q, float *x, size_t n) {
+    if (!quant_vectorizable(q) || q->scale == 0) {
+        g4_ref_fake_quant(q, x, n);
+        return;
+    }
+    const __m256 s = _mm256_set1_ps(q->scale);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_cvtepi32_ps(quant8(quant_scaled(q, _mm256_loadu_ps(x + i)))), s));
+    g4_ref_fake_quant(q, x + i, n - i);
+}
+
+static void avx2_requant_f32(const int32_t *acc, int n, int out, const float *m32, float s_out, float *y) {
+    const __m256 so = _mm256_set1_ps(s_out);
+    for (int t = 0; t < n; t++) {
+        const int32_t *a = acc + (size_t)t * out;
+        float *yt = y + (size_t)t * out;
+        int o = 0;
+        for (; o + 8 <= out; o += 8) {
+            /* (float)acc rounds to nearest even, as vcvtdq2ps does */
+            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a + o))), _mm256_loadu_ps(m32 + o));
+            _mm256_storeu_ps(yt + o, _mm256_mul_ps(_mm256_cvtepi32_ps(quant8(v)), so));
+        }
+        for (; o < out; o++) yt[o] = g4_dequantize(g4_requantize_f32(a[o], m32[o]), s_out, 0);
+    }
+}
+
+static void avx2_acc_scale(const int32_t *acc, int n, int out, float s_in, const float *w_scale, float *y) {
+    const __m256 si = _mm256_set1_ps(s_in);
+    for (int t = 0; t < n; t++) {
+        const int32_t *a = acc + (size_t)t * out;
+        float *yt = y + (size_t)t * out;
+        int o = 0;
+        for (; o + 8 <= out; o += 8) {
+            __m256 m = _mm256_mul_ps(si, _mm256_loadu_ps(w_scale + o));
+            _mm256_storeu_ps(yt + o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a + o))), m));
+        }
+        for (; o < out; o++) yt[o] = (float)a[o] * (s_in * w_scale[o]);
+    }
+}
+
+/* gelu of the 256 values code * scale: a dequantized linear output takes only those values, so
+ * one libm tanhf per code serves every element (the element's own call would return the same
+ * bits). Tables are kept per scale (its bits; direct-mapped), and copied out under the lock. */
+#define GELU_SLOTS 128
+static struct {
+    uint32_t key; /* scale bits; 0 = empty (scale 0 never gets a table) */
+    float v[256];
+} gelu_cache[GELU_SLOTS];
+static pthread_mutex_t gelu_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void gelu_table_for(float scale, float table[256]) {
+    uint32_t key;
+    memcpy(&key, &scale, 4);
+    unsigned slot = (key ^ key >> 9 ^ key >> 18) % GELU_SLOTS;
+    pthread_mutex_lock(&gelu_mu);
+    int hit = gelu_cache[slot].key == key;
+    if (hit) memcpy(table, gelu_cache[slot].v, sizeof gelu_cache[slot].v);
+    pthread_mutex_unlock(&gelu_mu);
+    if (hit) return;
+    for (int c = -128; c < 128; c++) table[c + 128] = g4_gelu_tanh((float)c * scale);
+    pthread_mutex_lock(&gelu_mu);
+    gelu_cache[slot].key = key;
+    memcpy(gelu_cache[slot].v, table, sizeof gelu_cache[slot].v);
+    pthread_mutex_unlock(&gelu_mu);
+}
+
+static void avx2_gelu_mul(float *g, const float *m, size_t n, float scale) {
+    if (!(scale > 0) || !(scale < INFINITY) || n < 64) {
+        g4_portable_gelu_mul(g, m, n, scale);
+        return;
+    }
+    float table_buf[256];
+    gelu_table_for(scale, table_buf);
+    const float *table = table_buf + 128;
+    const __m256 s = _mm256_set1_ps(scale), inv = _mm256_set1_ps(1.0f / scale);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(g + i);
+        __m256i c = quant8(_mm256_mul_ps(v, inv)); /* a guess at the code, checked below */
+        __m256i same = _mm256_cmpeq_epi32(_mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(c), s)), _mm256_castps_si256(v));
+        __m256 r = _mm256_mul_ps(_mm256_i32gather_ps(table, c, 4), _mm256_loadu_ps(m + i));
+        if (_mm256_movemask_ps(_mm256_castsi256_ps(same)) == 0xFF) {
+            _mm256_storeu_ps(g + i, r);
+        } else {
+            float rv[8];
+            int ok = _mm256_movemask_ps(_mm256_castsi256_ps(same));
+            _mm256_storeu_ps(rv, r);
+            for (int k = 0; k < 8; k++) g[i + k] = ok >> k & 1 ? rv[k] : g4_gelu_tanh(g[i + k]) * m[i + k];
+        }
+    }
+    g4_ref_gelu_mul(g + i, m + i, n - i);
+}
+
+/* ------------------------------------------------------------------ attention -------------- */
+
+/* Each work item is heads [h0, h0 + H) of one query row, all reading the same KV head, so a K or
+ * V row is loaded and converted once for the H heads. Every score, weight and output element is
+ * computed exactly as the reference does: the dots in the 8-lane order (one vector lane per
+ * reference lane), the softmax in scalar code with libm expf, and each output element summed over
+ * positions in order (one lane per element). */
+typedef struct {
+    const g4_attn *a;
+    int per;   /* heads per item */
+    int parts; /* items per (row, KV head) */
+} attn_job;
+
+/* Rows of V summed per pass over the output, so that they stay in L1 across the head dim. */
+#define ATTN_VBLOCK 16384
+
+/* Dot of 8-lane accumulator `acc` finished with the head dim's tail (elements hd8 .. hd - 1). */
+INLINE float attn_finish(__m256 acc, const float *q, const int8_t *kq, const float *kf, int hd8, int hd) {
+    if (hd8 == hd) return reduce8_ps(acc);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int i = hd8; i < hd; i++) lanes[i & 7] += q[i] * (kq ? (float)kq[i] : kf[i]);
+    return g4_reduce8(lanes);
+}
+
+INLINE __m256 load8_kv(const int8_t *q8, const float *f, int d) {
+    return q8 ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q8 + d)))) : _mm256_loadu_ps(f + d);
+}
+
+/* Scores of positions [j, j + PJ) (relative to lo) for the H heads at q: PJ x H independent
+ * accumulators, so the add latency is hidden and each K row is converted once for the H heads. */
+INLINE void attn_scores(const g4_attn *a, const g4_attn_row *c, const float *q, size_t off, int j, int count, float *scores,
+                        const int H, const int PJ) {
+    const int hd = a->head_dim, hd8 = hd & ~7;
+    const int8_t *kq[8];
+    const float *kf[8];
+    __m256 acc[8][8];
+#pragma GCC unroll 8
+    for (int p = 0; p < PJ; p++) {
+        size_t row = (size_t)(c->lo + j + p) * (size_t)a->kv_width + off;
+        kq[p] = c->kq ? c->kq + row : NULL;
+        kf[p] = c->kq ? NULL : c->kf + row;
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) acc[p][h] = _mm256_setzero_ps();
+    }
+    for (int d = 0; d < hd8; d += 8) {
+        __m256 k[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < PJ; p++) k[p] = load8_kv(kq[p], kf[p], d);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            __m256 qv = _mm256_loadu_ps(q + (size_t)h * hd + d);
+#pragma GCC unroll 8
+            for (int p = 0; p < PJ; p++) acc[p][h] = _mm256_add_ps(acc[p][h], _mm256_mul_ps(qv, k[p]));
+        }
+    }
+#pragma GCC unroll 8
+    for (int p = 0; p < PJ; p++) {
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            float dot = attn_finish(acc[p][h], q + (size_t)h * hd, kq[p], kf[p], hd8, hd);
+            scores[(size_t)h * count + j + p] = kq[p] ? c->k_scale * dot : dot;
+        }
+    }
+}
+
+/* out[h][d .. d + 8 DC) over positions [j0, j1) for the H heads: H x DC accumulators, each V row
+ * converted once for the H heads. The first block starts from +0, later ones from out; the last
+ * one applies v_scale. */
+INLINE void attn_values(const g4_attn_row *c, size_t stride, size_t off, const float *scores, int count, float *out, int hd,
+                        int j0, int j1, int d, const int H, const int DC) {
+    __m256 o[8][8];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++) {
+#pragma GCC unroll 8
+        for (int k = 0; k < DC; k++) o[h][k] = j0 ? _mm256_loadu_ps(out + (size_t)h * hd + d + 8 * k) : _mm256_setzero_ps();
+    }
+    for (int j = j0; j < j1; j++) {
+        size_t row = (size_t)(c->lo + j) * stride + off;
+        __m256 v[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < DC; k++) v[k] = load8_kv(c->vq ? c->vq + row : NULL, c->vq ? NULL : c->vf + row, d + 8 * k);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            __m256 w = _mm256_broadcast_ss(scores + (size_t)h * count + j);
+#pragma GCC unroll 8
+            for (int k = 0; k < DC; k++) o[h][k] = _mm256_add_ps(o[h][k], _mm256_mul_ps(w, v[k]));
+        }
+    }
+    int last = j1 == count;
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++) {
+#pragma GCC unroll 8
+        for (int k = 0; k < DC; k++) {
+            __m256 r = last && c->vq ? _mm256_mul_ps(o[h][k], _mm256_set1_ps(c->v_scale)) : o[h][k];
+            _mm256_storeu_ps(out + (size_t)h * hd + d + 8 * k, r);
+        }
+    }
+}
+
+/* PJ positions per score pass and DC 8-wide column groups per value pass: at least 4 independent
+ * accumulators for any H, at most 8 (16 registers). */
+#define ATTN_PJ(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
+#define ATTN_DC(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
+
+INLINE void attn_heads(const g4_attn *a, int t, int h0, float *scores, const int H) {
+    const g4_attn_row *c = &a->rows[t];
+    const int hd = a->head_dim, hd8 = hd & ~7, count = c->hi - c->lo + 1;
+    const size_t off = (size_t)(h0 / a->group) * hd, stride = (size_t)a->kv_width;
+    const float *q = a->q + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
+    float *out = a->out + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
+    /* scores */
+    int j = 0;
+    for (; j + ATTN_PJ(H) <= count; j += ATTN_PJ(H)) attn_scores(a, c, q, off, j, count, scores, H, ATTN_PJ(H));
+    for (; j < count; j++) attn_scores(a, c, q, off, j, count, scores, H, 1);
+    /* softmax weights, as the reference: max, expf, the sum in order, then e / sum */
+    for (int h = 0; h < H; h++) {
+        float *sc = scores + (size_t)h * count, mx = -INFINITY, sum = 0;
+        for (int i = 0; i < count; i++)
+            if (sc[i] > mx) mx = sc[i];
+        for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
+        int i = 0;
+        for (; i + 8 <= count; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(sum)));
+        for (; i < count; i++) sc[i] = sc[i] / sum;
+    }
+    /* out = sum of weight * V row, position by position, a block of V rows at a time */
+    int jblock = (int)(ATTN_VBLOCK / ((size_t)hd * (c->vq ? 1 : 4)));
+    if (jblock < 1) jblock = 1;
+    for (int j0 = 0; j0 < count; j0 += jblock) {
+        int j1 = count - j0 > jblock ? j0 + jblock : count;
+        int d = 0;
+        for (; d + 8 * ATTN_DC(H) <= hd8; d += 8 * ATTN_DC(H))
+            attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
+        for (; d < hd8; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
+        for (int h = 0; h < H; h++)
+            for (d = hd8; d < hd; d++) {
+                float *od = out + (size_t)h * hd + d, acc = j0 ? *od : 0.0f;
+                for (int i = j0; i < j1; i++) {
+                    size_t row = (size_t)(c->lo + i) * stride + off + (size_t)d;
+                    float w = scores[(size_t)h * count + i];
+                    acc += c->vq ? w * (float)c->vq[row] : w * c->vf[row];
+                }
+                *od = j1 == count && c->vq ? acc * c->v_scale : acc;
+            }
+    }
+}
+
+static void attn_items(void *ctx, int b, int e) {
+    const attn_job *job = ctx;
+    const g4_attn *a = job->a;
+    int n_kv = a->n_heads / a->group, most = 1;
+    for (int i = b; i < e; i++) {
+        const g4_attn_row *r = &a->rows[i / (n_kv * job->parts)];
+        if (r->hi - r->lo + 1 > most) most = r->hi - r->lo + 1;
+    }
+    float *scores = malloc(sizeof *scores * (size_t)most * (size_t)job->per);
+    for (int i = b; i < e; i++) {
+        int t = i / (n_kv * job->parts), g = i / job->parts % n_kv, part = i % job->parts;
+        int h0 = g * a->group + part * job->per, h1 = h0 + job->per;
+        if (h1 > (g + 1) * a->group) h1 = (g + 1) * a->group;
+        if (!scores) { /* out of memory: the reference recomputes what it cannot keep */
+            for (int h = h0; h < h1; h++) g4_ref_attention_head(a, t, h, NULL);
+            continue;
+        }
+        for (int h = h0; h < h1;) {
+            int k = h1 - h;
+            switch (k >= 8 ? 8 : k) {
+            case 8: attn_heads(a, t, h, scores, 8); h += 8; break;
+            case 7: case 6: case 5: case 4: attn_heads(a, t, h, scores, 4); h += 4; break;
+            case 3: case 2: attn_heads(a, t, h, scores, 2); h += 2; break;
+            default: attn_heads(a, t, h, scores, 1); h += 1; break;
+            }
+        }
+    }
+    free(scores);
+}
+
+static void avx2_attention(const g4_attn *a) {
+    if (a->n <= 0 || a->n_heads <= 0) return;
+    if (a->group <= 0 || a->n_heads % a->group) { /* not a grouped layout this file knows */
+        g4_portable_attention(a);
+        return;
+    }
+    int n_kv = a->n_heads / a->group;
+    /* enough items to share among a few threads when there is one row (decode), else whole
+     * groups, so each K/V row serves every head that reads it */
+    attn_job job = {a, a->group, 1};
+    if (a->n * n_kv < 4) {
+        job.per = a->group >= 8 ? a->group / 4 : a->group >= 2 ? a->group / 2 : 1;
+        job.parts = (a->group + job.per - 1) / job.per;
+    }
+    g4_pool_for(a->n * n_kv * job.parts, 1, g4_attention_work(a), attn_items, &job);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -515,7 +948,15 @@ const g4_kernels g4_kernels_avx2 = {
     .name = "avx2",
     .matmul_f32 = avx2_matmul_f32,
     .matmul_i8 = avx2_matmul_i8,
+    .quantize = avx2_quantize,
+    .fake_quant = avx2_fake_quant,
+    .requant_f32 = avx2_requant_f32,
+    .acc_scale = avx2_acc_scale,
+    .gelu_mul = avx2_gelu_mul,
+    .attention = avx2_attention,
 };
+
+void g4_avx2_force_2bit_lookup(int permps) { atomic_store(&f32_2bit_permps, permps < 0 ? -1 : permps ? 1 : 0); }
 
 /* Outside the target region: this runs on CPUs without AVX2. */
 int g4_avx2_supported(void) {
@@ -529,8 +970,15 @@ const g4_kernels g4_kernels_avx2 = {
     .name = "avx2",
     .matmul_f32 = g4_ref_matmul_f32,
     .matmul_i8 = g4_ref_matmul_i8,
+    .quantize = g4_ref_quantize,
+    .fake_quant = g4_ref_fake_quant,
+    .requant_f32 = g4_ref_requant_f32,
+    .acc_scale = g4_ref_acc_scale,
+    .gelu_mul = g4_portable_gelu_mul,
+    .attention = g4_portable_attention,
 };
 
 int g4_avx2_supported(void) { return 0; }
+void g4_avx2_force_2bit_lookup(int permps) { (void)permps; }
 
 #endif

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "quant/int8.h"
+
 /* A weight matrix [out, in] as stored: packed 2/4/8-bit codes with one f32 scale per output row,
  * or BF16 values (bits == 16, no scales). */
 typedef struct {
@@ -39,10 +41,64 @@ static inline float g4_reduce8(const float a[8]) {
     return (s0 + s2) + (s1 + s3);
 }
 
+/* ---- elementwise and attention operations of the forward pass ---- */
+
+/* One query row's view of its sequence's K/V cache: int8 codes with their scales (kq/vq), or f32
+ * rows (kf/vf) where kq/vq is NULL; rows are kv_width apart. It attends to positions [lo, hi]. */
+typedef struct {
+    const int8_t *kq, *vq;
+    const float *kf, *vf;
+    float k_scale, v_scale;
+    int lo, hi;
+} g4_attn_row;
+
+/* Causal softmax attention (scale 1) of n query rows [n][n_heads * head_dim] into out (same shape);
+ * head h reads KV head h / group, at offset (h / group) * head_dim of each cache row. Per head:
+ * score_j = k_scale * dot(q, k_j) (int8) or dot(q, k_j) (f32), the dot in the fixed 8-lane order;
+ * m = max score; e_j = expf(score_j - m), sum = e_lo + ... + e_hi in order; out[d] = +0, then
+ * out[d] += (e_j / sum) * v_j[d] for j = lo .. hi in order; then out[d] *= v_scale (int8 V). */
+typedef struct {
+    int n, n_heads, head_dim, kv_width, group;
+    const float *q;
+    float *out;
+    const g4_attn_row *rows; /* [n] */
+} g4_attn;
+
+/* References of the operations below (kernels/ref.c); the portable level runs them, split over
+ * the pool where they are independent per output. */
+void g4_ref_quantize(const g4_quantizer *q, const float *x, size_t n, int8_t *codes);
+void g4_ref_fake_quant(const g4_quantizer *q, float *x, size_t n);
+void g4_ref_requant_f32(const int32_t *acc, int n, int out, const float *m32, float s_out, float *y);
+void g4_ref_acc_scale(const int32_t *acc, int n, int out, float s_in, const float *w_scale, float *y);
+void g4_ref_gelu_mul(float *g, const float *m, size_t n);
+void g4_ref_attention(const g4_attn *a);
+/* One head of one row; `scores` holds hi - lo + 1 floats, or is NULL (out of memory: each score is
+ * then computed again where it is needed, which gives the same values). */
+void g4_ref_attention_head(const g4_attn *a, int t, int h, float *scores);
+
+/* gelu_pytorch_tanh: 0.5 x (1 + tanhf(0.7978845608028654 (x + 0.044715 x^3))) in f32. */
+float g4_gelu_tanh(float x);
+
+/* x[i] = cap * tanhf(x[i] / cap), split over the pool (the same libm call on every level). */
+void g4_softcap(float *x, size_t n, float cap);
+
 typedef struct {
     const char *name;
     void (*matmul_f32)(const g4_qweight *w, const float *x, int n, float *y);
     void (*matmul_i8)(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
+    /* codes[i] = g4_quantize(q, x[i]) */
+    void (*quantize)(const g4_quantizer *q, const float *x, size_t n, int8_t *codes);
+    /* x[i] = g4_fake_quantize(q, x[i]) */
+    void (*fake_quant)(const g4_quantizer *q, float *x, size_t n);
+    /* y[t][o] = g4_dequantize(g4_requantize_f32(acc[t][o], m32[o]), s_out, 0) for t < n, o < out */
+    void (*requant_f32)(const int32_t *acc, int n, int out, const float *m32, float s_out, float *y);
+    /* y[t][o] = (float)acc[t][o] * (s_in * w_scale[o]) */
+    void (*acc_scale)(const int32_t *acc, int n, int out, float s_in, const float *w_scale, float *y);
+    /* g[i] = g4_gelu_tanh(g[i]) * m[i]. `scale` may name the step of g's values (g[i] ==
+     * (float)c * scale for an int8 c, as a dequantized linear output has; 0: unknown): the result
+     * is the same either way, but a level may then reuse one gelu per code. */
+    void (*gelu_mul)(float *g, const float *m, size_t n, float scale);
+    void (*attention)(const g4_attn *a);
 } g4_kernels;
 
 /* The kernel set chosen for this CPU: the best supported level, or the one forced by

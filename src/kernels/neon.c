@@ -365,6 +365,12 @@ const g4_kernels g4_kernels_neon = {
     .name = "neon",
     .matmul_f32 = neon_matmul_f32,
     .matmul_i8 = neon_matmul_i8,
+    .quantize = g4_ref_quantize,
+    .fake_quant = g4_ref_fake_quant,
+    .requant_f32 = g4_ref_requant_f32,
+    .acc_scale = g4_ref_acc_scale,
+    .gelu_mul = g4_portable_gelu_mul,
+    .attention = g4_portable_attention,
 };
 
 int g4_neon_supported(void) { return 1; }
@@ -375,6 +381,12 @@ const g4_kernels g4_kernels_neon = {
     .name = "neon",
     .matmul_f32 = g4_ref_matmul_f32,
     .matmul_i8 = g4_ref_matmul_i8,
+    .quantize = g4_ref_quantize,
+    .fake_quant = g4_ref_fake_quant,
+    .requant_f32 = g4_ref_requant_f32,
+    .acc_scale = g4_ref_acc_scale,
+    .gelu_mul = g4_portable_gelu_mul,
+    .attention = g4_portable_attention,
 };
 
 int g4_neon_supported(void) { return 0; }

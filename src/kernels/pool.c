@@ -2,9 +2,10 @@
  * so waking threads must be cheap: idle workers poll an atomic job word for a short while before
  * sleeping on a condition variable, and the caller works on the job itself.
  *
- * A job's items are cut into a few chunks per thread that every participant claims from one
- * atomic word, so a worker the OS has not scheduled yet (2 vCPUs shared with other processes)
- * only means the caller claims more chunks; nobody waits for a thread that has not started.
+ * A job's items are cut into a few chunks per thread (more for big jobs) that every participant
+ * claims from one atomic word, so a worker the OS has not scheduled yet (2 vCPUs shared with
+ * other processes) only means the caller claims more chunks; nobody waits for a thread that has
+ * not started.
  * Which thread runs a chunk never changes its results: each item is computed by exactly one
  * thread with the same code.
  *
@@ -26,6 +27,7 @@
 
 #define MAX_THREADS 256
 #define CHUNKS_PER_THREAD 4
+#define CHUNK_WORK (double)(1 << 22)
 /* How long an idle thread keeps polling before it sleeps: long enough to cover the float work
  * between two matmuls of one decode step, short enough not to burn a core between tokens. */
 #define SPIN_NS 200000L
@@ -180,7 +182,12 @@ void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&run_mu);
         return;
     }
+    /* A few chunks per thread, and more for big jobs: a chunk is then at most about CHUNK_WORK
+     * multiply-adds, so a thread the OS deschedules holds up at most a short chunk (2 vCPUs are
+     * often shared with other processes) and the end of a job waits on little. */
+    double by_work = work / CHUNK_WORK;
     int want_chunks = nt * CHUNKS_PER_THREAD;
+    if (by_work > want_chunks) want_chunks = by_work < 0xFFFF ? (int)by_work : 0xFFFF;
     int chunk = (items + want_chunks - 1) / want_chunks;
     chunk = (chunk + grain - 1) / grain * grain;
     int chunks = (items + chunk - 1) / chunk;

@@ -88,23 +88,19 @@ static void rmsnorm_rows(float *y, const float *x, const float *w, int rows, int
     for (int r = 0; r < rows; r++) rmsnorm(y + (size_t)r * width, x + (size_t)r * width, w, width, eps);
 }
 
-static float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 /* Q(x; s) = s * clamp(round(x / s), -128, 127) in place, with the session's rounding and
  * division rules; s = 0 is the identity (an uncalibrated point). */
 static void fake_quant(const g4_session *s, float *x, size_t n, float scale) {
     if (scale == 0) return;
     g4_quantizer q;
     g4_quantizer_init(&q, scale, 0, s->round, s->qdiv); /* scales were validated at load */
-    for (size_t i = 0; i < n; i++) x[i] = g4_fake_quantize(&q, x[i]);
+    s->k->fake_quant(&q, x, n);
 }
 
 static void quantize_codes(const g4_session *s, const float *x, size_t n, float scale, int8_t *codes) {
     g4_quantizer q;
     g4_quantizer_init(&q, scale, 0, s->round, s->qdiv);
-    g4_quantize_vec(&q, x, n, codes);
+    s->k->quantize(&q, x, n, codes);
 }
 
 /* Rotate-half RoPE on one head vector: dim j pairs with j + hd/2. */
@@ -115,12 +111,6 @@ static void rope_apply(float *x, const float *cs, const float *sn, int hd) {
         x[j] = a * cs[j] - b * sn[j];
         x[j + h] = b * cs[j] + a * sn[j];
     }
-}
-
-static float dot_f32(const float *a, const float *b, int n) {
-    float acc[8] = {0};
-    for (int i = 0; i < n; i++) acc[i & 7] += a[i] * b[i];
-    return g4_reduce8(acc);
 }
 
 /* ---- session ---- */
@@ -136,14 +126,17 @@ static void linear_from_codes(g4_session *s, const g4_linear *L, const int8_t *c
     s->k->matmul_i8(&L->w, codes, n, s->acc);
     const g4_requant *rq = s->rq[L->id];
     const float *m32 = s->rq_f32[L->id];
-    for (int t = 0; t < n; t++)
-        for (int o = 0; o < out; o++) {
-            int32_t acc = s->acc[(size_t)t * out + o];
-            size_t i = (size_t)t * out + o;
-            if (m32) y[i] = g4_dequantize(g4_requantize_f32(acc, m32[o]), L->s_out, 0);
-            else if (rq) y[i] = g4_dequantize(g4_requantize(&rq[o], acc), L->s_out, 0);
-            else y[i] = (float)acc * (L->s_in * L->w.w_scale[o]); /* s_out == 0: float output */
-        }
+    if (m32) {
+        s->k->requant_f32(s->acc, n, out, m32, L->s_out, y);
+    } else if (rq) {
+        for (int t = 0; t < n; t++)
+            for (int o = 0; o < out; o++) {
+                size_t i = (size_t)t * out + o;
+                y[i] = g4_dequantize(g4_requantize(&rq[o], s->acc[i]), L->s_out, 0);
+            }
+    } else {
+        s->k->acc_scale(s->acc, n, out, L->s_in, L->w.w_scale, y); /* s_out == 0: float output */
+    }
 }
 
 /* y = Q(W Q(x; s_in); s_out) for n rows: float, fake-quant or true integer, per the session. */
@@ -293,48 +286,25 @@ static void write_kv(g4_session *s, int l, int n) {
     trace_layer(s, "v_layer%d", l, n, L->n_kv_heads, hd, s->vv);
 }
 
-static float dot_codes(const float *a, const int8_t *c, int n) {
-    float acc[8] = {0};
-    for (int i = 0; i < n; i++) acc[i & 7] += a[i] * (float)c[i];
-    return g4_reduce8(acc);
-}
-
 /* Causal softmax attention of the chunk's queries over the cache of the layer's KV source;
  * sliding layers see the last `sliding_window` positions including their own. Scale 1.0.
  * An int8 cache folds s_k into the scores and s_v into the output. */
 static void attention(g4_session *s, int l, int n) {
     const g4_layer *L = &s->m->layers[l];
     int hd = L->head_dim, nh = s->m->cfg.n_heads, kvw = L->n_kv_heads * hd, group = nh / L->n_kv_heads;
+    g4_attn_row rows[CHUNK];
     for (int t = 0; t < n; t++) {
         const kv_cache *c = kv_of(s, s->row_seq[t], L->kv_source);
         int p = s->row_pos[t];
         int lo = L->type == G4_LAYER_SLIDING ? p - s->m->cfg.sliding_window + 1 : 0;
         if (lo < 0) lo = 0;
-        for (int h = 0; h < nh; h++) {
-            const float *q = s->q + (size_t)t * nh * hd + (size_t)h * hd;
-            size_t off = (size_t)(h / group) * hd;
-            float mx = -INFINITY, sum = 0;
-            for (int j = lo; j <= p; j++) {
-                size_t row = (size_t)j * kvw + off;
-                float sc = c->kq ? c->k_scale * dot_codes(q, c->kq + row, hd) : dot_f32(q, c->kf + row, hd);
-                s->scores[j - lo] = sc;
-                if (sc > mx) mx = sc;
-            }
-            for (int j = lo; j <= p; j++) sum += s->scores[j - lo] = expf(s->scores[j - lo] - mx);
-            float *out = s->att + (size_t)t * nh * hd + (size_t)h * hd;
-            memset(out, 0, sizeof *out * (size_t)hd);
-            for (int j = lo; j <= p; j++) {
-                float w = s->scores[j - lo] / sum;
-                size_t row = (size_t)j * kvw + off;
-                if (c->vq)
-                    for (int d = 0; d < hd; d++) out[d] += w * (float)c->vq[row + d];
-                else
-                    for (int d = 0; d < hd; d++) out[d] += w * c->vf[row + d];
-            }
-            if (c->vq)
-                for (int d = 0; d < hd; d++) out[d] *= c->v_scale;
-        }
+        rows[t] = (g4_attn_row){.kq = c->kq, .vq = c->vq, .kf = c->kf, .vf = c->vf, .k_scale = c->k_scale,
+                                .v_scale = c->v_scale, .lo = lo, .hi = p};
     }
+    /* per head: scores over [lo, p], softmax, weighted sum of V (kernels.h, g4_attn) */
+    g4_attn a = {.n = n, .n_heads = nh, .head_dim = hd, .kv_width = kvw, .group = group,
+                 .q = s->q, .out = s->att, .rows = rows};
+    s->k->attention(&a);
 }
 
 static void add_normed(float *x, float *y, const float *w, int n, int H, float eps) {
@@ -370,7 +340,9 @@ static void decoder_layer(g4_session *s, int l, int n) {
     const g4_linear *gate_up[2] = {&L->gate, &L->up};
     float *gate_up_out[2] = {s->gate, s->up};
     linear_group(s, gate_up, gate_up_out, 2, s->xn, n);
-    for (size_t i = 0; i < (size_t)n * L->mlp_dim; i++) s->gate[i] = gelu_tanh(s->gate[i]) * s->up[i];
+    /* gate[i] = gelu_tanh(gate[i]) * up[i]; the gate's output step lets a level reuse one gelu
+     * per int8 code */
+    s->k->gelu_mul(s->gate, s->up, (size_t)n * L->mlp_dim, s->q_linear ? L->gate.s_out : 0);
     linear(s, &L->down, s->gate, n, s->proj);
     add_normed(s->x, s->proj, L->ln_post_ffw, n, H, eps);
     /* per-layer-input block: gate on the raw residual stream */
@@ -378,7 +350,8 @@ static void decoder_layer(g4_session *s, int l, int n) {
     for (int t = 0; t < n; t++) {
         const float *pli = s->pli + ((size_t)t * m->cfg.n_layers + l) * P;
         float *g = s->plg + (size_t)t * P;
-        for (int j = 0; j < P; j++) g[j] = gelu_tanh(g[j]) * pli[j];
+        /* g[j] = gelu_tanh(g[j]) * pli[j] */
+        s->k->gelu_mul(g, pli, (size_t)P, s->q_linear ? L->pl_gate.s_out : 0);
     }
     linear(s, &L->pl_proj, s->plg, n, s->proj);
     add_normed(s->x, s->proj, L->ln_post_pli, n, H, eps);
@@ -406,7 +379,8 @@ static void output_head(g4_session *s, int n, int first, float *logits) {
     double cap = m->cfg.final_softcap;
     if (cap > 0) {
         float fc = (float)cap;
-        for (size_t i = 0; i < (size_t)(n - first) * V; i++) logits[i] = fc * tanhf(logits[i] / fc);
+        /* logits[i] = fc * tanhf(logits[i] / fc), split across the pool */
+        g4_softcap(logits, (size_t)(n - first) * V, fc);
     }
 }
 
