@@ -153,6 +153,12 @@ static void test_errors(void) {
     free(out);
     free(err);
     expect_error("run --ids 2,3", "-m");
+    /* the KV cache is checked against the memory available before it is allocated:
+     * 8192 tokens x 224 B = 1.75 MiB, above a 1 MiB limit */
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --ctx 8192", m);
+    setenv("G4_MEMORY_LIMIT_MB", "1", 1);
+    expect_error(args, "needs 2 MiB, but only 1 MiB of memory are available");
+    unsetenv("G4_MEMORY_LIMIT_MB");
     expect_error("inspect -m /nonexistent/folder", "/nonexistent/folder");
     expect_error("inspect", "-m");
 }

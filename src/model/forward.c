@@ -531,7 +531,8 @@ static int build_requant_tables(g4_session *s) {
     return 0;
 }
 
-/* Bytes of memory the system can still give (MemAvailable), or 0 when unknown. */
+/* Bytes of memory the system can still give (MemAvailable), or 0 when unknown; the environment
+ * variable G4_MEMORY_LIMIT_MB caps it (to keep g4 within a budget on a shared machine). */
 static double available_memory(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -539,7 +540,13 @@ static double available_memory(void) {
     while (f && fgets(line, sizeof line, f))
         if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
     if (f) fclose(f);
-    return kb * 1024;
+    double bytes = kb * 1024;
+    const char *limit = getenv("G4_MEMORY_LIMIT_MB");
+    if (limit && *limit) {
+        double mb = atof(limit) * 1048576;
+        if (mb > 0 && (bytes == 0 || mb < bytes)) bytes = mb;
+    }
+    return bytes;
 }
 
 /* The KV cache's size, checked against the memory available before anything is allocated. */
