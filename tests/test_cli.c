@@ -17,12 +17,6 @@ static int run(const char *args) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-static char *slurp(const char *path) {
-    char *s;
-    if (g4_read_file(path, &s, NULL) != 0) return calloc(1, 1);
-    return s;
-}
-
 static void expect_error(const char *args, const char *fragment) {
     int rc = run(args);
     char *err = slurp(err_path);

@@ -28,12 +28,6 @@ static int sh(const char *cmd) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-static char *slurp(const char *path) {
-    char *s;
-    if (g4_read_file(path, &s, NULL) != 0) return calloc(1, 1);
-    return s;
-}
-
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     if (!f) exit(2);

@@ -15,12 +15,6 @@
 static const char *bin;
 static char tmp[256], model[600];
 
-static char *slurp(const char *path) {
-    char *s;
-    if (g4_read_file(path, &s, NULL) != 0) return calloc(1, 1);
-    return s;
-}
-
 /* Runs a shell command line; returns the exit status. */
 static int sh(const char *cmd) {
     int st = system(cmd);

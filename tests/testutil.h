@@ -55,6 +55,13 @@ static inline const float *golden_f32(const g4_safetensors *st, const char *name
     return (const float *)(const void *)t->data;
 }
 
+/* A whole file as a string; an empty string when it cannot be read (the caller's check fails). */
+static inline char *slurp(const char *path) {
+    char *s;
+    if (g4_read_file(path, &s, NULL) != 0) return calloc(1, 1);
+    return s;
+}
+
 static inline double max_abs_diff(const float *a, const float *b, int64_t n) {
     double m = 0;
     for (int64_t i = 0; i < n; i++) {

@@ -44,7 +44,7 @@ struct g4_session {
     float **rq_f32;  /* [n_linears] per-row f32 multipliers (int mode, requant f32: XNNPACK's rule) */
     kv_cache *kv;    /* [n_seq][n_layers]; empty for consumers */
     /* Per-chunk scratch. */
-    float *x, *xn, *xq, *q, *kk, *vv, *att, *proj, *gate, *up, *pli, *ple_tok, *plg, *scores;
+    float *x, *xn, *xq, *q, *kk, *vv, *att, *proj, *gate, *up, *pli, *ple_tok, *plg;
     int8_t *xcodes;
     int32_t *acc;
     float *rope_cos[2], *rope_sin[2];
@@ -619,7 +619,6 @@ static int alloc_scratch(g4_session *s) {
     ALLOC(s->pli, CHUNK * LP, &ok);
     ALLOC(s->ple_tok, CHUNK * LP, &ok);
     ALLOC(s->plg, CHUNK * c->ple_dim, &ok);
-    ALLOC(s->scores, s->o.ctx, &ok);
     for (int t = 0; t < 2; t++) {
         ALLOC(s->rope_cos[t], CHUNK * max_hd / 2, &ok);
         ALLOC(s->rope_sin[t], CHUNK * max_hd / 2, &ok);
@@ -676,7 +675,7 @@ void g4_session_free(g4_session *s) {
     free(s->rq);
     free(s->rq_f32);
     void *bufs[] = {s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
-                    s->ple_tok, s->plg, s->scores, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
+                    s->ple_tok, s->plg, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s);
 }
