@@ -34,7 +34,7 @@ TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tok
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test dispatch-test quality check clean fuzz fuzz-run
+.PHONY: all test asan-test dispatch-test neon-test quality check clean fuzz fuzz-run
 .SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
@@ -77,6 +77,56 @@ dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@for t in $^; do G4_DISPATCH=portable $$t > $$t.portable.log 2>&1 || { tail -5 $$t.portable.log; echo "$$t failed with G4_DISPATCH=portable"; exit 1; }; done
 	@echo "dispatch-portable: $$(cat $(DISPATCH_TESTS:%=$(OUT)/tests/%.portable.log) | grep -E '^[a-z_]+: [0-9]+ passed' | awk '{p+=$$2; f+=$$4} END {print p " passed, " f " failed"}')"
 
+# The NEON kernels (src/kernels/neon.c), which only an aarch64 build compiles, under qemu-user:
+# the library and NEON_TESTS cross-compiled into build/aarch64, test_kernels run as is (every level
+# this build has, bit for bit against the references), the model-level tests with
+# G4_DISPATCH=neon. Fails unless test_kernels reports the neon level available and chosen as the
+# best one, or if any test warns that G4_DISPATCH=neon fell back to another level.
+# AARCH64_DEPS holds the arm64 builds of cJSON and PCRE2 that scripts/install-deps.sh unpacks there
+# (Debian ships no static libcjson, so the binaries are dynamic: qemu runs them against the cross
+# toolchain's libc, -L below, and finds the two libraries through their rpath).
+A64_CC ?= aarch64-linux-gnu-gcc
+A64_AR ?= aarch64-linux-gnu-ar
+AARCH64_DEPS ?= /opt/g4-aarch64-deps
+A64_LIBDIR = $(AARCH64_DEPS)/usr/lib/aarch64-linux-gnu
+QEMU_AARCH64 ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
+A64_OUT = build/aarch64
+NEON_TESTS = test_kernels $(DISPATCH_TESTS)
+A64_LIB_OBJ = $(LIB_SRC:%.c=$(A64_OUT)/%.o)
+.SECONDARY: $(NEON_TESTS:%=$(A64_OUT)/tests/%.o)
+
+$(AARCH64_DEPS)/usr/include/cjson/cJSON.h:
+	@echo "neon-test: no arm64 cJSON/PCRE2 under $(AARCH64_DEPS); run ./scripts/install-deps.sh" >&2; exit 1
+
+$(A64_OUT)/%.o: %.c | $(AARCH64_DEPS)/usr/include/cjson/cJSON.h
+	@mkdir -p $(dir $@)
+	@$(A64_CC) $(CFLAGS_COMMON) -O2 -g -isystem $(AARCH64_DEPS)/usr/include $(CFLAGS) -c $< -o $@
+
+$(A64_OUT)/libg4.a: $(A64_LIB_OBJ)
+	@rm -f $@; $(A64_AR) rcs $@ $^
+
+$(A64_OUT)/tests/%: $(A64_OUT)/tests/%.o $(A64_OUT)/libg4.a
+	@$(A64_CC) $(LDFLAGS) -o $@ $^ -L$(A64_LIBDIR) -Wl,-rpath,$(A64_LIBDIR) $(LDLIBS)
+
+neon-test: $(NEON_TESTS:%=$(A64_OUT)/tests/%)
+	@total_p=0; total_f=0; \
+	for t in $(NEON_TESTS); do \
+	  b=$(A64_OUT)/tests/$$t; \
+	  if [ $$t = test_kernels ]; then env -u G4_DISPATCH $(QEMU_AARCH64) $$b > $$b.log 2>&1; rc=$$?; \
+	  else G4_DISPATCH=neon $(QEMU_AARCH64) $$b > $$b.log 2>&1; rc=$$?; fi; \
+	  line=$$(grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' $$b.log | tail -1); \
+	  p=$$(echo "$$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/'); f=$$(echo "$$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); \
+	  [ -n "$$line" ] || { p=0; f=1; echo "$$b: no result line (exit $$rc)"; }; \
+	  [ $$rc -eq 0 ] || [ $$f -gt 0 ] || f=1; \
+	  if grep -q 'G4_DISPATCH=neon' $$b.log; then echo "$$b: NEON level not used under qemu"; f=$$((f + 1)); fi; \
+	  if [ $$t = test_kernels ] && ! { grep -qx 'ok level neon available' $$b.log && grep -qx 'ok dispatch: best level neon' $$b.log; }; then \
+	    echo "$$b: the neon level is not available under qemu"; f=$$((f + 1)); fi; \
+	  [ $$f -eq 0 ] || { grep -v '^ok ' $$b.log | tail -20; echo "$$b failed under qemu-aarch64 (log: $$b.log)"; }; \
+	  echo "  $$t (aarch64): $$p passed, $$f failed"; \
+	  total_p=$$((total_p + p)); total_f=$$((total_f + f)); \
+	done; \
+	echo "neon-qemu: $$total_p passed, $$total_f failed"; [ $$total_f -eq 0 ]
+
 # The end-to-end quality gate on the built-in trained model (release build only: a few minutes).
 quality: $(OUT)/g4 $(OUT)/tests/test_quality
 	@G4_BIN=$(OUT)/g4 $(OUT)/tests/test_quality
@@ -85,6 +135,7 @@ quality: $(OUT)/g4 $(OUT)/tests/test_quality
 check:
 	$(MAKE) test
 	$(MAKE) dispatch-test
+	$(MAKE) neon-test
 	$(MAKE) quality
 	$(MAKE) asan-test
 	$(MAKE) fuzz
@@ -100,4 +151,4 @@ clean:
 	rm -rf build
 	$(MAKE) -C fuzz clean
 
--include $(shell find $(OUT) -name "*.d" 2>/dev/null)
+-include $(shell find $(OUT) $(A64_OUT) -name "*.d" 2>/dev/null)

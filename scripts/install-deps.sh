@@ -1,19 +1,68 @@
 #!/usr/bin/env bash
 # Installs the Debian packages g4's build and tests need, only when they are missing.
-# Run as root (or with sudo available). Safe to run repeatedly.
+# Run as root (or with sudo available). Safe to run repeatedly: when everything is there it does
+# nothing (no apt-get update either).
 set -euo pipefail
 
-packages=(gcc make libc6-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev)
+# gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user: `make neon-test` cross-compiles the
+# NEON kernels and their tests for aarch64 and runs them under qemu-aarch64.
+packages=(gcc make libc6-dev libcjson-dev libpcre2-dev clang libclang-rt-14-dev
+          gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+
+# The arm64 builds of cJSON and PCRE2 for that cross build are unpacked (dpkg-deb -x) into
+# AARCH64_DEPS, not installed as multiarch packages (libcjson-dev:arm64 libpcre2-dev:arm64):
+# installing them pulls libc6-dev:arm64 in (libpcre2-dev depends on libc-dev), and with it about
+# 25 arm64 packages whose Multi-Arch: same versions must equal the host's, so on Debian 12 it
+# upgraded ~15 host packages (openssl, krb5, e2fsprogs, linux-libc-dev) and would fail whenever
+# the archive's arm64 and amd64 builds of one of them are out of step. Unpacked, the four
+# packages need only `dpkg --add-architecture arm64` (so apt can download them) and touch nothing
+# installed. Debian has no static libcjson, so the tests link these dynamically (see Makefile).
+# Keep the default in step with the Makefile's AARCH64_DEPS.
+a64_dir=${AARCH64_DEPS:-/opt/g4-aarch64-deps}
+a64_packages=(libcjson1 libcjson-dev libpcre2-8-0 libpcre2-dev)
+a64_stamp="$a64_dir/.g4-complete"
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
+need_a64=0
+[ -e "$a64_stamp" ] || need_a64=1
+if [ ${#missing[@]} -eq 0 ] && [ $need_a64 -eq 0 ]; then
   exit 0
 fi
-echo "install-deps: installing ${missing[*]}" >&2
+
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
+if [ $need_a64 -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  echo "install-deps: adding the arm64 architecture to apt (for downloading ${a64_packages[*]})" >&2
+  $sudo dpkg --add-architecture arm64
+fi
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ $need_a64 -eq 1 ]; then
+  echo "install-deps: unpacking arm64 ${a64_packages[*]} into $a64_dir" >&2
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  chmod 755 "$tmp"
+  mkdir "$tmp/debs" "$tmp/root"
+  # apt fetches as the unprivileged _apt user when it can write the folder (no warning then).
+  if id _apt >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then chown _apt "$tmp/debs"; fi
+  (cd "$tmp/debs" && apt-get download -qq "${a64_packages[@]/%/:arm64}")
+  for deb in "$tmp"/debs/*.deb; do dpkg-deb -x "$deb" "$tmp/root"; done
+  rm -rf "$tmp/root/usr/share" "$tmp/root/usr/bin"
+  for f in usr/include/cjson/cJSON.h usr/include/pcre2.h usr/lib/aarch64-linux-gnu/libcjson.so \
+           usr/lib/aarch64-linux-gnu/libpcre2-8.so; do
+    [ -e "$tmp/root/$f" ] || { echo "install-deps: $f missing from the arm64 packages" >&2; exit 1; }
+  done
+  $sudo rm -rf "$a64_dir"
+  $sudo mkdir -p "$(dirname "$a64_dir")"
+  $sudo cp -a "$tmp/root" "$a64_dir"
+  $sudo touch "$a64_stamp" # last: a run cut short is redone next time
+fi
