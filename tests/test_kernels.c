@@ -270,14 +270,34 @@ static void check_gelu(const g4_kernels *k) {
     }
 }
 
-/* Softcap over the pool equals the plain loop. */
-static void check_softcap(void) {
+/* g4_tanhf against libm's double tanh: within 2 ulp over a sweep of magnitudes and signs, exact
+ * at 0 and +-inf, NaN for NaN. */
+static void check_tanhf(void) {
+    int worst = 0;
+    for (int k = 0; k < 200000; k++) {
+        float z = k < 100000 ? ldexpf((float)(rnd() % 1000000) / 1e6f, rnd_int(-30, 5)) : (float)(k - 150000) * 2.1e-4f;
+        if (rnd() & 1) z = -z;
+        double want = tanh((double)z);
+        float got = g4_tanhf(z);
+        float wf = (float)want;
+        double ulp = fabsf(nextafterf(wf, INFINITY) - wf);
+        int err = (int)ceil(fabs((double)got - want) / ulp - 0.5);
+        if (err > worst) worst = err;
+    }
+    CHECK(worst <= 2, "g4_tanhf within 2 ulp of tanh (worst %d)", worst);
+    CHECK(g4_tanhf(0.0f) == 0.0f && !signbit(g4_tanhf(0.0f)) && signbit(g4_tanhf(-0.0f)), "tanh(+-0) = +-0");
+    CHECK(g4_tanhf(INFINITY) == 1.0f && g4_tanhf(-INFINITY) == -1.0f && isnan(g4_tanhf(NAN)), "tanh(+-inf), tanh(NaN)");
+}
+
+/* Each level's softcap equals the reference loop bit for bit, NaN and infinities included. */
+static void check_softcap(const g4_kernels *k) {
     size_t n = (size_t)rnd_int(1, 5000);
     float *x = malloc(sizeof(float) * n), *xr = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) x[i] = xr[i] = rnd_act(1.0f) * 40.0f;
-    for (size_t i = 0; i < n; i++) xr[i] = 30.0f * tanhf(xr[i] / 30.0f);
-    g4_softcap(x, n, 30.0f);
-    CHECK(same_bits(xr, x, sizeof(float) * n), "softcap n=%zu", n);
+    for (size_t i = 0; i < n; i++) x[i] = xr[i] = rnd_act(1.0f) * 40.0f * (i % 7 == 0 ? 100.0f : 1.0f);
+    if (n > 3) x[1] = xr[1] = NAN, x[2] = xr[2] = INFINITY, x[3] = xr[3] = -0.0f;
+    g4_ref_softcap(xr, n, 30.0f);
+    k->softcap(x, n, 30.0f);
+    CHECK(same_bits(xr, x, sizeof(float) * n), "%s softcap n=%zu", k->name, n);
     free(x);
     free(xr);
 }
@@ -350,8 +370,8 @@ static void elementwise_kernels(void) {
         check_quantizers(k);
         check_requant(k);
         check_gelu(k);
+        check_softcap(k);
     }
-    check_softcap();
     check_attention();
 }
 
@@ -447,11 +467,81 @@ static void dispatch_env(void) {
     printf("ok dispatch: best level %s\n", best->name);
 }
 
+/* The float x codes matmul against an independent long double dot product: within the error the
+ * fixed-point image allows (half a step 2^-S per element, S from the row's largest |x|) plus the
+ * two f32 roundings; NaN/infinity rows give NaN; the digits rebuild each fixed-point value. */
+static void fixed_point_accuracy(void) {
+    int bad_bound = 0, bad_digits = 0, checked = 0;
+    for (int c = 0; c < 60; c++) {
+        int bits = c % 3 == 0 ? 2 : c % 3 == 1 ? 4 : 8, in = rnd_int(1, 700), out = rnd_int(1, 9), n = rnd_int(1, 3);
+        size_t rb = g4_packed_row_bytes(bits, (size_t)in);
+        uint8_t *w = malloc(rb * (size_t)out);
+        for (size_t i = 0; i < rb * (size_t)out; i++) w[i] = (uint8_t)rnd();
+        float *scale = malloc(sizeof(float) * (size_t)out), *x = malloc(sizeof(float) * (size_t)n * in),
+              *y = malloc(sizeof(float) * (size_t)n * out);
+        for (int o = 0; o < out; o++) scale[o] = (float)(rnd() % 1000 + 1) * 1e-3f;
+        for (int i = 0; i < n * in; i++) x[i] = rnd_float() * (c % 5 == 0 && i % 97 == 0 ? 1e6f : 1.0f); /* outliers */
+        g4_qweight qw = {.bits = bits, .in = in, .out = out, .row_bytes = rb, .w = w, .w_scale = scale};
+        g4_ref_matmul_f32(&qw, x, n, y);
+        int8_t *digits = malloc((size_t)G4_FIX_DIGITS * in);
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * in;
+            float mx = 0;
+            for (int i = 0; i < in; i++) mx = fabsf(xt[i]) > mx ? fabsf(xt[i]) : mx;
+            int e = 0;
+            if (mx > 0) frexpf(mx, &e);
+            long double step = ldexpl(1.0L, e - 30); /* 2^-S */
+            int S = g4_fix_split_row(xt, in, digits);
+            CHECK_EQ_INT(S, 30 - e);
+            for (int i = 0; i < in; i++) {
+                long double v = 0;
+                for (int p = G4_FIX_DIGITS - 1; p >= 0; p--) v = v * 256 + digits[(size_t)p * in + i];
+                if (fabsl(v * step - xt[i]) > step / 2) bad_digits++;
+            }
+            for (int o = 0; o < out; o++) {
+                const uint8_t *row = w + (size_t)o * rb;
+                long double exact = 0, slack = 0;
+                for (int i = 0; i < in; i++) {
+                    int code = g4_packed_code(row, bits, (size_t)i);
+                    exact += (long double)xt[i] * code;
+                    slack += fabsl((long double)code) * step / 2;
+                }
+                exact *= scale[o];
+                long double got = y[(size_t)t * out + o];
+                long double bound = slack * scale[o] + fabsl(exact) * 2.5e-7L + 1e-30L;
+                if (fabsl(got - exact) > bound) bad_bound++;
+                checked++;
+            }
+        }
+        /* a row with a NaN or an infinity: every output NaN */
+        x[in / 2] = c % 2 ? NAN : -INFINITY;
+        g4_ref_matmul_f32(&qw, x, 1, y);
+        int all_nan = 1;
+        for (int o = 0; o < out; o++) all_nan &= isnan(y[o]) != 0;
+        CHECK(all_nan, "non-finite input row gives NaN outputs (bits=%d in=%d)", bits, in);
+        /* an all-zero row: +0 */
+        memset(x, 0, sizeof(float) * (size_t)in);
+        g4_ref_matmul_f32(&qw, x, 1, y);
+        int zero = 1;
+        for (int o = 0; o < out; o++) zero &= y[o] == 0 && !signbit(y[o]);
+        CHECK(zero, "all-zero input row gives +0 (bits=%d in=%d)", bits, in);
+        free(w);
+        free(scale);
+        free(x);
+        free(y);
+        free(digits);
+    }
+    CHECK(bad_digits == 0, "fixed-point digits rebuild x within half a step (%d bad)", bad_digits);
+    CHECK(bad_bound == 0, "float x codes within the fixed-point error bound of the exact dot (%d of %d outside)", bad_bound, checked);
+}
+
 int main(void) {
     for (int l = 0; l < N_LEVELS; l++)
         if (g4_kernels_level(level_names[l])) printf("ok level %s available\n", level_names[l]);
     dispatch_env();
     CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());
+    fixed_point_accuracy();
+    check_tanhf();
     pool_exactly_once();
     g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */
     for (int threads = 1; threads <= 3; threads++) {
@@ -462,13 +552,6 @@ int main(void) {
         elementwise_kernels();
     }
     g4_kernels_set_threads(2);
-    /* both table lookups of the AVX2 2-bit float matmul, whichever this CPU picks */
-    for (int permps = 0; permps <= 1; permps++) {
-        g4_avx2_force_2bit_lookup(permps);
-        random_shapes(60);
-        fixed_shapes();
-    }
-    g4_avx2_force_2bit_lookup(-1);
     concurrency();
     g4_kernels_shutdown(); /* a later matmul restarts the pool */
     random_shapes(8);

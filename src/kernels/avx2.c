@@ -321,6 +321,81 @@ static void i8_rows1(void *ctx, int o0, int o1) {
     else i8_rows1_bits(j, o0, o1, 8);
 }
 
+/* A few activation rows (2 to 4: the digit rows of one float row, g4_matmul_codes_f32): like one
+ * row, each weight row streams front to back with a prefetch ahead, its fields extracted once
+ * for the RT activation rows. */
+INLINE void i8_rowN(const uint8_t *w, const uint8_t *const x[MAX_RT], int nb, __m256i acc[MAX_RT], const int BITS, const int RT) {
+    const size_t xb = i8_block_xbytes(BITS);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int g = 0; g < nb; g += I8_GROUP(BITS)) {
+        int ge = nb - g > I8_GROUP(BITS) ? g + I8_GROUP(BITS) : nb;
+        __m256i s[MAX_RT];
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) s[t] = _mm256_setzero_si256();
+        for (int b = g; b < ge; b++) {
+            const uint8_t *p = w + (size_t)b * I8_BLOCK;
+            prefetch_ahead(p, I8_PREFETCH);
+            if (BITS == 8) {
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+#pragma GCC unroll 4
+                    for (int t = 0; t < RT; t++)
+                        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(wa, _mm256_load_si256((const __m256i *)(x[t] + (size_t)b * xb + 32 * h))));
+                }
+                continue;
+            }
+            const int fields = BITS == 2 ? 4 : 2;
+#pragma GCC unroll 4
+            for (int f = 0; f < fields; f++) {
+                __m256i wf = i8_field(p, f, BITS);
+#pragma GCC unroll 4
+                for (int t = 0; t < RT; t++)
+                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wf, _mm256_load_si256((const __m256i *)(x[t] + (size_t)b * xb + 32 * f))));
+            }
+        }
+        if (BITS != 8) {
+#pragma GCC unroll 4
+            for (int t = 0; t < RT; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s[t], ones));
+        }
+    }
+}
+
+INLINE void i8_rowsN_bits(const i8_job *j, int o0, int o1, const int BITS, const int RT) {
+    const g4_qweight *w = j->w;
+    const uint8_t *x[MAX_RT], *xt[MAX_RT];
+#pragma GCC unroll 4
+    for (int t = 0; t < RT; t++) {
+        x[t] = j->xp + (size_t)t * j->xstride;
+        xt[t] = x[t] + (size_t)j->nfull * i8_block_xbytes(BITS);
+    }
+    for (int o = o0; o < o1; o++) {
+        const uint8_t *row = w->w + (size_t)o * w->row_bytes;
+        __m256i acc[MAX_RT];
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) acc[t] = _mm256_setzero_si256();
+        i8_rowN(row, x, j->nfull, acc, BITS, RT);
+        if (j->tail) {
+            uint8_t buf[I8_BLOCK] = {0};
+            memcpy(buf, row + (size_t)j->nfull * I8_BLOCK, (size_t)j->tail);
+            i8_rowN(buf, xt, 1, acc, BITS, RT);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) j->acc[(size_t)t * w->out + o] = (int32_t)((uint32_t)hsum_i32(acc[t]) - j->corr[t]);
+    }
+}
+
+#define ROWS_N(RT)                                                            \
+    static void i8_rows##RT(void *ctx, int o0, int o1) {                      \
+        const i8_job *j = ctx;                                                \
+        if (j->w->bits == 2) i8_rowsN_bits(j, o0, o1, 2, RT);                 \
+        else if (j->w->bits == 4) i8_rowsN_bits(j, o0, o1, 4, RT);            \
+        else i8_rowsN_bits(j, o0, o1, 8, RT);                                 \
+    }
+ROWS_N(2)
+ROWS_N(3)
+ROWS_N(4)
+
 /* One prepared block from `elems` activations at x (fewer than a whole block only at the end of a
  * row: the rest is zero). Returns sum(x) over the block. */
 INLINE int32_t i8_prepare_block(const int8_t *x, int elems, uint8_t *out, const int BITS) {
@@ -425,49 +500,21 @@ static void avx2_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t 
     i8_prepare(x, n, w->in, bits, nblk, xp, xstride, corr);
     i8_job j = {.w = w, .n = n, .xp = xp, .xstride = xstride, .corr = corr,
                 .nfull = (int)(pb / I8_BLOCK), .tail = (int)(pb % I8_BLOCK), .acc = acc};
-    g4_pool_for(w->out, MAX_RO, macs(w, n), n == 1 ? i8_rows1 : i8_rows, &j);
+    g4_pool_fn rows = n == 1 ? i8_rows1 : n == 2 ? i8_rows2 : n == 3 ? i8_rows3 : n == 4 ? i8_rows4 : i8_rows;
+    g4_pool_for(w->out, MAX_RO, macs(w, n), rows, &j);
     free(xp);
     free(corr);
 }
 
-/* ------------------------------------------------------------------ float x codes / BF16 --- */
+/* ------------------------------------------------------------------ float x BF16 ---------- */
 
-/* Eight consecutive weights starting at element i (a multiple of 8) as floats. LSB-first packing
- * puts element e of the group at bit bits*e of the little-endian word, hence the variable shift.
- * 2-bit codes come from a table lookup: vpermps reads the low 3 bits of each lane, i.e. the field
- * plus one bit of the next, so the table repeats the 4 codes twice and no mask is needed. */
-INLINE __m256 load8_w(const uint8_t *row, int i, const int BITS) {
-    if (BITS == 16) {
-        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-    }
-    if (BITS == 8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i))));
-    if (BITS == 2) {
-        uint16_t v;
-        memcpy(&v, row + i / 4, 2);
-        __m256i f = _mm256_srlv_epi32(_mm256_set1_epi32(v), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-        return _mm256_permutevar8x32_ps(_mm256_setr_ps(-2, -1, 0, 1, -2, -1, 0, 1), f);
-    }
-    uint32_t v;
-    memcpy(&v, row + i / 2, 4);
-    __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-    __m256i f = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), sh), _mm256_set1_epi32(15));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(f, _mm256_set1_epi32(8)));
-}
+/* Float activations against packed codes go through the int8 matmul (g4_matmul_codes_f32); only
+ * BF16 weights take a float dot, in the reference's 8-lane order. */
 
-/* Sixteen 2-bit weights from element i (a multiple of 16): one 4-byte broadcast feeds both
- * halves. The table lookup is vpermilps (index bits [1:0] within each 128-bit half), which
- * measured faster on AMD Zen 3, or vpermps (bits [2:0]), faster on Intel; both read the same
- * table, so they give the same weights. */
-INLINE void load16_w2(const uint8_t *row, int i, __m256 *lo, __m256 *hi, const int PERMPS) {
-    uint32_t v;
-    memcpy(&v, row + i / 4, 4);
-    __m256i b = _mm256_set1_epi32((int)v);
-    const __m256 table = _mm256_setr_ps(-2, -1, 0, 1, -2, -1, 0, 1);
-    __m256i ilo = _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-    __m256i ihi = _mm256_srlv_epi32(b, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30));
-    *lo = PERMPS ? _mm256_permutevar8x32_ps(table, ilo) : _mm256_permutevar_ps(table, ilo);
-    *hi = PERMPS ? _mm256_permutevar8x32_ps(table, ihi) : _mm256_permutevar_ps(table, ihi);
+/* Eight BF16 weights from element i as floats. */
+INLINE __m256 load8_bf16(const uint8_t *row, int i) {
+    __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
 }
 
 /* g4_reduce8 on the lanes: (a0+a4, a1+a5, a2+a6, a3+a7), then (s0+s2) + (s1+s3). */
@@ -484,9 +531,8 @@ typedef struct {
     float *y;
 } f32_job;
 
-/* BITS 3 is the 2-bit format unpacked with vpermps instead of vpermilps (see load16_w2). */
-INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS3, const int RO, const int RT) {
-    const int BITS = BITS3 == 3 ? 2 : BITS3;
+INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int RO, const int RT) {
+    (void)BITS; /* always 16 */
     const g4_qweight *w = j->w;
     const int in = w->in;
     __m256 acc[MAX_RO][MAX_RT], wf[MAX_RO];
@@ -501,24 +547,9 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS3, const int
 #pragma GCC unroll 4
     for (int t = 0; t < RT; t++) xt[t] = j->x + (size_t)(t0 + t) * in;
     int i = 0;
-    if (BITS == 2) {
-        /* lanes see elements i..i+7 then i+8..i+15: the reference order */
-        for (; i + 16 <= in; i += 16) {
-#pragma GCC unroll 4
-            for (int r = 0; r < RO; r++) {
-                __m256 lo, hi;
-                load16_w2(row[r], i, &lo, &hi, BITS3 == 3);
-#pragma GCC unroll 4
-                for (int t = 0; t < RT; t++) {
-                    acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_loadu_ps(xt[t] + i), lo));
-                    acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_loadu_ps(xt[t] + i + 8), hi));
-                }
-            }
-        }
-    }
     for (; i + 8 <= in; i += 8) {
 #pragma GCC unroll 4
-        for (int r = 0; r < RO; r++) wf[r] = load8_w(row[r], i, BITS);
+        for (int r = 0; r < RO; r++) wf[r] = load8_bf16(row[r], i);
 #pragma GCC unroll 4
         for (int t = 0; t < RT; t++) {
             __m256 xv = _mm256_loadu_ps(xt[t] + i);
@@ -534,12 +565,8 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS3, const int
         for (int r = 0; r < RO; r++) {
             float tmp[8] = {0};
             for (int k = 0; k < rem; k++) {
-                if (BITS == 16) {
-                    uint32_t u = (uint32_t)(row[r][2 * (i + k)] | row[r][2 * (i + k) + 1] << 8) << 16;
-                    memcpy(&tmp[k], &u, 4);
-                } else {
-                    tmp[k] = (float)g4_packed_code(row[r], BITS, (size_t)(i + k));
-                }
+                uint32_t u = (uint32_t)(row[r][2 * (i + k)] | row[r][2 * (i + k) + 1] << 8) << 16;
+                memcpy(&tmp[k], &u, 4);
             }
             wf[r] = _mm256_loadu_ps(tmp);
         }
@@ -555,38 +582,14 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS3, const int
 #pragma GCC unroll 4
     for (int r = 0; r < RO; r++) {
 #pragma GCC unroll 4
-        for (int t = 0; t < RT; t++) {
-            float s = reduce8_ps(acc[r][t]);
-            j->y[(size_t)(t0 + t) * w->out + o + r] = BITS == 16 ? s : w->w_scale[o + r] * s;
-        }
+        for (int t = 0; t < RT; t++) j->y[(size_t)(t0 + t) * w->out + o + r] = reduce8_ps(acc[r][t]);
     }
 }
 
-static void f32_tile_2(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 2) }
-static void f32_tile_2p(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 3) }
-
-/* Which 2-bit lookup runs (load16_w2): -1 until chosen, then 1 for vpermps (Intel), 0 for
- * vpermilps. */
-static atomic_int f32_2bit_permps = -1;
-
-static int use_2bit_permps(void) {
-    int v = atomic_load_explicit(&f32_2bit_permps, memory_order_relaxed);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_is("intel") ? 1 : 0;
-        atomic_store_explicit(&f32_2bit_permps, v, memory_order_relaxed);
-    }
-    return v;
-}
-static void f32_tile_4(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 4) }
-static void f32_tile_8(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 8) }
 static void f32_tile_16(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 16) }
 
 static void f32_rows(void *ctx, int o0, int o1) {
     const f32_job *j = ctx;
-    int bits = j->w->bits;
-    void (*tile)(const f32_job *, int, int, int, int) =
-        bits == 2 ? (use_2bit_permps() ? f32_tile_2p : f32_tile_2) : bits == 4 ? f32_tile_4 : bits == 8 ? f32_tile_8 : f32_tile_16;
     int chunk = chunk_rows(j->w->row_bytes);
     for (int ob = o0; ob < o1; ob += chunk) {
         int oe = o1 - ob > chunk ? ob + chunk : o1;
@@ -594,7 +597,7 @@ static void f32_rows(void *ctx, int o0, int o1) {
             int rt = j->n - t < MAX_RT ? j->n - t : MAX_RT;
             for (int o = ob; o < oe;) {
                 int ro = oe - o >= tile_ro[rt] ? tile_ro[rt] : 1;
-                tile(j, o, t, ro, rt);
+                f32_tile_16(j, o, t, ro, rt);
                 o += ro;
             }
             t += rt;
@@ -604,8 +607,8 @@ static void f32_rows(void *ctx, int o0, int o1) {
 
 static void avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
-    if (w->bits != 2 && w->bits != 4 && w->bits != 8 && w->bits != 16) {
-        g4_ref_matmul_f32(w, x, n, y);
+    if (w->bits != 16) {
+        g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? avx2_matmul_i8 : g4_ref_matmul_i8);
         return;
     }
     f32_job j = {.w = w, .x = x, .n = n, .y = y};
@@ -938,6 +941,63 @@ static void avx2_attention(const g4_attn *a) {
     g4_pool_for(a->n * n_kv * job.parts, 1, g4_attention_work(a), attn_items, &job);
 }
 
+/* ------------------------------------------------------------------ softcap --------------- */
+
+/* g4_tanhf on 8 lanes: both branches on every lane, then the reference's choice per lane; each
+ * lane's arithmetic is the reference's, operation for operation. */
+INLINE __m256 tanh8(__m256 z) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_andnot_ps(sign, z);
+    __m256 z2 = _mm256_mul_ps(a, a), p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_sub_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(5.37397155531e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_sub_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(3.33332819422e-1f));
+    __m256 small = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, z2), a), a);
+    /* e^(2a), with 2a held below 18 on lanes that will not use it */
+    __m256 x = _mm256_min_ps(_mm256_add_ps(a, a), _mm256_set1_ps(18.0f));
+    __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
+    __m256 fn = _mm256_cvtepi32_ps(n);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(0.693359375f))),
+                             _mm256_mul_ps(fn, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(1.3981999507e-3f));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(8.3334519073e-3f));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(4.1665795894e-2f));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(1.6666665459e-1f));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(5.0000001201e-1f));
+    __m256 e = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(q, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    e = _mm256_mul_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
+    __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+    t = _mm256_blendv_ps(t, _mm256_set1_ps(1.0f), _mm256_cmp_ps(a, _mm256_set1_ps(9.0f), _CMP_GE_OQ));
+    t = _mm256_or_ps(t, _mm256_and_ps(z, sign)); /* copysign: t >= +0 here */
+    return _mm256_blendv_ps(t, z, _mm256_cmp_ps(z, z, _CMP_UNORD_Q)); /* NaN stays NaN */
+}
+
+typedef struct {
+    float *x;
+    float cap;
+} softcap_job;
+
+static void softcap_items(void *ctx, int b, int e) {
+    const softcap_job *j = ctx;
+    const __m256 cap = _mm256_set1_ps(j->cap);
+    int i = b;
+    for (; i + 8 <= e; i += 8)
+        _mm256_storeu_ps(j->x + i, _mm256_mul_ps(cap, tanh8(_mm256_div_ps(_mm256_loadu_ps(j->x + i), cap))));
+    g4_ref_softcap(j->x + i, (size_t)(e - i), j->cap);
+}
+
+static void avx2_softcap(float *x, size_t n, float cap) {
+    const size_t piece = (size_t)1 << 30;
+    for (size_t at = 0; at < n; at += piece) {
+        size_t len = n - at < piece ? n - at : piece;
+        softcap_job j = {x + at, cap};
+        g4_pool_for((int)len, 64, (double)len * 4.0, softcap_items, &j);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -954,9 +1014,9 @@ const g4_kernels g4_kernels_avx2 = {
     .acc_scale = avx2_acc_scale,
     .gelu_mul = avx2_gelu_mul,
     .attention = avx2_attention,
+    .softcap = avx2_softcap,
 };
 
-void g4_avx2_force_2bit_lookup(int permps) { atomic_store(&f32_2bit_permps, permps < 0 ? -1 : permps ? 1 : 0); }
 
 /* Outside the target region: this runs on CPUs without AVX2. */
 int g4_avx2_supported(void) {
@@ -976,9 +1036,9 @@ const g4_kernels g4_kernels_avx2 = {
     .acc_scale = g4_ref_acc_scale,
     .gelu_mul = g4_portable_gelu_mul,
     .attention = g4_portable_attention,
+    .softcap = g4_portable_softcap,
 };
 
 int g4_avx2_supported(void) { return 0; }
-void g4_avx2_force_2bit_lookup(int permps) { (void)permps; }
 
 #endif

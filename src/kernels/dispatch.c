@@ -19,19 +19,14 @@ typedef struct {
     void *y;
 } portable_job;
 
-static void portable_f32_rows(void *ctx, int o0, int o1) {
+static void portable_bf16_rows(void *ctx, int o0, int o1) {
     const portable_job *j = ctx;
     const g4_qweight *w = j->w;
     const float *x = j->x;
     float *y = j->y;
     for (int o = o0; o < o1; o++) {
         const uint8_t *row = w->w + (size_t)o * w->row_bytes;
-        for (int t = 0; t < j->n; t++) {
-            const float *xt = x + (size_t)t * w->in;
-            float *yt = y + (size_t)t * w->out;
-            if (w->bits == 16) yt[o] = g4_ref_dot_bf16_f32(xt, row, w->in);
-            else yt[o] = w->w_scale[o] * g4_ref_dot_codes_f32(xt, row, w->bits, w->in);
-        }
+        for (int t = 0; t < j->n; t++) y[(size_t)t * w->out + o] = g4_ref_dot_bf16_f32(x + (size_t)t * w->in, row, w->in);
     }
 }
 
@@ -49,9 +44,15 @@ static void portable_i8_rows(void *ctx, int o0, int o1) {
 
 static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in * n; }
 
+static void portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
+
 static void portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
+    if (w->bits != 16) {
+        g4_matmul_codes_f32(w, x, n, y, portable_matmul_i8);
+        return;
+    }
     portable_job j = {w, x, n, y};
-    g4_pool_for(w->out, 1, macs(w, n), portable_f32_rows, &j);
+    g4_pool_for(w->out, 1, macs(w, n), portable_bf16_rows, &j);
 }
 
 static void portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
@@ -78,7 +79,7 @@ static void gelu_items(void *ctx, int b, int e) {
 
 static void softcap_items(void *ctx, int b, int e) {
     const elem_job *j = ctx;
-    for (int i = b; i < e; i++) j->g[i] = j->cap * tanhf(j->g[i] / j->cap);
+    g4_ref_softcap(j->g + b, (size_t)(e - b), j->cap);
 }
 
 /* Runs fn over [0, n) on the pool in int-sized pieces. */
@@ -97,7 +98,7 @@ void g4_portable_gelu_mul(float *g, const float *m, size_t n, float scale) {
     pool_elementwise(n, TANH_WORK, gelu_items, &j);
 }
 
-void g4_softcap(float *x, size_t n, float cap) {
+void g4_portable_softcap(float *x, size_t n, float cap) {
     elem_job j = {x, NULL, cap};
     pool_elementwise(n, TANH_WORK, softcap_items, &j);
 }
@@ -135,6 +136,7 @@ const g4_kernels g4_kernels_portable = {
     .acc_scale = g4_ref_acc_scale,
     .gelu_mul = g4_portable_gelu_mul,
     .attention = g4_portable_attention,
+    .softcap = g4_portable_softcap,
 };
 
 const g4_kernels *g4_kernels_level(const char *name) {

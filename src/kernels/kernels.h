@@ -24,11 +24,32 @@ typedef struct {
     const float *w_scale;
 } g4_qweight;
 
-/* Sum of x[i] * code[i] over one packed row, in the fixed 8-lane order. */
-float g4_ref_dot_codes_f32(const float *x, const uint8_t *row, int bits, int n);
-/* Sum of x[i] * bf16[i] over one BF16 row (little-endian, possibly unaligned), same order. */
+/* Sum of x[i] * bf16[i] over one BF16 row (little-endian, possibly unaligned), in the fixed 8-lane
+ * order. */
 float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n);
-/* y[t][o] = w_scale[o] * sum_i x[t][i] * code[o][i]  (or the BF16 dot), for t < n. */
+
+/* Float activations against packed 2/4/8-bit codes (the lm_head, and every linear with --act
+ * float) are not summed in float. Each activation row is first written exactly as a 31-bit
+ * fixed-point image, x[i] ~= X[i] * 2^-S with |X[i]| <= 2^30 (S from the row's largest |x|;
+ * round half to even), split into G4_FIX_DIGITS int8 digit rows, X = sum_p 256^p d_p. The dot
+ * products of the digit rows are exact int32 sums (the int8 matmul), combined exactly in int64:
+ *   y[t][o] = w_scale[o] * (float)(2^-S * sum_p 256^p sum_i d_p[i] * code[o][i]).
+ * So the dot is the correctly rounded value of sum X[i] * code[i] * 2^-S: only the fixed-point
+ * image loses bits (at most 2^-S-1 per element, about max|x| * 2^-32), which bounds the error
+ * below that of an f32 sum of the same terms, and the result depends on no summation order. A
+ * row holding a NaN or an infinity gives NaN for every output. */
+#define G4_FIX_DIGITS 4
+
+/* The digit rows of one activation row: digits[p * in + i] for p < G4_FIX_DIGITS; returns S, or
+ * INT32_MIN when x holds a NaN or an infinity. */
+int g4_fix_split_row(const float *x, int in, int8_t *digits);
+
+typedef void (*g4_matmul_i8_fn)(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
+/* y[t][o] for float x against packed codes as described above, the integer dots computed by
+ * matmul_i8 (any level's: they are exact, so every level gives the same bits). */
+void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g4_matmul_i8_fn matmul_i8);
+
+/* y[t][o] = w_scale[o] * dot(x[t], codes[o]) (fixed point, above), or the BF16 dot, for t < n. */
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
 
 /* acc[t][o] = sum_i x[t][i] * code[o][i] in int32 for t < n: int8 activation codes against packed
@@ -79,8 +100,15 @@ void g4_ref_attention_head(const g4_attn *a, int t, int h, float *scores);
 /* gelu_pytorch_tanh: 0.5 x (1 + tanhf(0.7978845608028654 (x + 0.044715 x^3))) in f32. */
 float g4_gelu_tanh(float x);
 
-/* x[i] = cap * tanhf(x[i] / cap), split over the pool (the same libm call on every level). */
-void g4_softcap(float *x, size_t n, float cap);
+/* tanh in f32 from + - * / only (no libm, no FMA), so a vector level can give the same bits:
+ * z + z^3 P(z^2) below |z| = 0.625 (the Cephes tanhf polynomial), 1 - 2 / (e^2|z| + 1) above it
+ * with a Cephes-style expf (range reduction by ln 2 in two parts, degree-5 polynomial), +-1
+ * from |z| = 9 on (tanh(9) rounds to 1 in f32), NaN for NaN. Within 2 ulp of tanh
+ * (tests/test_kernels.c). */
+float g4_tanhf(float z);
+
+/* x[i] = cap * g4_tanhf(x[i] / cap): the final logit softcap. */
+void g4_ref_softcap(float *x, size_t n, float cap);
 
 typedef struct {
     const char *name;
@@ -99,6 +127,8 @@ typedef struct {
      * is the same either way, but a level may then reuse one gelu per code. */
     void (*gelu_mul)(float *g, const float *m, size_t n, float scale);
     void (*attention)(const g4_attn *a);
+    /* x[i] = cap * g4_tanhf(x[i] / cap) */
+    void (*softcap)(float *x, size_t n, float cap);
 } g4_kernels;
 
 /* The kernel set chosen for this CPU: the best supported level, or the one forced by

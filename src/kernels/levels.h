@@ -7,9 +7,10 @@
 
 extern const g4_kernels g4_kernels_portable;
 
-/* The portable level's gelu_mul and attention (kernels/dispatch.c), for levels without their own. */
+/* The portable level's gelu_mul, attention and softcap (kernels/dispatch.c), for levels without their own. */
 void g4_portable_gelu_mul(float *g, const float *m, size_t n, float scale);
 void g4_portable_attention(const g4_attn *a);
+void g4_portable_softcap(float *x, size_t n, float cap);
 /* An attention job's size in multiply-adds, for g4_pool_for. */
 double g4_attention_work(const g4_attn *a);
 
@@ -17,8 +18,6 @@ double g4_attention_work(const g4_attn *a);
  * g4_avx2_supported() is 0. */
 extern const g4_kernels g4_kernels_avx2;
 int g4_avx2_supported(void);
-/* Tests: the 2-bit float matmul's table lookup, 1 vpermps, 0 vpermilps, -1 by CPU (default). */
-void g4_avx2_force_2bit_lookup(int permps);
 
 /* aarch64: NEON (kernels/neon.c), always present on aarch64, 0 elsewhere. */
 extern const g4_kernels g4_kernels_neon;

@@ -224,36 +224,12 @@ static void neon_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t 
 
 /* ------------------------------------------------------------------ float x codes / BF16 --- */
 
-/* Weights i .. i+7 (i a multiple of 8) as two float32x4 (elements 0-3, 4-7). */
-INLINE void load8_w(const uint8_t *row, int i, float32x4_t *lo, float32x4_t *hi, const int BITS) {
-    if (BITS == 16) {
-        uint16x8_t h = vreinterpretq_u16_u8(vld1q_u8(row + 2 * (size_t)i));
-        *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
-        *hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
-        return;
-    }
-    int8x8_t c;
-    if (BITS == 8) {
-        c = vld1_s8((const int8_t *)row + i);
-    } else if (BITS == 4) {
-        uint32_t v;
-        memcpy(&v, row + i / 2, 4);
-        uint8x8_t b = vreinterpret_u8_u32(vdup_n_u32(v));
-        /* element 2j is byte j's low nibble, 2j+1 its high nibble */
-        uint8x8_t f = vzip1_u8(vand_u8(b, vdup_n_u8(15)), vshr_n_u8(b, 4));
-        c = vsub_s8(vreinterpret_s8_u8(f), vdup_n_s8(8));
-    } else {
-        uint16_t v;
-        memcpy(&v, row + i / 4, 2);
-        static const uint8_t pick[8] = {0, 0, 0, 0, 1, 1, 1, 1};
-        static const int8_t shifts[8] = {0, -2, -4, -6, 0, -2, -4, -6};
-        uint8x8_t b = vtbl1_u8(vreinterpret_u8_u16(vdup_n_u16(v)), vld1_u8(pick));
-        uint8x8_t f = vand_u8(vshl_u8(b, vld1_s8(shifts)), vdup_n_u8(3));
-        c = vsub_s8(vreinterpret_s8_u8(f), vdup_n_s8(2));
-    }
-    int16x8_t c16 = vmovl_s8(c);
-    *lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(c16)));
-    *hi = vcvtq_f32_s32(vmovl_high_s16(c16));
+/* BF16 weights i .. i+7 as two float32x4 (elements 0-3, 4-7). Float activations against packed
+ * codes go through the int8 matmul (g4_matmul_codes_f32); only BF16 takes a float dot. */
+INLINE void load8_bf16(const uint8_t *row, int i, float32x4_t *lo, float32x4_t *hi) {
+    uint16x8_t h = vreinterpretq_u16_u8(vld1q_u8(row + 2 * (size_t)i));
+    *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
+    *hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
 }
 
 /* g4_reduce8 of lanes (a0..a3, a4..a7): s = a + b lane-wise, then (s0 + s2) + (s1 + s3). */
@@ -271,6 +247,7 @@ typedef struct {
 } f32_job;
 
 INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int RO, const int RT) {
+    (void)BITS; /* always 16 */
     const g4_qweight *w = j->w;
     const int in = w->in;
     float32x4_t acc[MAX_RO][MAX_RT][2], wl[MAX_RO], wh[MAX_RO];
@@ -287,7 +264,7 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
     int i = 0;
     for (; i + 8 <= in; i += 8) {
 #pragma GCC unroll 4
-        for (int r = 0; r < RO; r++) load8_w(row[r], i, &wl[r], &wh[r], BITS);
+        for (int r = 0; r < RO; r++) load8_bf16(row[r], i, &wl[r], &wh[r]);
 #pragma GCC unroll 4
         for (int t = 0; t < RT; t++) {
             float32x4_t xl = vld1q_f32(xt[t] + i), xh = vld1q_f32(xt[t] + i + 4);
@@ -306,12 +283,8 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
         for (int r = 0; r < RO; r++) {
             float tmp[8] = {0};
             for (int k = 0; k < rem; k++) {
-                if (BITS == 16) {
-                    uint32_t u = (uint32_t)(row[r][2 * (i + k)] | row[r][2 * (i + k) + 1] << 8) << 16;
-                    memcpy(&tmp[k], &u, 4);
-                } else {
-                    tmp[k] = (float)g4_packed_code(row[r], BITS, (size_t)(i + k));
-                }
+                uint32_t u = (uint32_t)(row[r][2 * (i + k)] | row[r][2 * (i + k) + 1] << 8) << 16;
+                memcpy(&tmp[k], &u, 4);
             }
             wl[r] = vld1q_f32(tmp);
             wh[r] = vld1q_f32(tmp + 4);
@@ -332,29 +305,22 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
     for (int r = 0; r < RO; r++) {
 #pragma GCC unroll 4
         for (int t = 0; t < RT; t++) {
-            float s = reduce8(acc[r][t][0], acc[r][t][1]);
-            j->y[(size_t)(t0 + t) * w->out + o + r] = BITS == 16 ? s : w->w_scale[o + r] * s;
+            j->y[(size_t)(t0 + t) * w->out + o + r] = reduce8(acc[r][t][0], acc[r][t][1]);
         }
     }
 }
 
-static void f32_tile_2(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 2) }
-static void f32_tile_4(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 4) }
-static void f32_tile_8(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 8) }
 static void f32_tile_16(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 16) }
 
 static void f32_rows(void *ctx, int o0, int o1) {
     const f32_job *j = ctx;
-    int bits = j->w->bits;
-    void (*tile)(const f32_job *, int, int, int, int) =
-        bits == 2 ? f32_tile_2 : bits == 4 ? f32_tile_4 : bits == 8 ? f32_tile_8 : f32_tile_16;
-    ROW_LOOP(j, tile)
+    ROW_LOOP(j, f32_tile_16)
 }
 
 static void neon_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
-    if (w->bits != 2 && w->bits != 4 && w->bits != 8 && w->bits != 16) {
-        g4_ref_matmul_f32(w, x, n, y);
+    if (w->bits != 16) {
+        g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? neon_matmul_i8 : g4_ref_matmul_i8);
         return;
     }
     f32_job j = {.w = w, .x = x, .n = n, .y = y};
@@ -371,6 +337,7 @@ const g4_kernels g4_kernels_neon = {
     .acc_scale = g4_ref_acc_scale,
     .gelu_mul = g4_portable_gelu_mul,
     .attention = g4_portable_attention,
+    .softcap = g4_portable_softcap,
 };
 
 int g4_neon_supported(void) { return 1; }
@@ -387,6 +354,7 @@ const g4_kernels g4_kernels_neon = {
     .acc_scale = g4_ref_acc_scale,
     .gelu_mul = g4_portable_gelu_mul,
     .attention = g4_portable_attention,
+    .softcap = g4_portable_softcap,
 };
 
 int g4_neon_supported(void) { return 0; }

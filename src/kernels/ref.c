@@ -1,16 +1,13 @@
+#include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
+#include "pool.h"
 #include "quant/int8.h"
 #include "quant/pack.h"
-
-float g4_ref_dot_codes_f32(const float *x, const uint8_t *row, int bits, int n) {
-    float acc[8] = {0};
-    for (int i = 0; i < n; i++) acc[i & 7] += x[i] * (float)g4_packed_code(row, bits, (size_t)i);
-    return g4_reduce8(acc);
-}
 
 float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n) {
     float acc[8] = {0};
@@ -23,15 +20,128 @@ float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n) {
     return g4_reduce8(acc);
 }
 
+/* The row's S (|x| * 2^S < 2^30), or INT32_MIN when it holds a NaN or an infinity. */
+static int fix_exponent(const float *x, int in) {
+    float mx = 0;
+    for (int i = 0; i < in; i++) {
+        float a = fabsf(x[i]);
+        if (!(a <= FLT_MAX)) return INT32_MIN;
+        if (a > mx) mx = a;
+    }
+    int e = 0;
+    if (mx > 0) frexpf(mx, &e); /* mx < 2^e */
+    return 30 - e;
+}
+
+/* X = x * 2^S rounded half to even: the product is exact in double (a power-of-two scale well
+ * inside its range) and llrint rounds in the default mode. */
+static int32_t fix_value(float x, double two_s) { return (int32_t)llrint((double)x * two_s); }
+
+/* w_scale * dot * 2^-S: the scaled dot is exact in double (|dot| < 2^53), then rounded to f32 once. */
+static float fix_result(int64_t dot, double two_neg_s, float w_scale) { return w_scale * (float)((double)dot * two_neg_s); }
+
+int g4_fix_split_row(const float *x, int in, int8_t *digits) {
+    int S = fix_exponent(x, in);
+    if (S == INT32_MIN) return S;
+    double two_s = ldexp(1.0, S);
+    for (int i = 0; i < in; i++) {
+        int32_t X = fix_value(x[i], two_s); /* |X| <= 2^30 */
+        for (int p = 0; p < G4_FIX_DIGITS - 1; p++) {
+            int32_t d = (int32_t)(((uint32_t)X + 128u) & 255u) - 128; /* balanced digit, -128..127 */
+            digits[(size_t)p * in + i] = (int8_t)d;
+            X = (X - d) / 256; /* exact */
+        }
+        digits[(size_t)(G4_FIX_DIGITS - 1) * in + i] = (int8_t)X; /* |X| <= 65 */
+    }
+    return S;
+}
+
+/* Out of memory for the digit rows: the same integers, summed one output at a time. */
+static void fix_matmul_direct(const g4_qweight *w, const float *x, int n, float *y) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * w->in;
+        int S = fix_exponent(xt, w->in);
+        double two_s = S == INT32_MIN ? 0 : ldexp(1.0, S), two_neg_s = S == INT32_MIN ? 0 : ldexp(1.0, -S);
+        for (int o = 0; o < w->out; o++) {
+            const uint8_t *row = w->w + (size_t)o * w->row_bytes;
+            int64_t dot = 0;
+            for (int i = 0; S != INT32_MIN && i < w->in; i++)
+                dot += (int64_t)fix_value(xt[i], two_s) * g4_packed_code(row, w->bits, (size_t)i);
+            y[(size_t)t * w->out + o] = S == INT32_MIN ? NAN : fix_result(dot, two_neg_s, w->w_scale[o]);
+        }
+    }
+}
+
+/* Activation rows per pass, and the int32 sums one pass keeps (they stay in L2 while they are
+ * combined). */
+#define FIX_ROWS 8
+#define FIX_ACC (1 << 18)
+
+typedef struct {
+    const int32_t *acc; /* [nt][G4_FIX_DIGITS][no] */
+    const int *S;
+    const float *w_scale; /* [no] */
+    float *y;             /* row t at y + t * y_stride */
+    size_t y_stride;
+    int nt, no;
+} fix_combine_job;
+
+static void fix_combine(void *ctx, int o0, int o1) {
+    const fix_combine_job *j = ctx;
+    for (int t = 0; t < j->nt; t++) {
+        float *yt = j->y + (size_t)t * j->y_stride;
+        const int32_t *at = j->acc + (size_t)t * G4_FIX_DIGITS * j->no;
+        if (j->S[t] == INT32_MIN) {
+            for (int o = o0; o < o1; o++) yt[o] = NAN;
+            continue;
+        }
+        double two_neg_s = ldexp(1.0, -j->S[t]);
+        for (int o = o0; o < o1; o++) {
+            int64_t dot = 0;
+            for (int p = G4_FIX_DIGITS - 1; p >= 0; p--) dot = dot * 256 + at[(size_t)p * j->no + o];
+            yt[o] = fix_result(dot, two_neg_s, j->w_scale[o]);
+        }
+    }
+}
+
+void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g4_matmul_i8_fn matmul_i8) {
+    if (n <= 0 || w->out <= 0) return;
+    const int D = G4_FIX_DIGITS, in = w->in, rows = n < FIX_ROWS ? n : FIX_ROWS;
+    int chunk = FIX_ACC / (D * rows);
+    if (chunk > w->out) chunk = w->out;
+    int8_t *digits = malloc((size_t)D * rows * (size_t)(in > 0 ? in : 1));
+    int32_t *acc = malloc(sizeof *acc * (size_t)D * rows * (size_t)chunk);
+    if (!digits || !acc) {
+        free(digits);
+        free(acc);
+        fix_matmul_direct(w, x, n, y);
+        return;
+    }
+    int S[FIX_ROWS];
+    for (int t0 = 0; t0 < n; t0 += rows) {
+        int nt = n - t0 < rows ? n - t0 : rows;
+        for (int t = 0; t < nt; t++) S[t] = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, digits + (size_t)t * D * in);
+        for (int o0 = 0; o0 < w->out; o0 += chunk) {
+            g4_qweight sub = *w;
+            sub.out = w->out - o0 < chunk ? w->out - o0 : chunk;
+            sub.w = w->w + (size_t)o0 * w->row_bytes;
+            matmul_i8(&sub, digits, D * nt, acc);
+            fix_combine_job j = {acc, S, w->w_scale + o0, y + (size_t)t0 * w->out + o0, (size_t)w->out, nt, sub.out};
+            g4_pool_for(sub.out, 64, 8.0 * nt * sub.out, fix_combine, &j);
+        }
+    }
+    free(digits);
+    free(acc);
+}
+
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
+    if (w->bits != 16) {
+        g4_matmul_codes_f32(w, x, n, y, g4_ref_matmul_i8);
+        return;
+    }
     for (int o = 0; o < w->out; o++) {
         const uint8_t *row = w->w + (size_t)o * w->row_bytes;
-        for (int t = 0; t < n; t++) {
-            const float *xt = x + (size_t)t * w->in;
-            float *yt = y + (size_t)t * w->out;
-            if (w->bits == 16) yt[o] = g4_ref_dot_bf16_f32(xt, row, w->in);
-            else yt[o] = w->w_scale[o] * g4_ref_dot_codes_f32(xt, row, w->bits, w->in);
-        }
+        for (int t = 0; t < n; t++) y[(size_t)t * w->out + o] = g4_ref_dot_bf16_f32(x + (size_t)t * w->in, row, w->in);
     }
 }
 
@@ -69,6 +179,47 @@ void g4_ref_acc_scale(const int32_t *acc, int n, int out, float s_in, const floa
 
 float g4_gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+/* e^x for x in [0, 18] (the only range g4_tanhf asks for): x = n ln2 + r, |r| <= ln2 / 2, e^r
+ * from the Cephes expf polynomial, times 2^n built in the exponent bits. */
+static float tanh_exp(float x) {
+    int n = (int)(x * 1.44269504088896341f + 0.5f); /* x >= 0: truncation is floor */
+    float fn = (float)n;
+    float r = (x - fn * 0.693359375f) - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = (p * (r * r) + r) + 1.0f;
+    uint32_t bits = (uint32_t)(n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return e * two_n;
+}
+
+float g4_tanhf(float z) {
+    float a = fabsf(z), t;
+    if (isnan(z)) return z;
+    if (a >= 9.0f) {
+        t = 1.0f;
+    } else if (a < 0.625f) {
+        float z2 = a * a, p = -5.70498872745e-3f;
+        p = p * z2 + 2.06390887954e-2f;
+        p = p * z2 - 5.37397155531e-2f;
+        p = p * z2 + 1.33314422036e-1f;
+        p = p * z2 - 3.33332819422e-1f;
+        t = ((p * z2) * a) + a;
+    } else {
+        t = 1.0f - 2.0f / (tanh_exp(a + a) + 1.0f);
+    }
+    return copysignf(t, z);
+}
+
+void g4_ref_softcap(float *x, size_t n, float cap) {
+    for (size_t i = 0; i < n; i++) x[i] = cap * g4_tanhf(x[i] / cap);
 }
 
 void g4_ref_gelu_mul(float *g, const float *m, size_t n) {

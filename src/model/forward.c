@@ -379,8 +379,7 @@ static void output_head(g4_session *s, int n, int first, float *logits) {
     double cap = m->cfg.final_softcap;
     if (cap > 0) {
         float fc = (float)cap;
-        /* logits[i] = fc * tanhf(logits[i] / fc), split across the pool */
-        g4_softcap(logits, (size_t)(n - first) * V, fc);
+        s->k->softcap(logits, (size_t)(n - first) * V, fc);
     }
 }
 
