@@ -119,6 +119,46 @@ static void test_inspect(void) {
     free(out);
 }
 
+/* g4 bench --json on the fixture: every promised field, consistent with itself; the bandwidth
+ * probe's 1 GiB buffer lives in a child process and must not show in the peak resident memory. */
+static void test_bench(void) {
+    char args[8192];
+    snprintf(args, sizeof args, "bench -m %s -p 16 -n 8 -r 3 -t 2 --act fake --json", tiny_dir());
+    int rc = run(args);
+    char *out = slurp(out_path);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(rc == 0 && j, "bench --json: exit %d, output %s", rc, out);
+    if (j) {
+        double v[16];
+        static const char *keys[] = {"load_s", "prefill_tok_s", "prefill_tok_s_min", "prefill_tok_s_max", "decode_tok_s",
+                                     "decode_tok_s_min", "decode_tok_s_max", "peak_rss_bytes", "threads", "reps",
+                                     "read_bw_bytes_s", "roofline_fraction", "decode_bytes_per_token"};
+        for (int i = 0; i < 13; i++) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, keys[i]);
+            CHECK(cJSON_IsNumber(f), "bench --json: %s missing", keys[i]);
+            v[i] = cJSON_IsNumber(f) ? f->valuedouble : -1;
+        }
+        CHECK(v[0] > 0 && v[1] > 0 && v[4] > 0, "bench: positive load time and speeds");
+        CHECK(v[2] <= v[1] && v[1] <= v[3] && v[5] <= v[4] && v[4] <= v[6], "bench: medians within min..max");
+        CHECK(v[7] > 1e6 && v[7] < 512e6, "bench: peak RSS %.0f B (the probe buffer must not count)", v[7]);
+        CHECK(v[8] == 2 && v[9] == 3, "bench: threads %g, reps %g", v[8], v[9]);
+        CHECK(v[10] > 1e8 && v[11] > 0, "bench: bandwidth %g B/s, roofline fraction %g", v[10], v[11]);
+        const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "act");
+        CHECK(cJSON_IsString(act) && strcmp(act->valuestring, "fake") == 0, "bench: act");
+        const cJSON *ops = cJSON_GetObjectItemCaseSensitive(j, "ops_decode_s");
+        double total = 0;
+        for (const cJSON *o = ops ? ops->child : NULL; o; o = o->next) total += o->valuedouble;
+        CHECK(cJSON_GetArraySize(ops) == 5 && total > 0, "bench: per-operation decode times");
+        cJSON_Delete(j);
+    }
+    free(out);
+    snprintf(args, sizeof args, "bench -m %s -t 0", tiny_dir());
+    expect_error(args, "-t");
+    snprintf(args, sizeof args, "bench -m %s -p 0 -n 0", tiny_dir());
+    expect_error(args, "-p and -n");
+    expect_error("bench", "-m");
+}
+
 static void test_errors(void) {
     char args[8192];
     const char *m = tiny_dir();
@@ -173,6 +213,7 @@ int main(void) {
     test_generation(golden);
     test_npy_outputs(golden);
     test_inspect();
+    test_bench();
     test_errors();
     cJSON_Delete(golden);
     char cmd[600];

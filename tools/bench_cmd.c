@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -40,14 +41,11 @@ static void *sum_slice(void *p) {
     return NULL;
 }
 
-/* Bytes per second read from memory by `threads` threads (best of 5 passes over 1 GiB). */
-static double read_bandwidth(int threads) {
-    size_t bytes = (size_t)1 << 30, n = bytes / 8;
-    uint64_t *buf = malloc(bytes);
-    if (!buf) return 0;
-    for (size_t i = 0; i < n; i++) buf[i] = i;
+/* Bytes per second read from memory by `threads` threads over buf (1 GiB): best of 3 passes. */
+static double read_bandwidth(const uint64_t *buf, size_t bytes, int threads) {
+    size_t n = bytes / 8;
     double best = 0;
-    for (int pass = 0; pass < 5; pass++) {
+    for (int pass = 0; pass < 3; pass++) {
         pthread_t th[64];
         bw_slice sl[64];
         int t_n = threads < 64 ? threads : 64;
@@ -65,8 +63,62 @@ static double read_bandwidth(int threads) {
         if (total == 42) fputc(' ', stderr); /* keeps the sums alive */
         if (bytes / dt > best) best = bytes / dt;
     }
-    free(buf);
     return best;
+}
+
+/* The bandwidth is measured beside every repetition, since this machine's memory speed drifts
+ * from minute to minute. A child process forked before the model loads (so before any pool
+ * thread exists) owns the 1 GiB buffer, so it never counts in the bench's peak resident memory;
+ * it measures whenever it reads a byte from `req` and answers on `resp`. */
+typedef struct {
+    int req, resp;
+    pid_t pid;
+} bw_probe;
+
+static int bw_probe_start(bw_probe *p, int threads) {
+    int a[2], b[2];
+    if (pipe(a) != 0) return -1;
+    if (pipe(b) != 0) {
+        close(a[0]);
+        close(a[1]);
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(a[0]), close(a[1]), close(b[0]), close(b[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(a[1]);
+        close(b[0]);
+        size_t bytes = (size_t)1 << 30;
+        uint64_t *buf = malloc(bytes);
+        if (buf)
+            for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
+        char c;
+        while (read(a[0], &c, 1) == 1) {
+            double bw = buf ? read_bandwidth(buf, bytes, threads) : 0;
+            if (write(b[1], &bw, sizeof bw) != (ssize_t)sizeof bw) break;
+        }
+        _exit(0);
+    }
+    close(a[0]);
+    close(b[1]);
+    *p = (bw_probe){a[1], b[0], pid};
+    return 0;
+}
+
+static double bw_probe_measure(const bw_probe *p) {
+    double bw = 0;
+    char c = 1;
+    if (write(p->req, &c, 1) != 1 || read(p->resp, &bw, sizeof bw) != (ssize_t)sizeof bw) return 0;
+    return bw;
+}
+
+static void bw_probe_stop(bw_probe *p) {
+    close(p->req);
+    close(p->resp);
+    waitpid(p->pid, NULL, 0);
 }
 
 /* ---- one repetition: prefill a random prompt, then decode greedily ---- */
@@ -156,7 +208,8 @@ static int parse_bench(args_t *a, bench_args *b) {
     return 0;
 }
 
-static void print_ops(FILE *f, const char *what, const double *ops, int json) {
+/* ops: seconds per operation over `tokens` tokens. */
+static void print_ops(FILE *f, const char *what, const double *ops, int tokens, int json) {
     double total = 0;
     for (int i = 0; i < G4_PROF_COUNT; i++) total += ops[i];
     if (json) {
@@ -167,13 +220,16 @@ static void print_ops(FILE *f, const char *what, const double *ops, int json) {
     }
     fprintf(f, "  %-8s", what);
     for (int i = 0; i < G4_PROF_COUNT; i++)
-        fprintf(f, "  %s %.1f%%", g4_prof_op_name((g4_prof_op)i), total > 0 ? 100 * ops[i] / total : 0);
+        fprintf(f, "  %s %.2f ms (%.1f%%)", g4_prof_op_name((g4_prof_op)i), tokens > 0 ? 1e3 * ops[i] / tokens : 0,
+                total > 0 ? 100 * ops[i] / total : 0);
     fprintf(f, "\n");
 }
 
 int cmd_bench(args_t *a) {
     bench_args b;
     if (parse_bench(a, &b) != 0) return 1;
+    bw_probe probe;
+    int probing = b.bandwidth && bw_probe_start(&probe, b.threads) == 0;
     g4_kernels_set_threads(b.threads);
     double t0 = now_s();
     g4_model *m = g4_model_load(b.dir);
@@ -181,19 +237,30 @@ int cmd_bench(args_t *a) {
     double load_s = now_s() - t0;
     bench_rep *reps = calloc((size_t)b.reps, sizeof *reps);
     double *pf = calloc((size_t)b.reps, sizeof *pf), *dc = calloc((size_t)b.reps, sizeof *dc);
+    double *bws = calloc((size_t)b.reps, sizeof *bws), *frac = calloc((size_t)b.reps, sizeof *frac);
+    double bytes = (double)g4_model_decode_bytes(m);
     int rc = 0;
     for (int i = 0; i < b.reps && rc == 0; i++) {
+        /* bandwidth just before and just after the repetition, averaged */
+        double bw0 = probing ? bw_probe_measure(&probe) : 0;
         if (run_rep(m, &b, 1234u + (unsigned)i, &reps[i]) != 0) rc = die_lib();
+        double bw1 = probing ? bw_probe_measure(&probe) : 0;
+        bws[i] = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : 0;
         pf[i] = reps[i].prefill_tok_s;
         dc[i] = reps[i].decode_tok_s;
-        if (!b.json && rc == 0)
-            fprintf(stderr, "rep %d: prefill %.2f tok/s, decode %.2f tok/s\n", i + 1, pf[i], dc[i]);
+        frac[i] = bws[i] > 0 ? dc[i] * bytes / bws[i] : 0;
+        if (!b.json && rc == 0) {
+            fprintf(stderr, "rep %d: prefill %.2f tok/s, decode %.2f tok/s", i + 1, pf[i], dc[i]);
+            if (bws[i] > 0) fprintf(stderr, ", read bandwidth %.2f GB/s: decode at %.2f of its roofline", bws[i] / 1e9, frac[i]);
+            fprintf(stderr, "\n");
+        }
     }
+    if (probing) bw_probe_stop(&probe);
     if (rc == 0) {
-        struct rusage ru; /* before the bandwidth test's 1 GiB buffer */
+        struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         double peak = (double)ru.ru_maxrss * 1024;
-        double bw = b.bandwidth ? read_bandwidth(b.threads) : 0;
+        double bw = median(bws, b.reps), fmed = median(frac, b.reps);
         double pmin = pf[0], pmax = pf[0], dmin = dc[0], dmax = dc[0];
         for (int i = 1; i < b.reps; i++) {
             pmin = pf[i] < pmin ? pf[i] : pmin;
@@ -202,7 +269,7 @@ int cmd_bench(args_t *a) {
             dmax = dc[i] > dmax ? dc[i] : dmax;
         }
         double pmed = median(pf, b.reps), dmed = median(dc, b.reps);
-        double bytes = (double)g4_model_decode_bytes(m), roof = bw > 0 ? bw / bytes : 0;
+        double roof = bw > 0 ? bw / bytes : 0;
         const bench_rep *last = &reps[b.reps - 1];
         if (b.json) {
             printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"prompt_tokens\": %d, "
@@ -211,9 +278,9 @@ int cmd_bench(args_t *a) {
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
                    "\"roofline_fraction\": %.4f",
                    b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
-                   dmed, dmin, dmax, peak, bytes, bw, roof, roof > 0 ? dmed / roof : 0);
-            print_ops(stdout, "prefill", last->prof_prefill, 1);
-            print_ops(stdout, "decode", last->prof_decode, 1);
+                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed);
+            print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
+            print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
             printf("}\n");
         } else {
             printf("model %s, kernels %s, %d thread(s), --act %s, %d reps\n", b.dir, g4_kernels_get()->name, b.threads,
@@ -223,16 +290,19 @@ int cmd_bench(args_t *a) {
             printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);
             printf("  peak resident   %.1f MiB\n", peak / 1048576);
             if (bw > 0)
-                printf("  read bandwidth  %.2f GB/s -> roofline %.2f tok/s at %.2f MB/token; decode at %.2f of it\n", bw / 1e9,
-                       roof, bytes / 1e6, dmed / roof);
-            printf("time per operation (last rep):\n");
-            print_ops(stdout, "prefill", last->prof_prefill, 0);
-            print_ops(stdout, "decode", last->prof_decode, 0);
+                printf("  read bandwidth  %.2f GB/s median, measured beside each rep -> roofline %.2f tok/s at %.2f MB/token;\n"
+                       "                  decode at %.2f of it (median of the reps' own ratios)\n",
+                       bw / 1e9, roof, bytes / 1e6, fmed);
+            printf("time per operation and token (last rep):\n");
+            print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 0);
+            print_ops(stdout, "decode", last->prof_decode, b.gen, 0);
         }
     }
     free(reps);
     free(pf);
     free(dc);
+    free(bws);
+    free(frac);
     g4_model_free(m);
     return rc;
 }

@@ -852,37 +852,47 @@ INLINE void attn_values(const g4_attn_row *c, size_t stride, size_t off, const f
 #define ATTN_PJ(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
 #define ATTN_DC(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
 
-INLINE void attn_heads(const g4_attn *a, int t, int h0, float *scores, const int H) {
+/* Scores of positions [j0, j1) for heads [h0, h0 + H) of row t into scores[h * count + j]. */
+INLINE void attn_heads_scores(const g4_attn *a, int t, int h0, float *scores, int j0, int j1, const int H) {
+    const g4_attn_row *c = &a->rows[t];
+    const int hd = a->head_dim, count = c->hi - c->lo + 1;
+    const size_t off = (size_t)(h0 / a->group) * hd;
+    const float *q = a->q + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
+    int j = j0;
+    for (; j + ATTN_PJ(H) <= j1; j += ATTN_PJ(H)) attn_scores(a, c, q, off, j, count, scores, H, ATTN_PJ(H));
+    for (; j < j1; j++) attn_scores(a, c, q, off, j, count, scores, H, 1);
+}
+
+/* Softmax weights of one head's scores, as the reference: max, expf, the sum in order, e / sum. */
+static void attn_softmax(float *sc, int count) {
+    float mx = -INFINITY, sum = 0;
+    for (int i = 0; i < count; i++)
+        if (sc[i] > mx) mx = sc[i];
+    for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
+    int i = 0;
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(sum)));
+    for (; i < count; i++) sc[i] = sc[i] / sum;
+}
+
+/* out for heads [h0, h0 + H) of row t, elements [d0, d1) of each head (d0 a multiple of 8; d1 a
+ * multiple of 8 or the head dim): the sum of weight * V row, position by position, a block of V
+ * rows at a time. */
+INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scores, int d0, int d1, const int H) {
     const g4_attn_row *c = &a->rows[t];
     const int hd = a->head_dim, hd8 = hd & ~7, count = c->hi - c->lo + 1;
     const size_t off = (size_t)(h0 / a->group) * hd, stride = (size_t)a->kv_width;
-    const float *q = a->q + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
     float *out = a->out + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
-    /* scores */
-    int j = 0;
-    for (; j + ATTN_PJ(H) <= count; j += ATTN_PJ(H)) attn_scores(a, c, q, off, j, count, scores, H, ATTN_PJ(H));
-    for (; j < count; j++) attn_scores(a, c, q, off, j, count, scores, H, 1);
-    /* softmax weights, as the reference: max, expf, the sum in order, then e / sum */
-    for (int h = 0; h < H; h++) {
-        float *sc = scores + (size_t)h * count, mx = -INFINITY, sum = 0;
-        for (int i = 0; i < count; i++)
-            if (sc[i] > mx) mx = sc[i];
-        for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
-        int i = 0;
-        for (; i + 8 <= count; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(sum)));
-        for (; i < count; i++) sc[i] = sc[i] / sum;
-    }
-    /* out = sum of weight * V row, position by position, a block of V rows at a time */
-    int jblock = (int)(ATTN_VBLOCK / ((size_t)hd * (c->vq ? 1 : 4)));
+    int dv = d1 < hd8 ? d1 : hd8;
+    int jblock = (int)(ATTN_VBLOCK / ((size_t)(d1 - d0) * (c->vq ? 1 : 4)));
     if (jblock < 1) jblock = 1;
     for (int j0 = 0; j0 < count; j0 += jblock) {
         int j1 = count - j0 > jblock ? j0 + jblock : count;
-        int d = 0;
-        for (; d + 8 * ATTN_DC(H) <= hd8; d += 8 * ATTN_DC(H))
+        int d = d0;
+        for (; d + 8 * ATTN_DC(H) <= dv; d += 8 * ATTN_DC(H))
             attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
-        for (; d < hd8; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
+        for (; d < dv; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
         for (int h = 0; h < H; h++)
-            for (d = hd8; d < hd; d++) {
+            for (d = hd8 > d0 ? hd8 : d0; d < d1; d++) {
                 float *od = out + (size_t)h * hd + d, acc = j0 ? *od : 0.0f;
                 for (int i = j0; i < j1; i++) {
                     size_t row = (size_t)(c->lo + i) * stride + off + (size_t)d;
@@ -893,6 +903,24 @@ INLINE void attn_heads(const g4_attn *a, int t, int h0, float *scores, const int
             }
     }
 }
+
+INLINE void attn_heads(const g4_attn *a, int t, int h0, float *scores, const int H) {
+    const g4_attn_row *c = &a->rows[t];
+    const int count = c->hi - c->lo + 1;
+    attn_heads_scores(a, t, h0, scores, 0, count, H);
+    for (int h = 0; h < H; h++) attn_softmax(scores + (size_t)h * count, count);
+    attn_heads_values(a, t, h0, scores, 0, a->head_dim, H);
+}
+
+/* Runs fn(a, t, h, ...) over heads [h0, h1) in groups of 8, 4, 2 and 1 (the instantiated widths). */
+#define ATTN_BY_WIDTH(FN, h0, h1, ...)                                 \
+    for (int h_ = (h0); h_ < (h1);) {                                  \
+        int k_ = (h1) - h_;                                            \
+        if (k_ >= 8) { FN(__VA_ARGS__, h_, 8); h_ += 8; }              \
+        else if (k_ >= 4) { FN(__VA_ARGS__, h_, 4); h_ += 4; }         \
+        else if (k_ >= 2) { FN(__VA_ARGS__, h_, 2); h_ += 2; }         \
+        else { FN(__VA_ARGS__, h_, 1); h_ += 1; }                      \
+    }
 
 static void attn_items(void *ctx, int b, int e) {
     const attn_job *job = ctx;
@@ -911,17 +939,91 @@ static void attn_items(void *ctx, int b, int e) {
             for (int h = h0; h < h1; h++) g4_ref_attention_head(a, t, h, NULL);
             continue;
         }
-        for (int h = h0; h < h1;) {
-            int k = h1 - h;
-            switch (k >= 8 ? 8 : k) {
-            case 8: attn_heads(a, t, h, scores, 8); h += 8; break;
-            case 7: case 6: case 5: case 4: attn_heads(a, t, h, scores, 4); h += 4; break;
-            case 3: case 2: attn_heads(a, t, h, scores, 2); h += 2; break;
-            default: attn_heads(a, t, h, scores, 1); h += 1; break;
-            }
-        }
+#define HEADS(A, T, SC, H0, W) attn_heads(A, T, H0, SC, W)
+        ATTN_BY_WIDTH(HEADS, h0, h1, a, t, scores)
+#undef HEADS
     }
     free(scores);
+}
+
+/* Few query rows (decode): the work is split by position for the scores and by head element for
+ * the values, so every K and V row is converted once for all the heads that read it, whatever
+ * the thread count; the softmax of each head runs in between. Each score, weight and output
+ * element is still computed by one thread exactly as the reference does. */
+typedef struct {
+    const g4_attn *a;
+    float *scores;    /* row t, head h: scores + base[t] + h * count_t */
+    const size_t *base;
+    int n_kv, pieces; /* items per (row, KV head) */
+    int per;          /* positions or elements per item */
+} attn_split_job;
+
+static int attn_count(const g4_attn *a, int t) { return a->rows[t].hi - a->rows[t].lo + 1; }
+
+static void attn_split_scores(void *ctx, int b, int e) {
+    const attn_split_job *j = ctx;
+    const g4_attn *a = j->a;
+    for (int i = b; i < e; i++) {
+        int t = i / (j->n_kv * j->pieces), g = i / j->pieces % j->n_kv, p = i % j->pieces, count = attn_count(a, t);
+        int j0 = p * j->per, j1 = j0 + j->per < count ? j0 + j->per : count, h0 = g * a->group;
+        float *sc = j->scores + j->base[t];
+        if (j0 >= j1) continue;
+#define SCORES(A, T, SC, J0, J1, H0, W) attn_heads_scores(A, T, H0, (SC) + (size_t)(H0) * count, J0, J1, W)
+        ATTN_BY_WIDTH(SCORES, h0, h0 + a->group, a, t, sc, j0, j1)
+#undef SCORES
+    }
+}
+
+static void attn_split_softmax(void *ctx, int b, int e) {
+    const attn_split_job *j = ctx;
+    for (int i = b; i < e; i++) {
+        int t = i / j->a->n_heads, h = i % j->a->n_heads, count = attn_count(j->a, t);
+        attn_softmax(j->scores + j->base[t] + (size_t)h * count, count);
+    }
+}
+
+static void attn_split_values(void *ctx, int b, int e) {
+    const attn_split_job *j = ctx;
+    const g4_attn *a = j->a;
+    for (int i = b; i < e; i++) {
+        int t = i / (j->n_kv * j->pieces), g = i / j->pieces % j->n_kv, p = i % j->pieces, count = attn_count(a, t);
+        int d0 = p * j->per, d1 = d0 + j->per < a->head_dim ? d0 + j->per : a->head_dim, h0 = g * a->group;
+        const float *sc = j->scores + j->base[t];
+        if (d0 >= d1) continue;
+#define VALUES(A, T, SC, D0, D1, H0, W) attn_heads_values(A, T, H0, (SC) + (size_t)(H0) * count, D0, D1, W)
+        ATTN_BY_WIDTH(VALUES, h0, h0 + a->group, a, t, sc, d0, d1)
+#undef VALUES
+    }
+}
+
+/* 0 when out of memory (the caller then takes the per-row path). */
+static int attention_split(const g4_attn *a, int n_kv) {
+    size_t *base = malloc(sizeof *base * (size_t)a->n), total = 0;
+    int most = 1;
+    for (int t = 0; base && t < a->n; t++) {
+        base[t] = total;
+        total += (size_t)attn_count(a, t) * a->n_heads;
+        if (attn_count(a, t) > most) most = attn_count(a, t);
+    }
+    float *scores = base ? malloc(sizeof *scores * total) : NULL;
+    if (!scores) {
+        free(base);
+        return 0;
+    }
+    attn_split_job j = {a, scores, base, n_kv, 0, 0};
+    double work = g4_attention_work(a);
+    /* scores: blocks of 64 positions */
+    j.per = 64;
+    j.pieces = (most + j.per - 1) / j.per;
+    g4_pool_for(a->n * n_kv * j.pieces, 1, work / 2, attn_split_scores, &j);
+    g4_pool_for(a->n * a->n_heads, 1, (double)total * 10.0, attn_split_softmax, &j);
+    /* values: 64 elements of each head per item (one cache line of an int8 V row) */
+    j.per = 64;
+    j.pieces = (a->head_dim + j.per - 1) / j.per;
+    g4_pool_for(a->n * n_kv * j.pieces, 1, work / 2, attn_split_values, &j);
+    free(scores);
+    free(base);
+    return 1;
 }
 
 static void avx2_attention(const g4_attn *a) {
@@ -931,14 +1033,10 @@ static void avx2_attention(const g4_attn *a) {
         return;
     }
     int n_kv = a->n_heads / a->group;
-    /* enough items to share among a few threads when there is one row (decode), else whole
-     * groups, so each K/V row serves every head that reads it */
+    if (a->n * n_kv < 4 && attention_split(a, n_kv)) return;
+    /* whole groups per item, so each K/V row serves every head that reads it */
     attn_job job = {a, a->group, 1};
-    if (a->n * n_kv < 4) {
-        job.per = a->group >= 8 ? a->group / 4 : a->group >= 2 ? a->group / 2 : 1;
-        job.parts = (a->group + job.per - 1) / job.per;
-    }
-    g4_pool_for(a->n * n_kv * job.parts, 1, g4_attention_work(a), attn_items, &job);
+    g4_pool_for(a->n * n_kv, 1, g4_attention_work(a), attn_items, &job);
 }
 
 /* ------------------------------------------------------------------ softcap --------------- */
