@@ -490,9 +490,9 @@ static void fixed_point_accuracy(void) {
             for (int i = 0; i < in; i++) mx = fabsf(xt[i]) > mx ? fabsf(xt[i]) : mx;
             int e = 0;
             if (mx > 0) frexpf(mx, &e);
-            long double step = ldexpl(1.0L, e - 30); /* 2^-S */
+            long double step = ldexpl(1.0L, e - G4_FIX_BITS); /* 2^-S */
             int S = g4_fix_split_row(xt, in, digits);
-            CHECK_EQ_INT(S, 30 - e);
+            CHECK_EQ_INT(S, G4_FIX_BITS - e);
             for (int i = 0; i < in; i++) {
                 long double v = 0;
                 for (int p = G4_FIX_DIGITS - 1; p >= 0; p--) v = v * 256 + digits[(size_t)p * in + i];

@@ -20,7 +20,7 @@ float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n) {
     return g4_reduce8(acc);
 }
 
-/* The row's S (|x| * 2^S < 2^30), or INT32_MIN when it holds a NaN or an infinity. */
+/* The row's S (|x| * 2^S < 2^G4_FIX_BITS), or INT32_MIN when it holds a NaN or an infinity. */
 static int fix_exponent(const float *x, int in) {
     float mx = 0;
     for (int i = 0; i < in; i++) {
@@ -30,7 +30,7 @@ static int fix_exponent(const float *x, int in) {
     }
     int e = 0;
     if (mx > 0) frexpf(mx, &e); /* mx < 2^e */
-    return 30 - e;
+    return G4_FIX_BITS - e;
 }
 
 /* X = x * 2^S rounded half to even: the product is exact in double (a power-of-two scale well
@@ -45,7 +45,7 @@ int g4_fix_split_row(const float *x, int in, int8_t *digits) {
     if (S == INT32_MIN) return S;
     double two_s = ldexp(1.0, S);
     for (int i = 0; i < in; i++) {
-        int32_t X = fix_value(x[i], two_s); /* |X| <= 2^30 */
+        int32_t X = fix_value(x[i], two_s); /* |X| <= 2^G4_FIX_BITS */
         for (int p = 0; p < G4_FIX_DIGITS - 1; p++) {
             int32_t d = (int32_t)(((uint32_t)X + 128u) & 255u) - 128; /* balanced digit, -128..127 */
             digits[(size_t)p * in + i] = (int8_t)d;
