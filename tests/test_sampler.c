@@ -1,5 +1,6 @@
 /* Sampling against worked examples: greedy and the repetition penalty, and the sampled
  * frequencies of a known distribution under temperature, top-k, top-p and min-p. */
+#include <math.h>
 #include "generate/sampler.h"
 #include "testutil.h"
 
@@ -29,7 +30,30 @@ static void expect_freq(const char *what, const double *freq, const double *want
         CHECK(fabs(freq[i] - want[i]) < 0.012, "%s: token %d frequency %.4f, expected %.4f", what, i, freq[i], want[i]);
 }
 
+/* g4_argmax against the plain loop (first index of the largest value; NaNs never win unless at
+ * index 0) on random arrays with ties, infinities, NaNs and every tail length. */
+static void argmax_matches_plain_loop(void) {
+    unsigned seed = 12345;
+    int bad = 0;
+    for (int c = 0; c < 4000; c++) {
+        int n = 1 + c % 70;
+        float v[70];
+        for (int i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            unsigned r = seed >> 16;
+            v[i] = r % 13 == 0 ? NAN : r % 17 == 0 ? INFINITY : r % 19 == 0 ? -INFINITY : (float)(int)(r % 7) - 3.0f;
+            if (c % 5 == 0) v[i] = -INFINITY;
+        }
+        int want = 0;
+        for (int i = 1; i < n; i++)
+            if (v[i] > v[want]) want = i;
+        bad += g4_argmax(v, n) != want;
+    }
+    CHECK(bad == 0, "g4_argmax differs from the plain loop on %d of 4000 arrays", bad);
+}
+
 int main(void) {
+    argmax_matches_plain_loop();
     /* probabilities 0.5, 0.3, 0.2, 0, 0 (two tokens at -inf) */
     const float logits[V] = {logf(0.5f), logf(0.3f), logf(0.2f), -INFINITY, -INFINITY};
     double f[V];

@@ -77,10 +77,15 @@ void g4_options_default(g4_options *o) {
 /* ---- elementwise operations (all fp32, no quantization) ---- */
 
 static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    /* squares are exact in double; four running sums (i mod 4) keep the adds independent */
+    double s4[4] = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int l = 0; l < 4; l++) s4[l] += (double)x[i + l] * x[i + l];
+    for (; i < n; i++) s4[i & 3] += (double)x[i] * x[i];
+    double ss = (s4[0] + s4[1]) + (s4[2] + s4[3]);
     float r = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) y[i] = w ? x[i] * r * w[i] : x[i] * r;
+    for (i = 0; i < n; i++) y[i] = w ? x[i] * r * w[i] : x[i] * r;
 }
 
 /* rmsnorm over each of `rows` consecutive vectors of `width`. */
@@ -463,11 +468,25 @@ int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, in
     return 0;
 }
 
+/* The first index of the largest value, NaNs never winning, except that a NaN at index 0 wins
+ * (nothing compares greater than it): the plain loop's answer. Eight lanes (i mod 8) keep
+ * independent running maxima so the compares do not wait on each other; ties between lanes go to
+ * the smaller index. */
 int g4_argmax(const float *logits, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
+    if (n <= 0 || isnan(logits[0])) return 0;
+    float mv[8];
+    int mi[8];
+    for (int l = 0; l < 8; l++) mv[l] = -INFINITY, mi[l] = -1;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            if (logits[i + l] > mv[l]) mv[l] = logits[i + l], mi[l] = i + l;
+    for (; i < n; i++)
+        if (logits[i] > mv[i & 7]) mv[i & 7] = logits[i], mi[i & 7] = i;
+    int best = -1;
+    for (int l = 0; l < 8; l++)
+        if (mi[l] >= 0 && (best < 0 || mv[l] > logits[best] || (mv[l] == logits[best] && mi[l] < best))) best = mi[l];
+    return best < 0 ? 0 : best; /* every value -inf or NaN: index 0, as the plain loop */
 }
 
 static void *alloc_or_flag(size_t bytes, int *ok) {
