@@ -1,7 +1,8 @@
 /* AVX2 kernels. The file needs no compiler flags: the kernels are compiled for AVX2 through a
- * target pragma and only called after g4_avx2_supported() said yes, so the rest of the program
- * stays baseline x86-64. FMA is deliberately not enabled: the float dots must round the product
- * and the sum separately, exactly like the reference.
+ * target pragma (AVX2 and FMA) and only called after g4_avx2_supported() said yes, so the rest
+ * of the program stays baseline x86-64. Fused multiply-adds appear only where the reference has
+ * fmaf (the attention dots and sums); -ffp-contract=off keeps the compiler from fusing anything
+ * else, since elsewhere the reference rounds the product and the sum separately.
  *
  * Both matmuls compute a tile of RO weight rows x RT activation rows at a time: each weight block
  * is unpacked once into registers and used for RT activation rows (prefill reuse), and RO
@@ -23,10 +24,10 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,fma")
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
@@ -768,7 +769,7 @@ INLINE float attn_finish(__m256 acc, const float *q, const int8_t *kq, const flo
     if (hd8 == hd) return reduce8_ps(acc);
     float lanes[8];
     _mm256_storeu_ps(lanes, acc);
-    for (int i = hd8; i < hd; i++) lanes[i & 7] += q[i] * (kq ? (float)kq[i] : kf[i]);
+    for (int i = hd8; i < hd; i++) lanes[i & 7] = fmaf(q[i], kq ? (float)kq[i] : kf[i], lanes[i & 7]);
     return g4_reduce8(lanes);
 }
 
@@ -800,7 +801,7 @@ INLINE void attn_scores(const g4_attn *a, const g4_attn_row *c, const float *q, 
         for (int h = 0; h < H; h++) {
             __m256 qv = _mm256_loadu_ps(q + (size_t)h * hd + d);
 #pragma GCC unroll 8
-            for (int p = 0; p < PJ; p++) acc[p][h] = _mm256_add_ps(acc[p][h], _mm256_mul_ps(qv, k[p]));
+            for (int p = 0; p < PJ; p++) acc[p][h] = _mm256_fmadd_ps(qv, k[p], acc[p][h]);
         }
     }
 #pragma GCC unroll 8
@@ -833,7 +834,7 @@ INLINE void attn_values(const g4_attn_row *c, size_t stride, size_t off, const f
         for (int h = 0; h < H; h++) {
             __m256 w = _mm256_broadcast_ss(scores + (size_t)h * count + j);
 #pragma GCC unroll 8
-            for (int k = 0; k < DC; k++) o[h][k] = _mm256_add_ps(o[h][k], _mm256_mul_ps(w, v[k]));
+            for (int k = 0; k < DC; k++) o[h][k] = _mm256_fmadd_ps(w, v[k], o[h][k]);
         }
     }
     int last = j1 == count;
@@ -897,7 +898,7 @@ INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scor
                 for (int i = j0; i < j1; i++) {
                     size_t row = (size_t)(c->lo + i) * stride + off + (size_t)d;
                     float w = scores[(size_t)h * count + i];
-                    acc += c->vq ? w * (float)c->vq[row] : w * c->vf[row];
+                    acc = fmaf(w, c->vq ? (float)c->vq[row] : c->vf[row], acc);
                 }
                 *od = j1 == count && c->vq ? acc * c->v_scale : acc;
             }
@@ -1119,7 +1120,7 @@ const g4_kernels g4_kernels_avx2 = {
 /* Outside the target region: this runs on CPUs without AVX2. */
 int g4_avx2_supported(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 #else /* not x86 */

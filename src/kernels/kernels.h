@@ -78,9 +78,11 @@ typedef struct {
 
 /* Causal softmax attention (scale 1) of n query rows [n][n_heads * head_dim] into out (same shape);
  * head h reads KV head h / group, at offset (h / group) * head_dim of each cache row. Per head:
- * score_j = k_scale * dot(q, k_j) (int8) or dot(q, k_j) (f32), the dot in the fixed 8-lane order;
- * m = max score; e_j = expf(score_j - m), sum = e_lo + ... + e_hi in order; out[d] = +0, then
- * out[d] += (e_j / sum) * v_j[d] for j = lo .. hi in order; then out[d] *= v_scale (int8 V). */
+ * score_j = k_scale * dot(q, k_j) (int8) or dot(q, k_j) (f32), the dot in the fixed 8-lane order
+ * with fused multiply-adds (acc[i & 7] = fmaf(q[i], k[i], acc[i & 7])); m = max score;
+ * e_j = expf(score_j - m), sum = e_lo + ... + e_hi in order; out[d] = +0, then
+ * out[d] = fmaf(e_j / sum, v_j[d], out[d]) for j = lo .. hi in order; then out[d] *= v_scale
+ * (int8 V). */
 typedef struct {
     int n, n_heads, head_dim, kv_width, group;
     const float *q;

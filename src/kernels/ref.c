@@ -226,15 +226,17 @@ void g4_ref_gelu_mul(float *g, const float *m, size_t n) {
     for (size_t i = 0; i < n; i++) g[i] = g4_gelu_tanh(g[i]) * m[i];
 }
 
+/* The attention dots and sums use fused multiply-adds (one rounding per term): a vector level
+ * does the same with its FMA instructions. */
 static float dot_codes(const float *a, const int8_t *c, int n) {
     float acc[8] = {0};
-    for (int i = 0; i < n; i++) acc[i & 7] += a[i] * (float)c[i];
+    for (int i = 0; i < n; i++) acc[i & 7] = fmaf(a[i], (float)c[i], acc[i & 7]);
     return g4_reduce8(acc);
 }
 
 static float dot_f32(const float *a, const float *b, int n) {
     float acc[8] = {0};
-    for (int i = 0; i < n; i++) acc[i & 7] += a[i] * b[i];
+    for (int i = 0; i < n; i++) acc[i & 7] = fmaf(a[i], b[i], acc[i & 7]);
     return g4_reduce8(acc);
 }
 
@@ -268,9 +270,9 @@ void g4_ref_attention_head(const g4_attn *a, int t, int h, float *scores) {
         float w = (scores ? scores[j - lo] : expf(attn_score(a, c, q, h, j) - mx)) / sum;
         size_t row = (size_t)j * a->kv_width + off;
         if (c->vq)
-            for (int d = 0; d < hd; d++) out[d] += w * (float)c->vq[row + d];
+            for (int d = 0; d < hd; d++) out[d] = fmaf(w, (float)c->vq[row + d], out[d]);
         else
-            for (int d = 0; d < hd; d++) out[d] += w * c->vf[row + d];
+            for (int d = 0; d < hd; d++) out[d] = fmaf(w, c->vf[row + d], out[d]);
     }
     if (c->vq)
         for (int d = 0; d < hd; d++) out[d] *= c->v_scale;
