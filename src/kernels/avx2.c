@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "kernels.h"
 #include "levels.h"
 #include "pool.h"
@@ -750,16 +751,12 @@ static void avx2_gelu_mul(float *g, const float *m, size_t n, float scale) {
 
 /* ------------------------------------------------------------------ attention -------------- */
 
-/* Each work item is heads [h0, h0 + H) of one query row, all reading the same KV head, so a K or
- * V row is loaded and converted once for the H heads. Every score, weight and output element is
- * computed exactly as the reference does: the dots in the 8-lane order (one vector lane per
- * reference lane), the softmax in scalar code with libm expf, and each output element summed over
- * positions in order (one lane per element). */
-typedef struct {
-    const g4_attn *a;
-    int per;   /* heads per item */
-    int parts; /* items per (row, KV head) */
-} attn_job;
+/* The kernels of the shared attention schedule (kernels/attention.c). Every score, weight and
+ * output element is computed exactly as the reference does: the dots in the 8-lane order (one
+ * vector lane per reference lane) with fused multiply-adds, the softmax in scalar code with libm
+ * expf, and each output element summed over positions in order (one lane per element). Heads
+ * that read one KV head are done together, so each K or V row is loaded and converted once for
+ * all of them. */
 
 /* Rows of V summed per pass over the output, so that they stay in L1 across the head dim. */
 #define ATTN_VBLOCK 16384
@@ -905,140 +902,37 @@ INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scor
     }
 }
 
-INLINE void attn_heads(const g4_attn *a, int t, int h0, float *scores, const int H) {
-    const g4_attn_row *c = &a->rows[t];
-    const int count = c->hi - c->lo + 1;
-    attn_heads_scores(a, t, h0, scores, 0, count, H);
-    for (int h = 0; h < H; h++) attn_softmax(scores + (size_t)h * count, count);
-    attn_heads_values(a, t, h0, scores, 0, a->head_dim, H);
-}
-
-/* Runs fn(a, t, h, ...) over heads [h0, h1) in groups of 8, 4, 2 and 1 (the instantiated widths). */
-#define ATTN_BY_WIDTH(FN, h0, h1, ...)                                 \
-    for (int h_ = (h0); h_ < (h1);) {                                  \
-        int k_ = (h1) - h_;                                            \
-        if (k_ >= 8) { FN(__VA_ARGS__, h_, 8); h_ += 8; }              \
-        else if (k_ >= 4) { FN(__VA_ARGS__, h_, 4); h_ += 4; }         \
-        else if (k_ >= 2) { FN(__VA_ARGS__, h_, 2); h_ += 2; }         \
-        else { FN(__VA_ARGS__, h_, 1); h_ += 1; }                      \
+/* Runs FN over heads [h0, h1) in groups of 8, 4, 2 and 1 (the instantiated widths); FN gets the
+ * group's first head and width. */
+#define ATTN_BY_WIDTH(FN, h0, h1)                                             \
+    for (int h_ = (h0); h_ < (h1);) {                                         \
+        int k_ = (h1) - h_, w_ = k_ >= 8 ? 8 : k_ >= 4 ? 4 : k_ >= 2 ? 2 : 1; \
+        switch (w_) {                                                         \
+        case 8: FN(h_, 8); break;                                             \
+        case 4: FN(h_, 4); break;                                             \
+        case 2: FN(h_, 2); break;                                             \
+        default: FN(h_, 1); break;                                            \
+        }                                                                     \
+        h_ += w_;                                                             \
     }
 
-static void attn_items(void *ctx, int b, int e) {
-    const attn_job *job = ctx;
-    const g4_attn *a = job->a;
-    int n_kv = a->n_heads / a->group, most = 1;
-    for (int i = b; i < e; i++) {
-        const g4_attn_row *r = &a->rows[i / (n_kv * job->parts)];
-        if (r->hi - r->lo + 1 > most) most = r->hi - r->lo + 1;
-    }
-    float *scores = malloc(sizeof *scores * (size_t)most * (size_t)job->per);
-    for (int i = b; i < e; i++) {
-        int t = i / (n_kv * job->parts), g = i / job->parts % n_kv, part = i % job->parts;
-        int h0 = g * a->group + part * job->per, h1 = h0 + job->per;
-        if (h1 > (g + 1) * a->group) h1 = (g + 1) * a->group;
-        if (!scores) { /* out of memory: the reference recomputes what it cannot keep */
-            for (int h = h0; h < h1; h++) g4_ref_attention_head(a, t, h, NULL);
-            continue;
-        }
-#define HEADS(A, T, SC, H0, W) attn_heads(A, T, H0, SC, W)
-        ATTN_BY_WIDTH(HEADS, h0, h1, a, t, scores)
-#undef HEADS
-    }
-    free(scores);
-}
-
-/* Few query rows (decode): the work is split by position for the scores and by head element for
- * the values, so every K and V row is converted once for all the heads that read it, whatever
- * the thread count; the softmax of each head runs in between. Each score, weight and output
- * element is still computed by one thread exactly as the reference does. */
-typedef struct {
-    const g4_attn *a;
-    float *scores;    /* row t, head h: scores + base[t] + h * count_t */
-    const size_t *base;
-    int n_kv, pieces; /* items per (row, KV head) */
-    int per;          /* positions or elements per item */
-} attn_split_job;
-
-static int attn_count(const g4_attn *a, int t) { return a->rows[t].hi - a->rows[t].lo + 1; }
-
-static void attn_split_scores(void *ctx, int b, int e) {
-    const attn_split_job *j = ctx;
-    const g4_attn *a = j->a;
-    for (int i = b; i < e; i++) {
-        int t = i / (j->n_kv * j->pieces), g = i / j->pieces % j->n_kv, p = i % j->pieces, count = attn_count(a, t);
-        int j0 = p * j->per, j1 = j0 + j->per < count ? j0 + j->per : count, h0 = g * a->group;
-        float *sc = j->scores + j->base[t];
-        if (j0 >= j1) continue;
-#define SCORES(A, T, SC, J0, J1, H0, W) attn_heads_scores(A, T, H0, (SC) + (size_t)(H0) * count, J0, J1, W)
-        ATTN_BY_WIDTH(SCORES, h0, h0 + a->group, a, t, sc, j0, j1)
+static void avx2_attn_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {
+    const int count = a->rows[t].hi - a->rows[t].lo + 1;
+#define SCORES(H0, W) attn_heads_scores(a, t, H0, scores + (size_t)((H0) - h0) * count, j0, j1, W)
+    ATTN_BY_WIDTH(SCORES, h0, h0 + nh)
 #undef SCORES
-    }
 }
 
-static void attn_split_softmax(void *ctx, int b, int e) {
-    const attn_split_job *j = ctx;
-    for (int i = b; i < e; i++) {
-        int t = i / j->a->n_heads, h = i % j->a->n_heads, count = attn_count(j->a, t);
-        attn_softmax(j->scores + j->base[t] + (size_t)h * count, count);
-    }
-}
-
-static void attn_split_values(void *ctx, int b, int e) {
-    const attn_split_job *j = ctx;
-    const g4_attn *a = j->a;
-    for (int i = b; i < e; i++) {
-        int t = i / (j->n_kv * j->pieces), g = i / j->pieces % j->n_kv, p = i % j->pieces, count = attn_count(a, t);
-        int d0 = p * j->per, d1 = d0 + j->per < a->head_dim ? d0 + j->per : a->head_dim, h0 = g * a->group;
-        const float *sc = j->scores + j->base[t];
-        if (d0 >= d1) continue;
-#define VALUES(A, T, SC, D0, D1, H0, W) attn_heads_values(A, T, H0, (SC) + (size_t)(H0) * count, D0, D1, W)
-        ATTN_BY_WIDTH(VALUES, h0, h0 + a->group, a, t, sc, d0, d1)
+static void avx2_attn_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1) {
+    const int count = a->rows[t].hi - a->rows[t].lo + 1;
+#define VALUES(H0, W) attn_heads_values(a, t, H0, scores + (size_t)((H0) - h0) * count, d0, d1, W)
+    ATTN_BY_WIDTH(VALUES, h0, h0 + nh)
 #undef VALUES
-    }
 }
 
-/* 0 when out of memory (the caller then takes the per-row path). */
-static int attention_split(const g4_attn *a, int n_kv) {
-    size_t *base = malloc(sizeof *base * (size_t)a->n), total = 0;
-    int most = 1;
-    for (int t = 0; base && t < a->n; t++) {
-        base[t] = total;
-        total += (size_t)attn_count(a, t) * a->n_heads;
-        if (attn_count(a, t) > most) most = attn_count(a, t);
-    }
-    float *scores = base ? malloc(sizeof *scores * total) : NULL;
-    if (!scores) {
-        free(base);
-        return 0;
-    }
-    attn_split_job j = {a, scores, base, n_kv, 0, 0};
-    double work = g4_attention_work(a);
-    /* scores: blocks of 64 positions */
-    j.per = 64;
-    j.pieces = (most + j.per - 1) / j.per;
-    g4_pool_for(a->n * n_kv * j.pieces, 1, work / 2, attn_split_scores, &j);
-    g4_pool_for(a->n * a->n_heads, 1, (double)total * 10.0, attn_split_softmax, &j);
-    /* values: 64 elements of each head per item (one cache line of an int8 V row) */
-    j.per = 64;
-    j.pieces = (a->head_dim + j.per - 1) / j.per;
-    g4_pool_for(a->n * n_kv * j.pieces, 1, work / 2, attn_split_values, &j);
-    free(scores);
-    free(base);
-    return 1;
-}
+static const g4_attn_ops avx2_attn_ops = {avx2_attn_scores, attn_softmax, avx2_attn_values};
 
-static void avx2_attention(const g4_attn *a) {
-    if (a->n <= 0 || a->n_heads <= 0) return;
-    if (a->group <= 0 || a->n_heads % a->group) { /* not a grouped layout this file knows */
-        g4_portable_attention(a);
-        return;
-    }
-    int n_kv = a->n_heads / a->group;
-    if (a->n * n_kv < 4 && attention_split(a, n_kv)) return;
-    /* whole groups per item, so each K/V row serves every head that reads it */
-    attn_job job = {a, a->group, 1};
-    g4_pool_for(a->n * n_kv, 1, g4_attention_work(a), attn_items, &job);
-}
+static void avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_ops); }
 
 /* ------------------------------------------------------------------ softcap --------------- */
 

@@ -7,7 +7,8 @@
  * vmull_s8 into int16, which is exact; products are widened into int32 lanes with vpadalq_s16
  * before an int16 sum could overflow. Only baseline instructions: no SDOT (dotprod extension).
  * float: the 8 reference lanes are two float32x4 accumulators (lanes 0-3 and 4-7), multiplied and
- * added separately (never vfma/vmla, which would round once). */
+ * added separately (never vfma/vmla, which would round once), except in attention, whose
+ * reference is defined with fused multiply-adds (fmaf, here vfmaq_f32). */
 #include <string.h>
 
 #include "kernels.h"
@@ -17,7 +18,10 @@
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
 #include <stdlib.h>
+
+#include "attention.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_RO 4
@@ -327,6 +331,254 @@ static void neon_matmul_f32(const g4_qweight *w, const float *x, int n, float *y
     g4_pool_for(w->out, MAX_RO, macs(w, n), f32_rows, &j);
 }
 
+/* ------------------------------------------------------------------ attention -------------- */
+
+/* The kernels of the shared attention schedule (kernels/attention.c), as in kernels/avx2.c: the
+ * 8 reference lanes are two float32x4 (lanes 0-3 and 4-7) updated with vfmaq_f32, the fused
+ * multiply-add the reference's fmaf defines; each output element is one lane summed over
+ * positions in order. Heads that read one KV head are done together, so each K or V row is
+ * converted once for all of them. */
+
+/* Eight K or V values from element d as two float32x4. */
+INLINE void load8_kv(const int8_t *q8, const float *f, int d, float32x4_t *lo, float32x4_t *hi) {
+    if (q8) {
+        int16x8_t w = vmovl_s8(vld1_s8(q8 + d));
+        *lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+        *hi = vcvtq_f32_s32(vmovl_high_s16(w));
+    } else {
+        *lo = vld1q_f32(f + d);
+        *hi = vld1q_f32(f + d + 4);
+    }
+}
+
+/* A dot's 8 lanes finished with the head dim's tail (elements hd8 .. hd - 1), then reduced. */
+INLINE float attn_finish(float32x4_t lo, float32x4_t hi, const float *q, const int8_t *kq, const float *kf, int hd8, int hd) {
+    if (hd8 == hd) return reduce8(lo, hi);
+    float lanes[8];
+    vst1q_f32(lanes, lo);
+    vst1q_f32(lanes + 4, hi);
+    for (int i = hd8; i < hd; i++) lanes[i & 7] = fmaf(q[i], kq ? (float)kq[i] : kf[i], lanes[i & 7]);
+    return g4_reduce8(lanes);
+}
+
+/* Scores of positions [j, j + PJ) for the H heads at q. */
+INLINE void attn_scores(const g4_attn *a, const g4_attn_row *c, const float *q, size_t off, int j, int count, float *scores,
+                        const int H, const int PJ) {
+    const int hd = a->head_dim, hd8 = hd & ~7;
+    const int8_t *kq[4];
+    const float *kf[4];
+    float32x4_t lo[4][8], hi[4][8];
+#pragma GCC unroll 4
+    for (int p = 0; p < PJ; p++) {
+        size_t row = (size_t)(c->lo + j + p) * (size_t)a->kv_width + off;
+        kq[p] = c->kq ? c->kq + row : NULL;
+        kf[p] = c->kq ? NULL : c->kf + row;
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) lo[p][h] = hi[p][h] = vdupq_n_f32(0.0f);
+    }
+    for (int d = 0; d < hd8; d += 8) {
+        float32x4_t kl[4], kh[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < PJ; p++) load8_kv(kq[p], kf[p], d, &kl[p], &kh[p]);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            float32x4_t ql = vld1q_f32(q + (size_t)h * hd + d), qh = vld1q_f32(q + (size_t)h * hd + d + 4);
+#pragma GCC unroll 4
+            for (int p = 0; p < PJ; p++) {
+                lo[p][h] = vfmaq_f32(lo[p][h], ql, kl[p]);
+                hi[p][h] = vfmaq_f32(hi[p][h], qh, kh[p]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < PJ; p++) {
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            float dot = attn_finish(lo[p][h], hi[p][h], q + (size_t)h * hd, kq[p], kf[p], hd8, hd);
+            scores[(size_t)h * count + j + p] = kq[p] ? c->k_scale * dot : dot;
+        }
+    }
+}
+
+/* out[h][d .. d + 8 DC) over positions [j0, j1) for the H heads; the first block starts from +0,
+ * later ones from out; the last applies v_scale. */
+INLINE void attn_values(const g4_attn_row *c, size_t stride, size_t off, const float *scores, int count, float *out, int hd,
+                        int j0, int j1, int d, const int H, const int DC) {
+    float32x4_t lo[8][2], hi[8][2];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++) {
+#pragma GCC unroll 2
+        for (int k = 0; k < DC; k++) {
+            const float *o = out + (size_t)h * hd + d + 8 * k;
+            lo[h][k] = j0 ? vld1q_f32(o) : vdupq_n_f32(0.0f);
+            hi[h][k] = j0 ? vld1q_f32(o + 4) : vdupq_n_f32(0.0f);
+        }
+    }
+    for (int j = j0; j < j1; j++) {
+        size_t row = (size_t)(c->lo + j) * stride + off;
+        float32x4_t vl[2], vh[2];
+#pragma GCC unroll 2
+        for (int k = 0; k < DC; k++) load8_kv(c->vq ? c->vq + row : NULL, c->vq ? NULL : c->vf + row, d + 8 * k, &vl[k], &vh[k]);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            float32x4_t w = vdupq_n_f32(scores[(size_t)h * count + j]);
+#pragma GCC unroll 2
+            for (int k = 0; k < DC; k++) {
+                lo[h][k] = vfmaq_f32(lo[h][k], w, vl[k]);
+                hi[h][k] = vfmaq_f32(hi[h][k], w, vh[k]);
+            }
+        }
+    }
+    int last = j1 == count;
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++) {
+#pragma GCC unroll 2
+        for (int k = 0; k < DC; k++) {
+            float *o = out + (size_t)h * hd + d + 8 * k;
+            float32x4_t l = lo[h][k], u = hi[h][k];
+            if (last && c->vq) {
+                l = vmulq_f32(l, vdupq_n_f32(c->v_scale));
+                u = vmulq_f32(u, vdupq_n_f32(c->v_scale));
+            }
+            vst1q_f32(o, l);
+            vst1q_f32(o + 4, u);
+        }
+    }
+}
+
+#define ATTN_PJ(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
+#define ATTN_DC(H) ((H) >= 4 ? 1 : 2)
+/* Rows of V summed per pass over the output, so that they stay in L1 across the head dim. */
+#define ATTN_VBLOCK 16384
+
+INLINE void attn_heads_scores(const g4_attn *a, int t, int h0, float *scores, int j0, int j1, const int H) {
+    const g4_attn_row *c = &a->rows[t];
+    const int hd = a->head_dim, count = c->hi - c->lo + 1;
+    const size_t off = (size_t)(h0 / a->group) * hd;
+    const float *q = a->q + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
+    int j = j0;
+    for (; j + ATTN_PJ(H) <= j1; j += ATTN_PJ(H)) attn_scores(a, c, q, off, j, count, scores, H, ATTN_PJ(H));
+    for (; j < j1; j++) attn_scores(a, c, q, off, j, count, scores, H, 1);
+}
+
+INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scores, int d0, int d1, const int H) {
+    const g4_attn_row *c = &a->rows[t];
+    const int hd = a->head_dim, hd8 = hd & ~7, count = c->hi - c->lo + 1;
+    const size_t off = (size_t)(h0 / a->group) * hd, stride = (size_t)a->kv_width;
+    float *out = a->out + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
+    int dv = d1 < hd8 ? d1 : hd8;
+    int jblock = (int)(ATTN_VBLOCK / ((size_t)(d1 - d0) * (c->vq ? 1 : 4)));
+    if (jblock < 1) jblock = 1;
+    for (int j0 = 0; j0 < count; j0 += jblock) {
+        int j1 = count - j0 > jblock ? j0 + jblock : count;
+        int d = d0;
+        for (; d + 8 * ATTN_DC(H) <= dv; d += 8 * ATTN_DC(H)) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
+        for (; d < dv; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
+        for (int h = 0; h < H; h++)
+            for (d = hd8 > d0 ? hd8 : d0; d < d1; d++) {
+                float *od = out + (size_t)h * hd + d, acc = j0 ? *od : 0.0f;
+                for (int i = j0; i < j1; i++) {
+                    size_t row = (size_t)(c->lo + i) * stride + off + (size_t)d;
+                    acc = fmaf(scores[(size_t)h * count + i], c->vq ? (float)c->vq[row] : c->vf[row], acc);
+                }
+                *od = j1 == count && c->vq ? acc * c->v_scale : acc;
+            }
+    }
+}
+
+/* Softmax weights of one head, as the reference: max, expf, the sum in order, e / sum. */
+static void neon_attn_softmax(float *sc, int count) {
+    float mx = -INFINITY, sum = 0;
+    for (int i = 0; i < count; i++)
+        if (sc[i] > mx) mx = sc[i];
+    for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
+    for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
+}
+
+/* Runs FN over heads [h0, h1) in groups of 8, 4, 2 and 1 (the instantiated widths). */
+#define ATTN_BY_WIDTH(FN, h0, h1)                                             \
+    for (int h_ = (h0); h_ < (h1);) {                                         \
+        int k_ = (h1) - h_, w_ = k_ >= 8 ? 8 : k_ >= 4 ? 4 : k_ >= 2 ? 2 : 1; \
+        switch (w_) {                                                         \
+        case 8: FN(h_, 8); break;                                             \
+        case 4: FN(h_, 4); break;                                             \
+        case 2: FN(h_, 2); break;                                             \
+        default: FN(h_, 1); break;                                            \
+        }                                                                     \
+        h_ += w_;                                                             \
+    }
+
+static void neon_attn_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {
+    const int count = a->rows[t].hi - a->rows[t].lo + 1;
+#define SCORES(H0, W) attn_heads_scores(a, t, H0, scores + (size_t)((H0) - h0) * count, j0, j1, W)
+    ATTN_BY_WIDTH(SCORES, h0, h0 + nh)
+#undef SCORES
+}
+
+static void neon_attn_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1) {
+    const int count = a->rows[t].hi - a->rows[t].lo + 1;
+#define VALUES(H0, W) attn_heads_values(a, t, H0, scores + (size_t)((H0) - h0) * count, d0, d1, W)
+    ATTN_BY_WIDTH(VALUES, h0, h0 + nh)
+#undef VALUES
+}
+
+static const g4_attn_ops neon_attn_ops = {neon_attn_scores, neon_attn_softmax, neon_attn_values};
+
+static void neon_attention(const g4_attn *a) { g4_attention_run(a, &neon_attn_ops); }
+
+/* ------------------------------------------------------------------ softcap --------------- */
+
+/* g4_tanhf on 4 lanes: both branches on every lane, then the reference's choice per lane; each
+ * lane's arithmetic is the reference's, operation for operation (mul and add, never fused). */
+INLINE float32x4_t tanh4(float32x4_t z) {
+    float32x4_t a = vabsq_f32(z), z2 = vmulq_f32(a, a), p = vdupq_n_f32(-5.70498872745e-3f);
+    p = vaddq_f32(vmulq_f32(p, z2), vdupq_n_f32(2.06390887954e-2f));
+    p = vsubq_f32(vmulq_f32(p, z2), vdupq_n_f32(5.37397155531e-2f));
+    p = vaddq_f32(vmulq_f32(p, z2), vdupq_n_f32(1.33314422036e-1f));
+    p = vsubq_f32(vmulq_f32(p, z2), vdupq_n_f32(3.33332819422e-1f));
+    float32x4_t small = vaddq_f32(vmulq_f32(vmulq_f32(p, z2), a), a);
+    float32x4_t x = vminq_f32(vaddq_f32(a, a), vdupq_n_f32(18.0f)); /* NaN lanes are replaced below */
+    int32x4_t n = vcvtq_s32_f32(vaddq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)), vdupq_n_f32(0.5f)));
+    float32x4_t fn = vcvtq_f32_s32(n);
+    float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_f32(fn, vdupq_n_f32(0.693359375f))), vmulq_f32(fn, vdupq_n_f32(-2.12194440e-4f)));
+    float32x4_t q = vdupq_n_f32(1.9875691500e-4f);
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(1.3981999507e-3f));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(8.3334519073e-3f));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(4.1665795894e-2f));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(1.6666665459e-1f));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(5.0000001201e-1f));
+    float32x4_t e = vaddq_f32(vaddq_f32(vmulq_f32(q, vmulq_f32(r, r)), r), vdupq_n_f32(1.0f));
+    e = vmulq_f32(e, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23)));
+    float32x4_t big = vsubq_f32(vdupq_n_f32(1.0f), vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(e, vdupq_n_f32(1.0f))));
+    float32x4_t t = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.625f)), small, big);
+    t = vbslq_f32(vcgeq_f32(a, vdupq_n_f32(9.0f)), vdupq_n_f32(1.0f), t);
+    /* copysign: t >= +0 here */
+    t = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t), vandq_u32(vreinterpretq_u32_f32(z), vdupq_n_u32(0x80000000u))));
+    return vbslq_f32(vceqq_f32(z, z), t, z); /* NaN stays NaN */
+}
+
+typedef struct {
+    float *x;
+    float cap;
+} softcap_job;
+
+static void softcap_items(void *ctx, int b, int e) {
+    const softcap_job *j = ctx;
+    const float32x4_t cap = vdupq_n_f32(j->cap);
+    int i = b;
+    for (; i + 4 <= e; i += 4) vst1q_f32(j->x + i, vmulq_f32(cap, tanh4(vdivq_f32(vld1q_f32(j->x + i), cap))));
+    g4_ref_softcap(j->x + i, (size_t)(e - i), j->cap);
+}
+
+static void neon_softcap(float *x, size_t n, float cap) {
+    const size_t piece = (size_t)1 << 30;
+    for (size_t at = 0; at < n; at += piece) {
+        size_t len = n - at < piece ? n - at : piece;
+        softcap_job j = {x + at, cap};
+        g4_pool_for((int)len, 64, (double)len * 4.0, softcap_items, &j);
+    }
+}
+
 const g4_kernels g4_kernels_neon = {
     .name = "neon",
     .matmul_f32 = neon_matmul_f32,
@@ -336,8 +588,8 @@ const g4_kernels g4_kernels_neon = {
     .requant_f32 = g4_ref_requant_f32,
     .acc_scale = g4_ref_acc_scale,
     .gelu_mul = g4_portable_gelu_mul,
-    .attention = g4_portable_attention,
-    .softcap = g4_portable_softcap,
+    .attention = neon_attention,
+    .softcap = neon_softcap,
 };
 
 int g4_neon_supported(void) { return 1; }
