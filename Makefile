@@ -35,7 +35,7 @@ LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test dispatch-test neon-test quality check clean fuzz fuzz-run
-.SECONDARY: $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
+.SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
@@ -59,8 +59,13 @@ $(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/
 $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# The kernel micro-benchmark (bench/bench_kernels.c): built with the tests so it keeps compiling,
+# run by hand (`build/release/bench_kernels [quick]`).
+$(OUT)/bench_kernels: $(OUT)/bench/bench_kernels.o $(OUT)/libg4.a
+	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 # Runs every test program; each prints "name: N passed, N failed". G4_BIN lets tests run the CLI.
-test: $(OUT)/g4 $(TEST_BIN)
+test: $(OUT)/g4 $(TEST_BIN) $(OUT)/bench_kernels
 	@fail=0; total_p=0; total_f=0; \
 	for t in $(TEST_BIN); do \
 	  G4_BIN=$(OUT)/g4 $$t > $$t.log 2>&1; rc=$$?; cat $$t.log | grep -v '^ok ' ; \

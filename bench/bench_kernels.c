@@ -2,8 +2,9 @@
  * count, plus the machine's streaming read bandwidth so decode can be set against the roofline.
  * Weights are rotated through enough copies (>= 256 MB) that they come from DRAM, not L3, as they
  * do in a real decode step.
+ *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
- *       src/kernels/{ref,dispatch,pool,avx2,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
+ *       src/kernels/{ref,dispatch,attention,pool,avx2,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
  *   ./bench_kernels [quick]      (quick: fewer shapes, shorter runs) */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
