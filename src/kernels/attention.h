@@ -19,4 +19,18 @@ typedef struct {
 
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
 
+/* For a level's kernels: runs FN(first head, width) over heads [h0, h1) in groups of 8, 4, 2 and
+ * 1, the widths a level instantiates its register tiles for. */
+#define G4_ATTN_BY_WIDTH(FN, h0, h1)                                          \
+    for (int h_ = (h0); h_ < (h1);) {                                         \
+        int k_ = (h1) - h_, w_ = k_ >= 8 ? 8 : k_ >= 4 ? 4 : k_ >= 2 ? 2 : 1; \
+        switch (w_) {                                                         \
+        case 8: FN(h_, 8); break;                                             \
+        case 4: FN(h_, 4); break;                                             \
+        case 2: FN(h_, 2); break;                                             \
+        default: FN(h_, 1); break;                                            \
+        }                                                                     \
+        h_ += w_;                                                             \
+    }
+
 #endif

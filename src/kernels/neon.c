@@ -495,30 +495,17 @@ static void neon_attn_softmax(float *sc, int count) {
     for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
 }
 
-/* Runs FN over heads [h0, h1) in groups of 8, 4, 2 and 1 (the instantiated widths). */
-#define ATTN_BY_WIDTH(FN, h0, h1)                                             \
-    for (int h_ = (h0); h_ < (h1);) {                                         \
-        int k_ = (h1) - h_, w_ = k_ >= 8 ? 8 : k_ >= 4 ? 4 : k_ >= 2 ? 2 : 1; \
-        switch (w_) {                                                         \
-        case 8: FN(h_, 8); break;                                             \
-        case 4: FN(h_, 4); break;                                             \
-        case 2: FN(h_, 2); break;                                             \
-        default: FN(h_, 1); break;                                            \
-        }                                                                     \
-        h_ += w_;                                                             \
-    }
-
 static void neon_attn_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {
     const int count = a->rows[t].hi - a->rows[t].lo + 1;
 #define SCORES(H0, W) attn_heads_scores(a, t, H0, scores + (size_t)((H0) - h0) * count, j0, j1, W)
-    ATTN_BY_WIDTH(SCORES, h0, h0 + nh)
+    G4_ATTN_BY_WIDTH(SCORES, h0, h0 + nh)
 #undef SCORES
 }
 
 static void neon_attn_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1) {
     const int count = a->rows[t].hi - a->rows[t].lo + 1;
 #define VALUES(H0, W) attn_heads_values(a, t, H0, scores + (size_t)((H0) - h0) * count, d0, d1, W)
-    ATTN_BY_WIDTH(VALUES, h0, h0 + nh)
+    G4_ATTN_BY_WIDTH(VALUES, h0, h0 + nh)
 #undef VALUES
 }
 
