@@ -19,18 +19,28 @@ typedef struct {
 
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
 
-/* For a level's kernels: runs FN(first head, width) over heads [h0, h1) in groups of 8, 4, 2 and
- * 1, the widths a level instantiates its register tiles for. */
-#define G4_ATTN_BY_WIDTH(FN, h0, h1)                                          \
-    for (int h_ = (h0); h_ < (h1);) {                                         \
-        int k_ = (h1) - h_, w_ = k_ >= 8 ? 8 : k_ >= 4 ? 4 : k_ >= 2 ? 2 : 1; \
-        switch (w_) {                                                         \
-        case 8: FN(h_, 8); break;                                             \
-        case 4: FN(h_, 4); break;                                             \
-        case 2: FN(h_, 2); break;                                             \
-        default: FN(h_, 1); break;                                            \
-        }                                                                     \
-        h_ += w_;                                                             \
+/* For a level: defines `static const g4_attn_ops OPS` from its register-tile kernels
+ *   HEADS_SCORES(a, t, h0, scores, j0, j1, W) and HEADS_VALUES(a, t, h0, scores, d0, d1, W)
+ * (scores pointing at head h0's row), instantiated for W = 8, 4, 2 and 1 heads, and SOFTMAX. */
+#define G4_ATTN_WIDTH_LOOP(KERNEL, ...)                                                 \
+    for (int h = h0; h < h0 + nh;) {                                                    \
+        int w = h0 + nh - h >= 8 ? 8 : h0 + nh - h >= 4 ? 4 : h0 + nh - h >= 2 ? 2 : 1; \
+        float *sc = (float *)scores + (size_t)(h - h0) * count;                         \
+        if (w == 8) KERNEL(a, t, h, sc, __VA_ARGS__, 8);                                \
+        else if (w == 4) KERNEL(a, t, h, sc, __VA_ARGS__, 4);                           \
+        else if (w == 2) KERNEL(a, t, h, sc, __VA_ARGS__, 2);                           \
+        else KERNEL(a, t, h, sc, __VA_ARGS__, 1);                                       \
+        h += w;                                                                         \
     }
+#define G4_ATTN_OPS(OPS, HEADS_SCORES, HEADS_VALUES, SOFTMAX)                                                \
+    static void OPS##_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {       \
+        const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
+        G4_ATTN_WIDTH_LOOP(HEADS_SCORES, j0, j1)                                                             \
+    }                                                                                                        \
+    static void OPS##_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1) { \
+        const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
+        G4_ATTN_WIDTH_LOOP(HEADS_VALUES, d0, d1)                                                             \
+    }                                                                                                        \
+    static const g4_attn_ops OPS = {OPS##_scores, SOFTMAX, OPS##_values};
 
 #endif

@@ -902,21 +902,7 @@ INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scor
     }
 }
 
-static void avx2_attn_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {
-    const int count = a->rows[t].hi - a->rows[t].lo + 1;
-#define SCORES(H0, W) attn_heads_scores(a, t, H0, scores + (size_t)((H0) - h0) * count, j0, j1, W)
-    G4_ATTN_BY_WIDTH(SCORES, h0, h0 + nh)
-#undef SCORES
-}
-
-static void avx2_attn_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1) {
-    const int count = a->rows[t].hi - a->rows[t].lo + 1;
-#define VALUES(H0, W) attn_heads_values(a, t, H0, scores + (size_t)((H0) - h0) * count, d0, d1, W)
-    G4_ATTN_BY_WIDTH(VALUES, h0, h0 + nh)
-#undef VALUES
-}
-
-static const g4_attn_ops avx2_attn_ops = {avx2_attn_scores, attn_softmax, avx2_attn_values};
+G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values, attn_softmax)
 
 static void avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_ops); }
 

@@ -495,21 +495,7 @@ static void neon_attn_softmax(float *sc, int count) {
     for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
 }
 
-static void neon_attn_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {
-    const int count = a->rows[t].hi - a->rows[t].lo + 1;
-#define SCORES(H0, W) attn_heads_scores(a, t, H0, scores + (size_t)((H0) - h0) * count, j0, j1, W)
-    G4_ATTN_BY_WIDTH(SCORES, h0, h0 + nh)
-#undef SCORES
-}
-
-static void neon_attn_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1) {
-    const int count = a->rows[t].hi - a->rows[t].lo + 1;
-#define VALUES(H0, W) attn_heads_values(a, t, H0, scores + (size_t)((H0) - h0) * count, d0, d1, W)
-    G4_ATTN_BY_WIDTH(VALUES, h0, h0 + nh)
-#undef VALUES
-}
-
-static const g4_attn_ops neon_attn_ops = {neon_attn_scores, neon_attn_softmax, neon_attn_values};
+G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values, neon_attn_softmax)
 
 static void neon_attention(const g4_attn *a) { g4_attention_run(a, &neon_attn_ops); }
 
