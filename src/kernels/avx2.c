@@ -940,28 +940,14 @@ INLINE __m256 tanh8(__m256 z) {
     return _mm256_blendv_ps(t, z, _mm256_cmp_ps(z, z, _CMP_UNORD_Q)); /* NaN stays NaN */
 }
 
-typedef struct {
-    float *x;
-    float cap;
-} softcap_job;
-
-static void softcap_items(void *ctx, int b, int e) {
-    const softcap_job *j = ctx;
-    const __m256 cap = _mm256_set1_ps(j->cap);
-    int i = b;
-    for (; i + 8 <= e; i += 8)
-        _mm256_storeu_ps(j->x + i, _mm256_mul_ps(cap, tanh8(_mm256_div_ps(_mm256_loadu_ps(j->x + i), cap))));
-    g4_ref_softcap(j->x + i, (size_t)(e - i), j->cap);
+static void softcap_span(float *x, size_t n, float cap) {
+    const __m256 c = _mm256_set1_ps(cap);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(c, tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), c))));
+    g4_ref_softcap(x + i, n - i, cap);
 }
 
-static void avx2_softcap(float *x, size_t n, float cap) {
-    const size_t piece = (size_t)1 << 30;
-    for (size_t at = 0; at < n; at += piece) {
-        size_t len = n - at < piece ? n - at : piece;
-        softcap_job j = {x + at, cap};
-        g4_pool_for((int)len, 64, (double)len * 4.0, softcap_items, &j);
-    }
-}
+static void avx2_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, cap, softcap_span, 4.0); }
 
 #if defined(__clang__)
 #pragma clang attribute pop

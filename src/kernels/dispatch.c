@@ -66,6 +66,7 @@ typedef struct {
     float *g;
     const float *m; /* gelu_mul: the multiplier */
     float cap;      /* softcap */
+    void (*span)(float *x, size_t n, float cap);
 } elem_job;
 
 /* Pool cost of one tanhf and of one expf, in multiply-adds (about 10-15 ns and 4 ns). */
@@ -79,7 +80,7 @@ static void gelu_items(void *ctx, int b, int e) {
 
 static void softcap_items(void *ctx, int b, int e) {
     const elem_job *j = ctx;
-    g4_ref_softcap(j->g + b, (size_t)(e - b), j->cap);
+    j->span(j->g + b, (size_t)(e - b), j->cap);
 }
 
 /* Runs fn over [0, n) on the pool in int-sized pieces. */
@@ -87,21 +88,23 @@ static void pool_elementwise(size_t n, double work_per_item, g4_pool_fn fn, elem
     const size_t piece = (size_t)1 << 30;
     for (size_t at = 0; at < n; at += piece) {
         size_t len = n - at < piece ? n - at : piece;
-        elem_job sub = {j->g + at, j->m ? j->m + at : NULL, j->cap};
+        elem_job sub = {j->g + at, j->m ? j->m + at : NULL, j->cap, j->span};
         g4_pool_for((int)len, 64, (double)len * work_per_item, fn, &sub);
     }
 }
 
 void g4_portable_gelu_mul(float *g, const float *m, size_t n, float scale) {
     (void)scale;
-    elem_job j = {g, m, 0};
+    elem_job j = {g, m, 0, NULL};
     pool_elementwise(n, TANH_WORK, gelu_items, &j);
 }
 
-void g4_portable_softcap(float *x, size_t n, float cap) {
-    elem_job j = {x, NULL, cap};
-    pool_elementwise(n, TANH_WORK, softcap_items, &j);
+void g4_softcap_pooled(float *x, size_t n, float cap, void (*span)(float *x, size_t n, float cap), double work_per_item) {
+    elem_job j = {x, NULL, cap, span};
+    pool_elementwise(n, work_per_item, softcap_items, &j);
 }
+
+void g4_portable_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, cap, g4_ref_softcap, TANH_WORK); }
 
 static void attention_items(void *ctx, int b, int e) {
     const g4_attn *a = ctx;

@@ -11,6 +11,9 @@ extern const g4_kernels g4_kernels_portable;
 void g4_portable_gelu_mul(float *g, const float *m, size_t n, float scale);
 void g4_portable_attention(const g4_attn *a);
 void g4_portable_softcap(float *x, size_t n, float cap);
+/* The softcap split over the pool, span(x, n, cap) doing each piece; work: per element, in
+ * multiply-adds. */
+void g4_softcap_pooled(float *x, size_t n, float cap, void (*span)(float *x, size_t n, float cap), double work_per_item);
 /* An attention job's size in multiply-adds, for g4_pool_for. */
 double g4_attention_work(const g4_attn *a);
 

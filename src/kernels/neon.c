@@ -530,27 +530,14 @@ INLINE float32x4_t tanh4(float32x4_t z) {
     return vbslq_f32(vceqq_f32(z, z), t, z); /* NaN stays NaN */
 }
 
-typedef struct {
-    float *x;
-    float cap;
-} softcap_job;
-
-static void softcap_items(void *ctx, int b, int e) {
-    const softcap_job *j = ctx;
-    const float32x4_t cap = vdupq_n_f32(j->cap);
-    int i = b;
-    for (; i + 4 <= e; i += 4) vst1q_f32(j->x + i, vmulq_f32(cap, tanh4(vdivq_f32(vld1q_f32(j->x + i), cap))));
-    g4_ref_softcap(j->x + i, (size_t)(e - i), j->cap);
+static void softcap_span(float *x, size_t n, float cap) {
+    const float32x4_t c = vdupq_n_f32(cap);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_f32(c, tanh4(vdivq_f32(vld1q_f32(x + i), c))));
+    g4_ref_softcap(x + i, n - i, cap);
 }
 
-static void neon_softcap(float *x, size_t n, float cap) {
-    const size_t piece = (size_t)1 << 30;
-    for (size_t at = 0; at < n; at += piece) {
-        size_t len = n - at < piece ? n - at : piece;
-        softcap_job j = {x + at, cap};
-        g4_pool_for((int)len, 64, (double)len * 4.0, softcap_items, &j);
-    }
-}
+static void neon_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, cap, softcap_span, 4.0); }
 
 const g4_kernels g4_kernels_neon = {
     .name = "neon",
