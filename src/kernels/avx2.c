@@ -913,24 +913,24 @@ static void avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_op
 INLINE __m256 tanh8(__m256 z) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 a = _mm256_andnot_ps(sign, z);
-    __m256 z2 = _mm256_mul_ps(a, a), p = _mm256_set1_ps(-5.70498872745e-3f);
-    p = _mm256_add_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(2.06390887954e-2f));
-    p = _mm256_sub_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(5.37397155531e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(1.33314422036e-1f));
-    p = _mm256_sub_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(3.33332819422e-1f));
+    __m256 z2 = _mm256_mul_ps(a, a), p = _mm256_set1_ps(G4_TANH_Q4);
+    p = _mm256_add_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(G4_TANH_Q3));
+    p = _mm256_sub_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(G4_TANH_Q2N));
+    p = _mm256_add_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(G4_TANH_Q1));
+    p = _mm256_sub_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(G4_TANH_Q0N));
     __m256 small = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, z2), a), a);
     /* e^(2a), with 2a held below 18 on lanes that will not use it */
     __m256 x = _mm256_min_ps(_mm256_add_ps(a, a), _mm256_set1_ps(18.0f));
-    __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
+    __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(G4_EXP_LOG2E)), _mm256_set1_ps(0.5f)));
     __m256 fn = _mm256_cvtepi32_ps(n);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(0.693359375f))),
-                             _mm256_mul_ps(fn, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(1.3981999507e-3f));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(8.3334519073e-3f));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(4.1665795894e-2f));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(1.6666665459e-1f));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_HI))),
+                             _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_LO)));
+    __m256 q = _mm256_set1_ps(G4_EXP_P5);
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P4));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P3));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P2));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P1));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P0));
     __m256 e = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(q, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
     e = _mm256_mul_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
     __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));

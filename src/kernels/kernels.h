@@ -111,6 +111,23 @@ float g4_gelu_tanh(float x);
  * from |z| = 9 on (tanh(9) rounds to 1 in f32), NaN for NaN. Within 2 ulp of tanh
  * (tests/test_kernels.c). */
 float g4_tanhf(float z);
+/* Its constants, shared by every level: z + z^3 (((Q4 z^2 + Q3) z^2 - Q2N) z^2 + Q1) z^2 - Q0N) for
+ * |z| < 0.625 (Cephes tanhf), and e^x = 2^n (1 + r + r^2 (P0 + P1 r + ... + P5 r^5)) with
+ * n = trunc(x LOG2E + 1/2), r = (x - n LN2_HI) - n LN2_LO (Cephes expf). */
+#define G4_TANH_Q4 -5.70498872745e-3f
+#define G4_TANH_Q3 2.06390887954e-2f
+#define G4_TANH_Q2N 5.37397155531e-2f
+#define G4_TANH_Q1 1.33314422036e-1f
+#define G4_TANH_Q0N 3.33332819422e-1f
+#define G4_EXP_P5 1.9875691500e-4f
+#define G4_EXP_P4 1.3981999507e-3f
+#define G4_EXP_P3 8.3334519073e-3f
+#define G4_EXP_P2 4.1665795894e-2f
+#define G4_EXP_P1 1.6666665459e-1f
+#define G4_EXP_P0 5.0000001201e-1f
+#define G4_EXP_LOG2E 1.44269504088896341f
+#define G4_EXP_LN2_HI 0.693359375f
+#define G4_EXP_LN2_LO -2.12194440e-4f
 
 /* x[i] = cap * g4_tanhf(x[i] / cap): the final logit softcap. */
 void g4_ref_softcap(float *x, size_t n, float cap);

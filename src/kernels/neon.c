@@ -504,22 +504,22 @@ static void neon_attention(const g4_attn *a) { g4_attention_run(a, &neon_attn_op
 /* g4_tanhf on 4 lanes: both branches on every lane, then the reference's choice per lane; each
  * lane's arithmetic is the reference's, operation for operation (mul and add, never fused). */
 INLINE float32x4_t tanh4(float32x4_t z) {
-    float32x4_t a = vabsq_f32(z), z2 = vmulq_f32(a, a), p = vdupq_n_f32(-5.70498872745e-3f);
-    p = vaddq_f32(vmulq_f32(p, z2), vdupq_n_f32(2.06390887954e-2f));
-    p = vsubq_f32(vmulq_f32(p, z2), vdupq_n_f32(5.37397155531e-2f));
-    p = vaddq_f32(vmulq_f32(p, z2), vdupq_n_f32(1.33314422036e-1f));
-    p = vsubq_f32(vmulq_f32(p, z2), vdupq_n_f32(3.33332819422e-1f));
+    float32x4_t a = vabsq_f32(z), z2 = vmulq_f32(a, a), p = vdupq_n_f32(G4_TANH_Q4);
+    p = vaddq_f32(vmulq_f32(p, z2), vdupq_n_f32(G4_TANH_Q3));
+    p = vsubq_f32(vmulq_f32(p, z2), vdupq_n_f32(G4_TANH_Q2N));
+    p = vaddq_f32(vmulq_f32(p, z2), vdupq_n_f32(G4_TANH_Q1));
+    p = vsubq_f32(vmulq_f32(p, z2), vdupq_n_f32(G4_TANH_Q0N));
     float32x4_t small = vaddq_f32(vmulq_f32(vmulq_f32(p, z2), a), a);
     float32x4_t x = vminq_f32(vaddq_f32(a, a), vdupq_n_f32(18.0f)); /* NaN lanes are replaced below */
-    int32x4_t n = vcvtq_s32_f32(vaddq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)), vdupq_n_f32(0.5f)));
+    int32x4_t n = vcvtq_s32_f32(vaddq_f32(vmulq_f32(x, vdupq_n_f32(G4_EXP_LOG2E)), vdupq_n_f32(0.5f)));
     float32x4_t fn = vcvtq_f32_s32(n);
-    float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_f32(fn, vdupq_n_f32(0.693359375f))), vmulq_f32(fn, vdupq_n_f32(-2.12194440e-4f)));
-    float32x4_t q = vdupq_n_f32(1.9875691500e-4f);
-    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(1.3981999507e-3f));
-    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(8.3334519073e-3f));
-    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(4.1665795894e-2f));
-    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(1.6666665459e-1f));
-    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(5.0000001201e-1f));
+    float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_f32(fn, vdupq_n_f32(G4_EXP_LN2_HI))), vmulq_f32(fn, vdupq_n_f32(G4_EXP_LN2_LO)));
+    float32x4_t q = vdupq_n_f32(G4_EXP_P5);
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P4));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P3));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P2));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P1));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P0));
     float32x4_t e = vaddq_f32(vaddq_f32(vmulq_f32(q, vmulq_f32(r, r)), r), vdupq_n_f32(1.0f));
     e = vmulq_f32(e, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23)));
     float32x4_t big = vsubq_f32(vdupq_n_f32(1.0f), vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(e, vdupq_n_f32(1.0f))));

@@ -184,15 +184,15 @@ float g4_gelu_tanh(float x) {
 /* e^x for x in [0, 18] (the only range g4_tanhf asks for): x = n ln2 + r, |r| <= ln2 / 2, e^r
  * from the Cephes expf polynomial, times 2^n built in the exponent bits. */
 static float tanh_exp(float x) {
-    int n = (int)(x * 1.44269504088896341f + 0.5f); /* x >= 0: truncation is floor */
+    int n = (int)(x * G4_EXP_LOG2E + 0.5f); /* x >= 0: truncation is floor */
     float fn = (float)n;
-    float r = (x - fn * 0.693359375f) - fn * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    float r = (x - fn * G4_EXP_LN2_HI) - fn * G4_EXP_LN2_LO;
+    float p = G4_EXP_P5;
+    p = p * r + G4_EXP_P4;
+    p = p * r + G4_EXP_P3;
+    p = p * r + G4_EXP_P2;
+    p = p * r + G4_EXP_P1;
+    p = p * r + G4_EXP_P0;
     float e = (p * (r * r) + r) + 1.0f;
     uint32_t bits = (uint32_t)(n + 127) << 23;
     float two_n;
@@ -206,11 +206,11 @@ float g4_tanhf(float z) {
     if (a >= 9.0f) {
         t = 1.0f;
     } else if (a < 0.625f) {
-        float z2 = a * a, p = -5.70498872745e-3f;
-        p = p * z2 + 2.06390887954e-2f;
-        p = p * z2 - 5.37397155531e-2f;
-        p = p * z2 + 1.33314422036e-1f;
-        p = p * z2 - 3.33332819422e-1f;
+        float z2 = a * a, p = G4_TANH_Q4;
+        p = p * z2 + G4_TANH_Q3;
+        p = p * z2 - G4_TANH_Q2N;
+        p = p * z2 + G4_TANH_Q1;
+        p = p * z2 - G4_TANH_Q0N;
         t = ((p * z2) * a) + a;
     } else {
         t = 1.0f - 2.0f / (tanh_exp(a + a) + 1.0f);
