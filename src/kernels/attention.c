@@ -51,7 +51,7 @@ typedef struct {
 } split_job;
 
 /* Positions per score item and head elements per value item (one cache line of an int8 V row). */
-#define SPLIT_POSITIONS 64
+#define SPLIT_POSITIONS 32
 #define SPLIT_ELEMENTS 64
 
 static void split_scores(void *ctx, int b, int e) {
