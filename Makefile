@@ -19,15 +19,7 @@ else
 endif
 OUT = build/$(BUILD)
 
-LIB_SRC = \
-  src/util/err.c src/util/file.c src/util/npy.c \
-  src/format/safetensors.c src/format/safetensors_write.c src/format/config.c \
-  src/quant/pack.c src/quant/int8.c src/quant/dynamic.c \
-  src/kernels/ref.c src/kernels/dispatch.c src/kernels/attention.c src/kernels/avx2.c src/kernels/neon.c src/kernels/pool.c \
-  src/model/model.c src/model/forward.c src/model/describe.c src/model/capture.c src/model/synth.c \
-  src/generate/sampler.c src/generate/generate.c \
-  src/text/tokenizer.c src/text/chat.c \
-  src/eval/gsm8k.c src/eval/results.c src/eval/harness.c
+include sources.mk
 
 TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tokenizer test_chat test_gsm8k test_sampler test_generate test_fixture test_switches test_synth test_broken_checkpoint test_cli test_text_cli test_eval
 
