@@ -977,18 +977,7 @@ int g4_avx2_supported(void) {
 
 #else /* not x86 */
 
-const g4_kernels g4_kernels_avx2 = {
-    .name = "avx2",
-    .matmul_f32 = g4_ref_matmul_f32,
-    .matmul_i8 = g4_ref_matmul_i8,
-    .quantize = g4_ref_quantize,
-    .fake_quant = g4_ref_fake_quant,
-    .requant_f32 = g4_ref_requant_f32,
-    .acc_scale = g4_ref_acc_scale,
-    .gelu_mul = g4_portable_gelu_mul,
-    .attention = g4_portable_attention,
-    .softcap = g4_portable_softcap,
-};
+const g4_kernels g4_kernels_avx2 = G4_PORTABLE_KERNELS("avx2");
 
 int g4_avx2_supported(void) { return 0; }
 

@@ -44,18 +44,16 @@ static void portable_i8_rows(void *ctx, int o0, int o1) {
 
 static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in * n; }
 
-static void portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
-
-static void portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
+void g4_portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (w->bits != 16) {
-        g4_matmul_codes_f32(w, x, n, y, portable_matmul_i8);
+        g4_matmul_codes_f32(w, x, n, y, g4_portable_matmul_i8);
         return;
     }
     portable_job j = {w, x, n, y};
     g4_pool_for(w->out, 1, macs(w, n), portable_bf16_rows, &j);
 }
 
-static void portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
+void g4_portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
     portable_job j = {w, x, n, acc};
     g4_pool_for(w->out, 1, macs(w, n), portable_i8_rows, &j);
 }
@@ -129,18 +127,7 @@ void g4_portable_attention(const g4_attn *a) {
     g4_pool_for(a->n * a->n_heads, 1, g4_attention_work(a), attention_items, (void *)a);
 }
 
-const g4_kernels g4_kernels_portable = {
-    .name = "portable",
-    .matmul_f32 = portable_matmul_f32,
-    .matmul_i8 = portable_matmul_i8,
-    .quantize = g4_ref_quantize,
-    .fake_quant = g4_ref_fake_quant,
-    .requant_f32 = g4_ref_requant_f32,
-    .acc_scale = g4_ref_acc_scale,
-    .gelu_mul = g4_portable_gelu_mul,
-    .attention = g4_portable_attention,
-    .softcap = g4_portable_softcap,
-};
+const g4_kernels g4_kernels_portable = G4_PORTABLE_KERNELS("portable");
 
 const g4_kernels *g4_kernels_level(const char *name) {
     if (!name) return NULL;

@@ -7,6 +7,17 @@
 
 extern const g4_kernels g4_kernels_portable;
 
+/* The portable level's kernels (kernels/dispatch.c): the references split over the pool. A level
+ * this build or CPU cannot have (AVX2 off x86, NEON off aarch64) uses the same table under its
+ * own name, so its symbol always links. */
+void g4_portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
+void g4_portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
+#define G4_PORTABLE_KERNELS(NAME)                                                                        \
+    {.name = NAME, .matmul_f32 = g4_portable_matmul_f32, .matmul_i8 = g4_portable_matmul_i8,              \
+     .quantize = g4_ref_quantize, .fake_quant = g4_ref_fake_quant, .requant_f32 = g4_ref_requant_f32,     \
+     .acc_scale = g4_ref_acc_scale, .gelu_mul = g4_portable_gelu_mul, .attention = g4_portable_attention, \
+     .softcap = g4_portable_softcap}
+
 /* The portable level's gelu_mul, attention and softcap (kernels/dispatch.c), for levels without their own. */
 void g4_portable_gelu_mul(float *g, const float *m, size_t n, float scale);
 void g4_portable_attention(const g4_attn *a);

@@ -556,18 +556,7 @@ int g4_neon_supported(void) { return 1; }
 
 #else /* not aarch64 */
 
-const g4_kernels g4_kernels_neon = {
-    .name = "neon",
-    .matmul_f32 = g4_ref_matmul_f32,
-    .matmul_i8 = g4_ref_matmul_i8,
-    .quantize = g4_ref_quantize,
-    .fake_quant = g4_ref_fake_quant,
-    .requant_f32 = g4_ref_requant_f32,
-    .acc_scale = g4_ref_acc_scale,
-    .gelu_mul = g4_portable_gelu_mul,
-    .attention = g4_portable_attention,
-    .softcap = g4_portable_softcap,
-};
+const g4_kernels g4_kernels_neon = G4_PORTABLE_KERNELS("neon");
 
 int g4_neon_supported(void) { return 0; }
 
