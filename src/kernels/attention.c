@@ -1,13 +1,15 @@
 /* The attention schedule every vector level shares: which rows and heads run on which thread,
- * the score buffers, and the order of the phases. A level supplies three kernels over a run of
+ * the score buffers, and the order of the phases. A level supplies two kernels over a run of
  * heads that read one KV head (g4_attn_ops); everything they compute is defined by the reference
- * (kernels/ref.c), so the schedule never changes a bit.
+ * (kernels/ref.c), so the schedule never changes a bit. The softmax and the head dim's tail
+ * beyond a multiple of 8 are scalar here, as in the reference.
  *
  * Many query rows (prefill): one work item per (row, KV head) runs scores, softmax and values for
  * all the heads of the group, so each K and V row is loaded once for the group.
  * Few query rows (decode): the work is split by position for the scores and by head element for
  * the values, so both threads stay busy and every K and V row is still converted once for all
  * the heads that read it; the softmax of each head runs in between. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "attention.h"
@@ -15,6 +17,45 @@
 #include "pool.h"
 
 static int count_of(const g4_attn *a, int t) { return a->rows[t].hi - a->rows[t].lo + 1; }
+
+/* One head's scores, in place, into softmax weights as the reference: max, expf, the sum in
+ * order, e / sum. */
+static void softmax(float *sc, int count) {
+    float mx = -INFINITY, sum = 0;
+    for (int i = 0; i < count; i++)
+        if (sc[i] > mx) mx = sc[i];
+    for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
+    for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
+}
+
+/* Bytes of V rows one values pass reads, so that they stay in L1 across the elements it does. */
+#define VALUES_BLOCK 16384
+
+/* out elements [d0, d1) of heads [h0, h0 + nh) of row t from the weights at scores: the level's
+ * kernel on the multiples of 8, a block of positions at a time, and the reference's loop on the
+ * rest of the head dim. */
+static void run_values(const g4_attn *a, const g4_attn_ops *ops, int t, int h0, int nh, const float *scores, int d0, int d1) {
+    const g4_attn_row *c = &a->rows[t];
+    const int hd = a->head_dim, hd8 = hd & ~7, count = count_of(a, t), dv = d1 < hd8 ? d1 : hd8;
+    const size_t off = (size_t)(h0 / a->group) * hd, stride = (size_t)a->kv_width;
+    int jblock = (int)(VALUES_BLOCK / ((size_t)(d1 - d0) * (c->vq ? 1 : 4)));
+    if (jblock < 1) jblock = 1;
+    for (int j0 = 0; j0 < count; j0 += jblock) {
+        int j1 = count - j0 > jblock ? j0 + jblock : count;
+        if (d0 < dv) ops->values(a, t, h0, nh, scores, d0, dv, j0, j1);
+        for (int h = 0; h < nh; h++) {
+            float *out = a->out + ((size_t)t * a->n_heads + (size_t)(h0 + h)) * hd;
+            for (int d = hd8 > d0 ? hd8 : d0; d < d1; d++) {
+                float acc = j0 ? out[d] : 0.0f;
+                for (int i = j0; i < j1; i++) {
+                    size_t row = (size_t)(c->lo + i) * stride + off + (size_t)d;
+                    acc = fmaf(scores[(size_t)h * count + i], c->vq ? (float)c->vq[row] : c->vf[row], acc);
+                }
+                out[d] = j1 == count && c->vq ? acc * c->v_scale : acc;
+            }
+        }
+    }
+}
 
 typedef struct {
     const g4_attn *a;
@@ -35,8 +76,8 @@ static void row_items(void *ctx, int b, int e) {
             continue;
         }
         j->ops->scores(a, t, h0, a->group, scores, 0, count);
-        for (int h = 0; h < a->group; h++) j->ops->softmax(scores + (size_t)h * count, count);
-        j->ops->values(a, t, h0, a->group, scores, 0, a->head_dim);
+        for (int h = 0; h < a->group; h++) softmax(scores + (size_t)h * count, count);
+        run_values(a, j->ops, t, h0, a->group, scores, 0, a->head_dim);
     }
     free(scores);
 }
@@ -68,7 +109,7 @@ static void split_softmax(void *ctx, int b, int e) {
     const split_job *j = ctx;
     for (int i = b; i < e; i++) {
         int t = i / j->a->n_heads, h = i % j->a->n_heads, count = count_of(j->a, t);
-        j->ops->softmax(j->scores + j->base[t] + (size_t)h * count, count);
+        softmax(j->scores + j->base[t] + (size_t)h * count, count);
     }
 }
 
@@ -78,7 +119,7 @@ static void split_values(void *ctx, int b, int e) {
     for (int i = b; i < e; i++) {
         int t = i / (j->n_kv * j->pieces), h0 = i / j->pieces % j->n_kv * a->group, count = count_of(a, t);
         int d0 = i % j->pieces * j->per, d1 = d0 + j->per < a->head_dim ? d0 + j->per : a->head_dim;
-        if (d0 < d1) j->ops->values(a, t, h0, a->group, j->scores + j->base[t] + (size_t)h0 * count, d0, d1);
+        if (d0 < d1) run_values(a, j->ops, t, h0, a->group, j->scores + j->base[t] + (size_t)h0 * count, d0, d1);
     }
 }
 

@@ -10,18 +10,17 @@ typedef struct {
     /* scores[h * count + j] for h < nh and positions j in [j0, j1) (relative to the row's lo;
      * count = hi - lo + 1): k_scale * dot(q, k_j) or dot(q, k_j) */
     void (*scores)(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1);
-    /* one head's scores, in place, into softmax weights: max, expf, the sum in order, e / sum */
-    void (*softmax)(float *scores, int count);
-    /* out elements [d0, d1) of each head from the weights (d0 a multiple of 8, d1 a multiple of 8
-     * or the head dim) */
-    void (*values)(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1);
+    /* out elements [d0, d1) of each head (both multiples of 8) summed over positions [j0, j1) in
+     * order, from +0 when j0 == 0 and from out otherwise; times v_scale (int8 V) when j1 is the
+     * row's last position. The schedule does the head dim's tail that is not a multiple of 8. */
+    void (*values)(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1, int j0, int j1);
 } g4_attn_ops;
 
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
 
 /* For a level: defines `static const g4_attn_ops OPS` from its register-tile kernels
- *   HEADS_SCORES(a, t, h0, scores, j0, j1, W) and HEADS_VALUES(a, t, h0, scores, d0, d1, W)
- * (scores pointing at head h0's row), instantiated for W = 8, 4, 2 and 1 heads, and SOFTMAX. */
+ *   HEADS_SCORES(a, t, h0, scores, j0, j1, W) and HEADS_VALUES(a, t, h0, scores, d0, d1, j0, j1, W)
+ * (scores pointing at head h0's row), instantiated for W = 8, 4, 2 and 1 heads. */
 #define G4_ATTN_WIDTH_LOOP(KERNEL, ...)                                                 \
     for (int h = h0; h < h0 + nh;) {                                                    \
         int w = h0 + nh - h >= 8 ? 8 : h0 + nh - h >= 4 ? 4 : h0 + nh - h >= 2 ? 2 : 1; \
@@ -32,15 +31,16 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
         else KERNEL(a, t, h, sc, __VA_ARGS__, 1);                                       \
         h += w;                                                                         \
     }
-#define G4_ATTN_OPS(OPS, HEADS_SCORES, HEADS_VALUES, SOFTMAX)                                                \
+#define G4_ATTN_OPS(OPS, HEADS_SCORES, HEADS_VALUES)                                                \
     static void OPS##_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {       \
         const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
         G4_ATTN_WIDTH_LOOP(HEADS_SCORES, j0, j1)                                                             \
     }                                                                                                        \
-    static void OPS##_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1) { \
+    static void OPS##_values(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1,    \
+                             int j0, int j1) {                                                               \
         const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
-        G4_ATTN_WIDTH_LOOP(HEADS_VALUES, d0, d1)                                                             \
+        G4_ATTN_WIDTH_LOOP(HEADS_VALUES, d0, d1, j0, j1)                                                     \
     }                                                                                                        \
-    static const g4_attn_ops OPS = {OPS##_scores, SOFTMAX, OPS##_values};
+    static const g4_attn_ops OPS = {OPS##_scores, OPS##_values};
 
 #endif

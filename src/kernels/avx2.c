@@ -753,13 +753,11 @@ static void avx2_gelu_mul(float *g, const float *m, size_t n, float scale) {
 
 /* The kernels of the shared attention schedule (kernels/attention.c). Every score, weight and
  * output element is computed exactly as the reference does: the dots in the 8-lane order (one
- * vector lane per reference lane) with fused multiply-adds, the softmax in scalar code with libm
- * expf, and each output element summed over positions in order (one lane per element). Heads
+ * vector lane per reference lane) with fused multiply-adds, and each output element summed over
+ * positions in order (one lane per element). Heads
  * that read one KV head are done together, so each K or V row is loaded and converted once for
  * all of them. */
 
-/* Rows of V summed per pass over the output, so that they stay in L1 across the head dim. */
-#define ATTN_VBLOCK 16384
 
 /* Dot of 8-lane accumulator `acc` finished with the head dim's tail (elements hd8 .. hd - 1). */
 INLINE float attn_finish(__m256 acc, const float *q, const int8_t *kq, const float *kf, int hd8, int hd) {
@@ -861,48 +859,20 @@ INLINE void attn_heads_scores(const g4_attn *a, int t, int h0, float *scores, in
     for (; j < j1; j++) attn_scores(a, c, q, off, j, count, scores, H, 1);
 }
 
-/* Softmax weights of one head's scores, as the reference: max, expf, the sum in order, e / sum. */
-static void attn_softmax(float *sc, int count) {
-    float mx = -INFINITY, sum = 0;
-    for (int i = 0; i < count; i++)
-        if (sc[i] > mx) mx = sc[i];
-    for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
-    int i = 0;
-    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(sum)));
-    for (; i < count; i++) sc[i] = sc[i] / sum;
-}
-
-/* out for heads [h0, h0 + H) of row t, elements [d0, d1) of each head (d0 a multiple of 8; d1 a
- * multiple of 8 or the head dim): the sum of weight * V row, position by position, a block of V
- * rows at a time. */
-INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scores, int d0, int d1, const int H) {
+/* out elements [d0, d1) (multiples of 8) of heads [h0, h0 + H) over positions [j0, j1) (see
+ * g4_attn_ops.values). */
+INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scores, int d0, int d1, int j0, int j1,
+                              const int H) {
     const g4_attn_row *c = &a->rows[t];
-    const int hd = a->head_dim, hd8 = hd & ~7, count = c->hi - c->lo + 1;
+    const int hd = a->head_dim, count = c->hi - c->lo + 1;
     const size_t off = (size_t)(h0 / a->group) * hd, stride = (size_t)a->kv_width;
     float *out = a->out + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
-    int dv = d1 < hd8 ? d1 : hd8;
-    int jblock = (int)(ATTN_VBLOCK / ((size_t)(d1 - d0) * (c->vq ? 1 : 4)));
-    if (jblock < 1) jblock = 1;
-    for (int j0 = 0; j0 < count; j0 += jblock) {
-        int j1 = count - j0 > jblock ? j0 + jblock : count;
-        int d = d0;
-        for (; d + 8 * ATTN_DC(H) <= dv; d += 8 * ATTN_DC(H))
-            attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
-        for (; d < dv; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
-        for (int h = 0; h < H; h++)
-            for (d = hd8 > d0 ? hd8 : d0; d < d1; d++) {
-                float *od = out + (size_t)h * hd + d, acc = j0 ? *od : 0.0f;
-                for (int i = j0; i < j1; i++) {
-                    size_t row = (size_t)(c->lo + i) * stride + off + (size_t)d;
-                    float w = scores[(size_t)h * count + i];
-                    acc = fmaf(w, c->vq ? (float)c->vq[row] : c->vf[row], acc);
-                }
-                *od = j1 == count && c->vq ? acc * c->v_scale : acc;
-            }
-    }
+    int d = d0;
+    for (; d + 8 * ATTN_DC(H) <= d1; d += 8 * ATTN_DC(H)) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
+    for (; d < d1; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
 }
 
-G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values, attn_softmax)
+G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values)
 
 static void avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_ops); }
 

@@ -448,8 +448,6 @@ INLINE void attn_values(const g4_attn_row *c, size_t stride, size_t off, const f
 
 #define ATTN_PJ(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
 #define ATTN_DC(H) ((H) >= 4 ? 1 : 2)
-/* Rows of V summed per pass over the output, so that they stay in L1 across the head dim. */
-#define ATTN_VBLOCK 16384
 
 INLINE void attn_heads_scores(const g4_attn *a, int t, int h0, float *scores, int j0, int j1, const int H) {
     const g4_attn_row *c = &a->rows[t];
@@ -461,41 +459,20 @@ INLINE void attn_heads_scores(const g4_attn *a, int t, int h0, float *scores, in
     for (; j < j1; j++) attn_scores(a, c, q, off, j, count, scores, H, 1);
 }
 
-INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scores, int d0, int d1, const int H) {
+/* out elements [d0, d1) (multiples of 8) of heads [h0, h0 + H) over positions [j0, j1) (see
+ * g4_attn_ops.values). */
+INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scores, int d0, int d1, int j0, int j1,
+                              const int H) {
     const g4_attn_row *c = &a->rows[t];
-    const int hd = a->head_dim, hd8 = hd & ~7, count = c->hi - c->lo + 1;
+    const int hd = a->head_dim, count = c->hi - c->lo + 1;
     const size_t off = (size_t)(h0 / a->group) * hd, stride = (size_t)a->kv_width;
     float *out = a->out + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
-    int dv = d1 < hd8 ? d1 : hd8;
-    int jblock = (int)(ATTN_VBLOCK / ((size_t)(d1 - d0) * (c->vq ? 1 : 4)));
-    if (jblock < 1) jblock = 1;
-    for (int j0 = 0; j0 < count; j0 += jblock) {
-        int j1 = count - j0 > jblock ? j0 + jblock : count;
-        int d = d0;
-        for (; d + 8 * ATTN_DC(H) <= dv; d += 8 * ATTN_DC(H)) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
-        for (; d < dv; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
-        for (int h = 0; h < H; h++)
-            for (d = hd8 > d0 ? hd8 : d0; d < d1; d++) {
-                float *od = out + (size_t)h * hd + d, acc = j0 ? *od : 0.0f;
-                for (int i = j0; i < j1; i++) {
-                    size_t row = (size_t)(c->lo + i) * stride + off + (size_t)d;
-                    acc = fmaf(scores[(size_t)h * count + i], c->vq ? (float)c->vq[row] : c->vf[row], acc);
-                }
-                *od = j1 == count && c->vq ? acc * c->v_scale : acc;
-            }
-    }
+    int d = d0;
+    for (; d + 8 * ATTN_DC(H) <= d1; d += 8 * ATTN_DC(H)) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
+    for (; d < d1; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
 }
 
-/* Softmax weights of one head, as the reference: max, expf, the sum in order, e / sum. */
-static void neon_attn_softmax(float *sc, int count) {
-    float mx = -INFINITY, sum = 0;
-    for (int i = 0; i < count; i++)
-        if (sc[i] > mx) mx = sc[i];
-    for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
-    for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
-}
-
-G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values, neon_attn_softmax)
+G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values)
 
 static void neon_attention(const g4_attn *a) { g4_attention_run(a, &neon_attn_ops); }
 
