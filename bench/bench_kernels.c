@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "stream_bw.h"
 #include "quant/pack.h"
 
 /* Weight + scale bytes touched per decoded token (model.md §11). */
@@ -32,51 +33,6 @@ static uint64_t rnd(void) {
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return rng;
-}
-
-/* ---- streaming read bandwidth ---- */
-
-typedef struct {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sum;
-} stream_arg;
-
-static void *stream_sum(void *arg) {
-    stream_arg *a = arg;
-    /* four independent sums so the loop is bound by loads, not by one add chain */
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= a->n; i += 4) {
-        s0 += a->p[i];
-        s1 += a->p[i + 1];
-        s2 += a->p[i + 2];
-        s3 += a->p[i + 3];
-    }
-    a->sum = s0 + s1 + s2 + s3;
-    return NULL;
-}
-
-static double read_bandwidth(const uint64_t *buf, size_t words, int threads) {
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        pthread_t th[16];
-        stream_arg a[16];
-        double t0 = now_s();
-        for (int i = 0; i < threads; i++) {
-            a[i] = (stream_arg){buf + words / threads * i, words / threads, 0};
-            pthread_create(&th[i], NULL, stream_sum, &a[i]);
-        }
-        uint64_t sum = 0;
-        for (int i = 0; i < threads; i++) {
-            pthread_join(th[i], NULL);
-            sum += a[i].sum;
-        }
-        double dt = now_s() - t0;
-        if (sum == 42) printf(" "); /* keeps the sums alive */
-        double gbs = (double)(words / threads * threads) * 8 / dt / 1e9;
-        if (gbs > best) best = gbs;
-    }
-    return best;
 }
 
 /* ---- matmuls ---- */
@@ -178,7 +134,7 @@ int main(int argc, char **argv) {
     uint64_t *buf = malloc(words * 8);
     for (size_t i = 0; i < words; i++) buf[i] = i;
     for (int t = 1; t <= 2; t++) printf("stream read 1 GB, %d thread(s): %.2f GB/s -> decode roofline %.1f tok/s\n", t,
-                                        read_bandwidth(buf, words, t), read_bandwidth(buf, words, t) * 1e9 / MODEL_BYTES);
+                                        g4_stream_bandwidth(buf, words * 8, t, 5) / 1e9, g4_stream_bandwidth(buf, words * 8, t, 5) / MODEL_BYTES);
     free(buf);
     static const bshape shapes[] = {
         {"gate/up 1536x6144 q4", 1536, 6144, 4},

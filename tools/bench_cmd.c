@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../bench/stream_bw.h"
 #include "cli.h"
 #include "kernels/kernels.h"
 #include "util/err.h"
@@ -19,52 +20,6 @@ typedef struct {
     int threads, prompt, gen, reps, json, bandwidth;
     g4_options o;
 } bench_args;
-
-/* ---- read bandwidth: each thread sums its slice of a large buffer ---- */
-
-typedef struct {
-    const uint64_t *data;
-    size_t n;
-    uint64_t sum;
-} bw_slice;
-
-static void *sum_slice(void *p) {
-    bw_slice *s = p;
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i + 4 <= s->n; i += 4) {
-        a += s->data[i];
-        b += s->data[i + 1];
-        c += s->data[i + 2];
-        d += s->data[i + 3];
-    }
-    s->sum = a + b + c + d;
-    return NULL;
-}
-
-/* Bytes per second read from memory by `threads` threads over buf (1 GiB): best of 3 passes. */
-static double read_bandwidth(const uint64_t *buf, size_t bytes, int threads) {
-    size_t n = bytes / 8;
-    double best = 0;
-    for (int pass = 0; pass < 3; pass++) {
-        pthread_t th[64];
-        bw_slice sl[64];
-        int t_n = threads < 64 ? threads : 64;
-        double t0 = now_s();
-        for (int t = 0; t < t_n; t++) {
-            sl[t] = (bw_slice){buf + n / t_n * t, n / t_n, 0};
-            pthread_create(&th[t], NULL, sum_slice, &sl[t]);
-        }
-        uint64_t total = 0;
-        for (int t = 0; t < t_n; t++) {
-            pthread_join(th[t], NULL);
-            total += sl[t].sum;
-        }
-        double dt = now_s() - t0;
-        if (total == 42) fputc(' ', stderr); /* keeps the sums alive */
-        if (bytes / dt > best) best = bytes / dt;
-    }
-    return best;
-}
 
 /* The bandwidth is measured beside every repetition, since this machine's memory speed drifts
  * from minute to minute. A child process forked before the model loads (so before any pool
@@ -97,7 +52,7 @@ static int bw_probe_start(bw_probe *p, int threads) {
             for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
         char c;
         while (read(a[0], &c, 1) == 1) {
-            double bw = buf ? read_bandwidth(buf, bytes, threads) : 0;
+            double bw = buf ? g4_stream_bandwidth(buf, bytes, threads, 3) : 0;
             if (write(b[1], &bw, sizeof bw) != (ssize_t)sizeof bw) break;
         }
         _exit(0);
