@@ -5,7 +5,7 @@
  *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
  *       src/kernels/{ref,dispatch,attention,pool,avx2,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
- *   ./bench_kernels [quick]      (quick: fewer shapes, shorter runs) */
+ *   ./bench_kernels [quick|attention]   (quick: fewer shapes, shorter runs; attention: only that) */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdint.h>
@@ -116,6 +116,54 @@ static void bench_shape(const bshape *s, int quick) {
     free(acc);
 }
 
+/* ---- decode attention (one query row) over an int8 cache, the E2B layer shapes ---- */
+
+typedef struct {
+    const char *name;
+    int head_dim, positions;
+} battn;
+
+static void bench_attention(const battn *s, int quick) {
+    const int heads = 8, kv_width = s->head_dim; /* one KV head per layer */
+    size_t cache = (size_t)s->positions * (size_t)kv_width;
+    int8_t *k = malloc(cache), *v = malloc(cache);
+    float *q = malloc(sizeof(float) * (size_t)heads * s->head_dim), *out = malloc(sizeof(float) * (size_t)heads * s->head_dim);
+    for (size_t i = 0; i < cache; i++) {
+        k[i] = (int8_t)rnd();
+        v[i] = (int8_t)rnd();
+    }
+    for (int i = 0; i < heads * s->head_dim; i++) q[i] = (float)(int8_t)rnd() * 0.001f;
+    g4_attn_row row = {.kq = k, .vq = v, .k_scale = 0.02f, .v_scale = 0.01f, .lo = 0, .hi = s->positions - 1};
+    g4_attn a = {.n = 1, .n_heads = heads, .head_dim = s->head_dim, .kv_width = kv_width, .group = heads, .q = q,
+                 .out = out, .rows = &row};
+    static const char *levels[] = {"portable", "avx2", "neon"};
+    for (int li = 0; li < 3; li++) {
+        const g4_kernels *kl = g4_kernels_level(levels[li]);
+        if (!kl) continue;
+        for (int threads = 1; threads <= 2; threads++) {
+            g4_kernels_set_threads(threads);
+            double budget = (quick ? 0.3 : 1.0) / 5, per = 1e30;
+            for (int batch = 0; batch < 5; batch++) {
+                double t0 = now_s(), dt;
+                int c = 0;
+                do {
+                    kl->attention(&a);
+                    c++;
+                    dt = now_s() - t0;
+                } while (dt < budget);
+                if (dt / c < per) per = dt / c;
+            }
+            printf("%-22s attn %-8s n=1  thr=%d  %9.3f ms  %7.2f GFLOP/s\n", s->name, kl->name, threads, per * 1e3,
+                   4.0 * heads * s->head_dim * s->positions / per / 1e9);
+            fflush(stdout);
+        }
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+}
+
 /* Other processes sharing the cores skew every number here; say how busy the machine was. */
 static void print_load(const char *when) {
     char buf[128] = "?";
@@ -145,8 +193,11 @@ int main(int argc, char **argv) {
         {"pmp 1536x8960 bf16", 1536, 8960, 16},
         {"lm_head 1536x262144 q2", 1536, 262144, 2},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    int only_attention = argc > 1 && strcmp(argv[1], "attention") == 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes && !only_attention; i++)
         if (!quick || i != 1) bench_shape(&shapes[i], quick);
+    static const battn attn_shapes[] = {{"sliding hd256 T512", 256, 512}, {"full hd512 T576", 512, 576}};
+    for (size_t i = 0; i < sizeof attn_shapes / sizeof *attn_shapes; i++) bench_attention(&attn_shapes[i], quick);
     print_load("at end");
     return 0;
 }

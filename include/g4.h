@@ -93,6 +93,10 @@ void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
 /* Feeds n tokens at the current position of sequence 0. logits: NULL, or room for vocab floats
  * (the last token's logits) or n * vocab floats when all_logits is set. */
 int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
+/* Greedy decoding: the same, but only the last token's greedy choice is computed (next = what
+ * g4_argmax would pick from its logits, bit for bit). Most logits are never finished, which
+ * saves about a third of the lm_head's work. */
+int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next);
 
 /* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
 typedef enum { G4_PROF_EMBED = 0, G4_PROF_LINEAR, G4_PROF_ATTENTION, G4_PROF_LM_HEAD, G4_PROF_OTHER, G4_PROF_COUNT } g4_prof_op;
@@ -106,6 +110,9 @@ const char *g4_prof_op_name(g4_prof_op op);
  * results do not depend on what else is in the batch. */
 int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
 int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
+/* Their greedy forms (see g4_session_eval_argmax); next: one token per sequence or batch row. */
+int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
+int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
 void g4_session_reset_seq(g4_session *s, int seq);
 int g4_session_seq_pos(const g4_session *s, int seq);
 int g4_session_n_seq(const g4_session *s);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "g4.h"
 #include "kernels/kernels.h"
 #include "kernels/levels.h"
 #include "kernels/pool.h"
@@ -535,6 +536,93 @@ static void fixed_point_accuracy(void) {
     CHECK(bad_bound == 0, "float x codes within the fixed-point error bound of the exact dot (%d of %d outside)", bad_bound, checked);
 }
 
+/* The full answer g4_codes_f32_argmax must match: g4_argmax over each row's softcapped outputs. */
+static void full_argmax(const g4_qweight *w, const float *x, int n, float cap, int32_t *want) {
+    float *y = malloc(sizeof(float) * (size_t)n * (size_t)w->out);
+    g4_ref_matmul_f32(w, x, n, y);
+    if (cap > 0) g4_ref_softcap(y, (size_t)n * (size_t)w->out, cap);
+    for (int t = 0; t < n; t++) want[t] = g4_argmax(y + (size_t)t * w->out, w->out);
+    free(y);
+}
+
+/* One problem at every level: each row either settled with g4_argmax's answer or handed back
+ * (-1). Returns how many rows were settled at the first level. */
+static int argmax_case(const g4_qweight *w, const float *x, int n, float cap, const char *what) {
+    int32_t want[16], got[16];
+    full_argmax(w, x, n, cap, want);
+    int settled = -1;
+    for (int l = 0; l < N_LEVELS; l++) {
+        const g4_kernels *k = g4_kernels_level(level_names[l]);
+        if (!k) continue;
+        g4_codes_f32_argmax(w, x, n, cap, k->matmul_i8, got);
+        int ok = 1, count = 0;
+        for (int t = 0; t < n; t++) {
+            ok &= got[t] == want[t] || got[t] == -1;
+            count += got[t] >= 0;
+        }
+        CHECK(ok, "%s: %s argmax bits=%d in=%d out=%d n=%d cap=%g (row 0: %d, want %d)", what, k->name, w->bits, w->in,
+              w->out, n, (double)cap, got[0], want[0]);
+        if (settled < 0) settled = count;
+    }
+    return settled;
+}
+
+/* The greedy lm_head shortcut (g4_codes_f32_argmax) against the full outputs: random problems,
+ * which it must settle; exact ties made by copying the winning row to an earlier index (the
+ * earlier one must win); and the cases it must hand back: a NaN in x, a scale that is not
+ * positive, softcapped values that all saturate to the cap. */
+static void check_codes_argmax(void) {
+    int settled = 0, rows = 0;
+    for (int c = 0; c < 36; c++) {
+        static const int bits_of[3] = {2, 4, 8};
+        int bits = bits_of[c % 3], in = rnd_int(1, 900), out = rnd_int(1, 3000), n = rnd_int(1, 12);
+        float cap = c % 4 == 0 ? 0.0f : 30.0f;
+        size_t rb = g4_packed_row_bytes(bits, (size_t)in);
+        uint8_t *wb = malloc(rb * (size_t)out);
+        float *scale = malloc(sizeof(float) * (size_t)out), *x = malloc(sizeof(float) * (size_t)n * in);
+        for (size_t i = 0; i < rb * (size_t)out; i++) wb[i] = (uint8_t)rnd();
+        /* outputs of a few units, like logits, so that the softcap rarely saturates */
+        double code_rms = bits == 2 ? 1.2 : bits == 4 ? 4.6 : 74.0, base = 5.0 / (sqrt((double)in) * 1.7 * code_rms);
+        for (int o = 0; o < out; o++) scale[o] = (float)(base * (0.5 + (double)(rnd() % 1000) / 1000.0));
+        for (int i = 0; i < n * in; i++) x[i] = ((float)(int)(rnd() % 600001) - 300000.0f) * 1e-5f;
+        g4_qweight w = {.bits = bits, .in = in, .out = out, .row_bytes = rb, .w = wb, .w_scale = scale};
+        settled += argmax_case(&w, x, n, cap, "random");
+        rows += n;
+        /* a tie at the top: the winner of row 0 copied to an earlier index */
+        int32_t want[16];
+        full_argmax(&w, x, 1, cap, want);
+        if (want[0] > 0) {
+            int e = rnd_int(0, want[0] - 1);
+            memcpy(wb + (size_t)e * rb, wb + (size_t)want[0] * rb, rb);
+            scale[e] = scale[want[0]];
+            int32_t tied[16];
+            full_argmax(&w, x, 1, cap, tied);
+            CHECK(tied[0] == e, "the copy at %d ties the winner %d (full answer %d)", e, want[0], tied[0]);
+            settled += argmax_case(&w, x, 1, cap, "tie");
+            rows++;
+        }
+        if (c % 6 == 1) { /* must hand back: NaN input, bad scale, saturated softcap */
+            int32_t got[16];
+            float keep = x[0];
+            x[0] = NAN;
+            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got);
+            CHECK(got[0] == -1, "a NaN input is handed back (got %d)", got[0]);
+            x[0] = keep;
+            float ks = scale[out / 2];
+            scale[out / 2] = c % 12 == 1 ? 0.0f : -1.0f;
+            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got);
+            CHECK(got[0] == -1, "a scale of %g is handed back (got %d)", (double)scale[out / 2], got[0]);
+            scale[out / 2] = ks;
+            for (int o = 0; o < out; o++) scale[o] = 1e30f;
+            argmax_case(&w, x, n, 1.0f, "saturated");
+        }
+        free(wb);
+        free(scale);
+        free(x);
+    }
+    CHECK(settled == rows, "the shortcut settles every random row (%d of %d)", settled, rows);
+}
+
 int main(void) {
     for (int l = 0; l < N_LEVELS; l++)
         if (g4_kernels_level(level_names[l])) printf("ok level %s available\n", level_names[l]);
@@ -542,6 +630,7 @@ int main(void) {
     CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());
     fixed_point_accuracy();
     check_tanhf();
+    check_codes_argmax();
     pool_exactly_once();
     g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */
     for (int threads = 1; threads <= 3; threads++) {

@@ -18,6 +18,7 @@
 typedef struct {
     const char *dir;
     int threads, prompt, gen, reps, json, bandwidth;
+    int full_logits; /* 1: every logit of every step (what sampling needs); 0: greedy's shortcut */
     g4_options o;
 } bench_args;
 
@@ -83,6 +84,15 @@ typedef struct {
     double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
 } bench_rep;
 
+/* n tokens, then the greedy next token: from every logit (--logits full) or through the greedy
+ * shortcut (g4_session_eval_argmax), as g4 run decodes greedily. */
+static int eval_step(g4_session *s, const bench_args *b, const int32_t *ids, int n, float *logits, int32_t *next) {
+    if (!b->full_logits) return g4_session_eval_argmax(s, ids, n, next);
+    if (g4_session_eval(s, ids, n, logits, 0) != 0) return -1;
+    *next = g4_argmax(logits, g4_model_vocab_size(g4_session_model(s)));
+    return 0;
+}
+
 static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_rep *r) {
     int V = g4_model_vocab_size(m);
     g4_options o = b->o;
@@ -98,15 +108,13 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_
     for (int i = 0; i < b->prompt; i++) ids[i] = (int32_t)(3 + (seed = seed * 1103515245u + 12345u) % (unsigned)(V - 3));
     g4_session_set_profiling(s, 1);
     double t0 = now_s();
-    if (b->prompt > 0 && g4_session_eval(s, ids, b->prompt, logits, 0) != 0) goto done;
+    int32_t next = 2;
+    if (b->prompt > 0 && eval_step(s, b, ids, b->prompt, logits, &next) != 0) goto done;
     double t1 = now_s();
     g4_session_profile(s, r->prof_prefill);
     g4_session_set_profiling(s, 1);
-    int32_t next = b->prompt > 0 ? g4_argmax(logits, V) : 2;
-    for (int i = 0; i < b->gen; i++) {
-        if (g4_session_eval(s, &next, 1, logits, 0) != 0) goto done;
-        next = g4_argmax(logits, V);
-    }
+    for (int i = 0; i < b->gen; i++)
+        if (eval_step(s, b, &next, 1, logits, &next) != 0) goto done;
     double t2 = now_s();
     g4_session_profile(s, r->prof_decode);
     r->prefill_tok_s = b->prompt > 0 ? b->prompt / (t1 - t0) : 0;
@@ -154,6 +162,9 @@ static int parse_bench(args_t *a, bench_args *b) {
             if ((v = flag_value(a, "-r", &bad)) && parse_int(a->cmd, "-r", v, 1, 1000, &b->reps)) bad = 1;
         } else if (flag_is(a, "--bandwidth")) {
             if ((v = flag_value(a, "--bandwidth", &bad)) && parse_choice(a->cmd, "--bandwidth", v, onoff, &b->bandwidth)) bad = 1;
+        } else if (flag_is(a, "--logits")) {
+            static const char *const kinds[] = {"greedy", "full", NULL};
+            if ((v = flag_value(a, "--logits", &bad)) && parse_choice(a->cmd, "--logits", v, kinds, &b->full_logits)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
         else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
     }
@@ -227,19 +238,19 @@ int cmd_bench(args_t *a) {
         double roof = bw > 0 ? bw / bytes : 0;
         const bench_rep *last = &reps[b.reps - 1];
         if (b.json) {
-            printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"prompt_tokens\": %d, "
+            printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"logits\": \"%s\", \"prompt_tokens\": %d, "
                    "\"gen_tokens\": %d, \"reps\": %d, \"load_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, "
                    "\"prefill_tok_s_max\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, "
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
                    "\"roofline_fraction\": %.4f",
-                   b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
+                   b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), b.full_logits ? "full" : "greedy", b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
                    dmed, dmin, dmax, peak, bytes, bw, roof, fmed);
             print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
             print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
             printf("}\n");
         } else {
-            printf("model %s, kernels %s, %d thread(s), --act %s, %d reps\n", b.dir, g4_kernels_get()->name, b.threads,
-                   act_name(b.o.act), b.reps);
+            printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps\n", b.dir, g4_kernels_get()->name,
+                   b.threads, act_name(b.o.act), b.full_logits ? "full" : "greedy", b.reps);
             printf("  load            %.3f s\n", load_s);
             printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.prompt, pmed, pmin, pmax);
             printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);

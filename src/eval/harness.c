@@ -271,8 +271,7 @@ typedef struct {
     void *user;
     g4_eval_timing *t;
     slot *slots;
-    int n_slots, V, ctx;
-    float *logits; /* n_slots rows of V */
+    int n_slots, ctx;
 } runner;
 
 static int is_stop(const g4_eval_params *p, int32_t t) {
@@ -293,11 +292,10 @@ static int finish(runner *r, int q, g4_stop_reason why) {
     return 1;
 }
 
-/* Takes the greedy token from slot q's logits, with g4_generate's order of stop checks.
+/* Takes slot q's greedy token t, with g4_generate's order of stop checks.
  * 0: the question goes on; 1: finished; -1: aborted. */
-static int accept(runner *r, int q, const float *logits) {
+static int accept(runner *r, int q, int32_t t) {
     slot *sl = &r->slots[q];
-    int32_t t = (int32_t)g4_argmax(logits, r->V);
     sl->ids[sl->n++] = t;
     r->t->generated++;
     if (is_stop(r->p, t)) return finish(r, q, G4_STOP_EOS);
@@ -316,9 +314,10 @@ static int start(runner *r, int q, int j) {
     sl->t0 = now_s();
     g4_session_reset_seq(r->s, q);
     if (job->n_prompt > r->ctx) return finish(r, q, G4_STOP_CONTEXT);
-    if (g4_session_eval_seq(r->s, q, job->prompt, job->n_prompt, r->logits, 0) != 0) return -1;
+    int32_t t;
+    if (g4_session_eval_argmax_seq(r->s, q, job->prompt, job->n_prompt, &t) != 0) return -1;
     r->t->prefill_s += now_s() - sl->t0;
-    return accept(r, q, r->logits);
+    return accept(r, q, t);
 }
 
 /* Gives every free slot a job (a question finished by its first token frees it again). */
@@ -340,28 +339,26 @@ static int step(runner *r) {
         }
     if (n == 0) return 0;
     double t0 = now_s();
-    if (g4_session_eval_batch(r->s, seqs, ids, n, r->logits) != 0) return -1;
+    int32_t next[64];
+    if (g4_session_eval_batch_argmax(r->s, seqs, ids, n, next) != 0) return -1;
     r->t->decode_s += now_s() - t0;
     for (int k = 0; k < n; k++)
-        if (accept(r, seqs[k], r->logits + (size_t)k * (size_t)r->V) < 0) return -1;
+        if (accept(r, seqs[k], next[k]) < 0) return -1;
     return n;
 }
 
 static void runner_free(runner *r) {
     for (int q = 0; r->slots && q < r->n_slots; q++) free(r->slots[q].ids);
     free(r->slots);
-    free(r->logits);
 }
 
 static int runner_init(runner *r) {
     r->n_slots = g4_session_n_seq(r->s);
     if (r->n_slots > 64) return g4_fail("at most 64 sequences per batch, not %d", r->n_slots);
     if (r->p->max_tokens < 1) return g4_fail("the generation budget must be at least 1 token");
-    r->V = g4_model_vocab_size(g4_session_model(r->s));
     r->ctx = g4_session_ctx(r->s);
     r->slots = calloc((size_t)r->n_slots, sizeof *r->slots);
-    r->logits = malloc(sizeof *r->logits * (size_t)r->V * (size_t)r->n_slots);
-    int ok = r->slots && r->logits;
+    int ok = r->slots != NULL;
     for (int q = 0; ok && q < r->n_slots; q++) {
         r->slots[q].job = -1;
         ok = (r->slots[q].ids = malloc(sizeof(int32_t) * (size_t)r->p->max_tokens)) != NULL;

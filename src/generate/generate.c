@@ -62,12 +62,16 @@ int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_gen
     memcpy(history, prompt, sizeof *prompt * (size_t)n_prompt);
     int n_hist = n_prompt, rc = 0;
     double t0 = now_s();
-    rc = g4_session_eval(s, prompt, n_prompt, logits, 0);
+    /* plain greedy decoding needs only each step's argmax, which the session finds without most
+     * of the logits */
+    int greedy = params->sampling.temperature == 0 && params->sampling.repeat_penalty == 1;
+    int32_t next = 0;
+    rc = greedy ? g4_session_eval_argmax(s, prompt, n_prompt, &next) : g4_session_eval(s, prompt, n_prompt, logits, 0);
     double t1 = now_s();
     result->prefill_s = t1 - t0;
     result->stop = G4_STOP_BUDGET;
     while (rc == 0 && result->n_generated < params->max_tokens) {
-        int32_t next = g4_sampler_sample(sampler, logits, history, n_hist);
+        if (!greedy) next = g4_sampler_sample(sampler, logits, history, n_hist);
         history[n_hist++] = next;
         result->n_generated++;
         int stop_now = is_stop(stops, n_stops, next);
@@ -85,7 +89,8 @@ int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_gen
             result->stop = G4_STOP_CONTEXT;
             break;
         }
-        rc = g4_session_eval(s, &next, 1, logits, 0);
+        int32_t fed = next;
+        rc = greedy ? g4_session_eval_argmax(s, &fed, 1, &next) : g4_session_eval(s, &fed, 1, logits, 0);
     }
     result->decode_s = now_s() - t1;
     g4_sampler_free(sampler);

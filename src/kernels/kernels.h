@@ -52,6 +52,14 @@ typedef void (*g4_matmul_i8_fn)(const g4_qweight *w, const int8_t *x, int n, int
  * matmul_i8 (any level's: they are exact, so every level gives the same bits). */
 void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g4_matmul_i8_fn matmul_i8);
 
+/* Greedy decoding's lm_head: out[t] = the index g4_argmax picks in softcap(g4_matmul_codes_f32(w,
+ * x[t])) (softcap(y) = cap * g4_tanhf(y / cap), none when cap == 0), found from the two top digit
+ * rows and exact dots for the few outputs those leave in the race, so most outputs are never
+ * finished. out[t] = -1 where it cannot decide that way (a NaN in x, a scale that is not positive
+ * and finite, a near tie, too many candidates, out of memory): the caller then computes that row
+ * in full. */
+void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out);
+
 /* y[t][o] = w_scale[o] * dot(x[t], codes[o]) (fixed point, above), or the BF16 dot, for t < n. */
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
 

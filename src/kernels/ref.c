@@ -37,8 +37,9 @@ static int fix_exponent(const float *x, int in) {
  * inside its range) and llrint rounds in the default mode. */
 static int32_t fix_value(float x, double two_s) { return (int32_t)llrint((double)x * two_s); }
 
-/* w_scale * dot * 2^-S: the scaled dot is exact in double (|dot| < 2^53), then rounded to f32 once. */
-static float fix_result(int64_t dot, double two_neg_s, float w_scale) { return w_scale * (float)((double)dot * two_neg_s); }
+/* w_scale * dot * 2^-S for an integer dot (|dot| < 2^53, so exact in double): the scaled dot is
+ * exact too, then rounded to f32 once. Monotone in dot when w_scale > 0. */
+static float fix_result(double dot, double two_neg_s, float w_scale) { return w_scale * (float)(dot * two_neg_s); }
 
 int g4_fix_split_row(const float *x, int in, int8_t *digits) {
     int S = fix_exponent(x, in);
@@ -67,7 +68,7 @@ static void fix_matmul_direct(const g4_qweight *w, const float *x, int n, float 
             int64_t dot = 0;
             for (int i = 0; S != INT32_MIN && i < w->in; i++)
                 dot += (int64_t)fix_value(xt[i], two_s) * g4_packed_code(row, w->bits, (size_t)i);
-            y[(size_t)t * w->out + o] = S == INT32_MIN ? NAN : fix_result(dot, two_neg_s, w->w_scale[o]);
+            y[(size_t)t * w->out + o] = S == INT32_MIN ? NAN : fix_result((double)dot, two_neg_s, w->w_scale[o]);
         }
     }
 }
@@ -99,7 +100,7 @@ static void fix_combine(void *ctx, int o0, int o1) {
         for (int o = o0; o < o1; o++) {
             int64_t dot = 0;
             for (int p = G4_FIX_DIGITS - 1; p >= 0; p--) dot = dot * 256 + at[(size_t)p * j->no + o];
-            yt[o] = fix_result(dot, two_neg_s, j->w_scale[o]);
+            yt[o] = fix_result((double)dot, two_neg_s, j->w_scale[o]);
         }
     }
 }
@@ -132,6 +133,161 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
     }
     free(digits);
     free(acc);
+}
+
+/* ---- greedy decoding's argmax over a softcapped float x codes product ---- */
+
+/* The two top digit rows fix each output's integer dot N up to the low digit's share, which is
+ * at most E = max|d0| * max|code| * in. Every rounding step of fix_result is monotone in N (the
+ * scale being positive), so the output lies in [f(N' - E), f(N' + E)], N' the dot without the
+ * low digit. An output whose upper end lies below the largest lower end M cannot be the largest,
+ * and the few that can are finished exactly. The softcap is monotone too (g4_tanhf is
+ * non-decreasing, checked over every float in tests/test_tanh_monotone.c), so a row outside the
+ * candidates ends at or below softcap(M); the answer stands when that is strictly below the best
+ * candidate's value, which leaves no room for a tie with an earlier index. */
+#define ARGMAX_BLOCK 1024
+#define ARGMAX_MAX_CANDIDATES 4096
+#define ARGMAX_ROWS 8
+_Static_assert(G4_FIX_DIGITS == 3, "the greedy argmax reads digit rows 1 and 2 first");
+
+typedef struct {
+    const int32_t *acc; /* [nt][2][no]: dots with digit rows 1 and 2, for outputs [o_base, o_base + no) */
+    const float *w_scale;
+    const double *two_neg_s;
+    const int64_t *E;
+    int nt, no, o_base, V, nblk;
+    float *ub;           /* [nt][V] upper ends */
+    float *blk_lo, *blk_hi; /* [nt][nblk] largest lower / upper end per block (NaN: a bad scale) */
+} argmax_bound_job;
+
+static void argmax_bounds(void *ctx, int b0, int b1) {
+    const argmax_bound_job *j = ctx;
+    const int no = j->no;
+    const float *ws = j->w_scale + j->o_base;
+    for (int t = 0; t < j->nt; t++) {
+        const int32_t *d1 = j->acc + (size_t)t * 2 * no, *d2 = d1 + no;
+        const double E = (double)j->E[t], two_neg_s = j->two_neg_s[t];
+        float *ub = j->ub + (size_t)t * j->V + j->o_base;
+        for (int b = b0; b < b1; b++) {
+            int o0 = b * ARGMAX_BLOCK, o1 = o0 + ARGMAX_BLOCK < no ? o0 + ARGMAX_BLOCK : no, bad = 0;
+            float lo_max = -INFINITY, hi_max = -INFINITY;
+            for (int o = o0; o < o1; o++) {
+                bad |= !(ws[o] > 0 && ws[o] <= FLT_MAX);
+                double top = ((double)d2[o] * 256 + d1[o]) * 256; /* the dot less the low digit's share, exact */
+                float hi = fix_result(top + E, two_neg_s, ws[o]);
+                ub[o] = hi;
+                if (hi > hi_max) hi_max = hi;
+                if (hi > lo_max) { /* otherwise the lower end, at most hi, cannot raise lo_max */
+                    float lo = fix_result(top - E, two_neg_s, ws[o]);
+                    if (lo > lo_max) lo_max = lo;
+                }
+            }
+            size_t at = (size_t)t * j->nblk + (size_t)(j->o_base / ARGMAX_BLOCK + b);
+            j->blk_lo[at] = bad ? NAN : lo_max;
+            j->blk_hi[at] = bad ? NAN : hi_max;
+        }
+    }
+}
+
+static float argmax_softcap(float y, float cap) { return cap > 0 ? cap * g4_tanhf(y / cap) : y; }
+
+/* The answer for row t from its bounds, or -1. digits: the row's G4_FIX_DIGITS digit rows. */
+static int32_t argmax_finish(const g4_qweight *w, const int8_t *digits, double two_neg_s, float cap, const float *ub,
+                             const float *blk_lo, const float *blk_hi, int nblk, g4_matmul_i8_fn matmul_i8) {
+    float M = -INFINITY;
+    for (int b = 0; b < nblk; b++) {
+        if (isnan(blk_lo[b])) return -1;
+        if (blk_lo[b] > M) M = blk_lo[b];
+    }
+    int32_t *cand = malloc(sizeof *cand * ARGMAX_MAX_CANDIDATES);
+    int nc = 0;
+    for (int b = 0; cand && b < nblk && nc >= 0; b++) {
+        if (!(blk_hi[b] >= M)) continue;
+        int o1 = (b + 1) * ARGMAX_BLOCK < w->out ? (b + 1) * ARGMAX_BLOCK : w->out;
+        for (int o = b * ARGMAX_BLOCK; o < o1; o++) {
+            if (!(ub[o] >= M)) continue;
+            if (nc == ARGMAX_MAX_CANDIDATES) {
+                nc = -1; /* too close a race to settle cheaply */
+                break;
+            }
+            cand[nc++] = o;
+        }
+    }
+    uint8_t *rows = cand && nc > 0 ? malloc(w->row_bytes * (size_t)nc) : NULL;
+    int32_t *acc = rows ? malloc(sizeof *acc * (size_t)G4_FIX_DIGITS * (size_t)nc) : NULL;
+    float *scale = acc ? malloc(sizeof *scale * (size_t)nc) : NULL;
+    int32_t best = -1;
+    if (scale) {
+        /* the candidates' rows side by side, through the same exact integer dots */
+        for (int c = 0; c < nc; c++) {
+            memcpy(rows + (size_t)c * w->row_bytes, w->w + (size_t)cand[c] * w->row_bytes, w->row_bytes);
+            scale[c] = w->w_scale[cand[c]];
+        }
+        g4_qweight sub = {.bits = w->bits, .in = w->in, .out = nc, .row_bytes = w->row_bytes, .w = rows, .w_scale = scale};
+        matmul_i8(&sub, digits, G4_FIX_DIGITS, acc);
+        float best_v = 0;
+        for (int c = 0; c < nc; c++) {
+            int64_t dot = 0;
+            for (int p = G4_FIX_DIGITS - 1; p >= 0; p--) dot = dot * 256 + acc[(size_t)p * nc + c];
+            float v = argmax_softcap(fix_result((double)dot, two_neg_s, scale[c]), cap);
+            if (best < 0 || v > best_v) best = cand[c], best_v = v;
+        }
+        if (best >= 0 && !(argmax_softcap(M, cap) < best_v)) best = -1;
+    }
+
+    free(cand);
+    free(rows);
+    free(acc);
+    free(scale);
+    return best;
+}
+
+void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out) {
+    for (int t = 0; t < n; t++) out[t] = -1;
+    if (n <= 0 || w->out <= 0 || w->in <= 0 || (w->bits != 2 && w->bits != 4 && w->bits != 8) || !(cap >= 0 && cap <= FLT_MAX))
+        return;
+    const int D = G4_FIX_DIGITS, in = w->in, V = w->out, nblk = (V + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
+    const int max_code = w->bits == 2 ? 2 : w->bits == 4 ? 8 : 128;
+    int rows = n < ARGMAX_ROWS ? n : ARGMAX_ROWS;
+    int chunk = FIX_ACC / (2 * rows) / ARGMAX_BLOCK * ARGMAX_BLOCK;
+    if (chunk < ARGMAX_BLOCK) chunk = ARGMAX_BLOCK;
+    int8_t *digits = malloc((size_t)D * rows * (size_t)in), *top = malloc((size_t)2 * rows * (size_t)in);
+    int32_t *acc = malloc(sizeof *acc * (size_t)2 * rows * (size_t)chunk);
+    float *ub = malloc(sizeof *ub * (size_t)rows * (size_t)V);
+    float *blk = malloc(sizeof *blk * (size_t)2 * rows * (size_t)nblk);
+    for (int t0 = 0; digits && top && acc && ub && blk && t0 < n; t0 += rows) {
+        int nt = n - t0 < rows ? n - t0 : rows, ok = 1;
+        int64_t E[ARGMAX_ROWS];
+        double two_neg_s[ARGMAX_ROWS];
+        for (int t = 0; t < nt; t++) {
+            int8_t *dt = digits + (size_t)t * D * in;
+            int S = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, dt);
+            if (S == INT32_MIN) ok = 0; /* NaN outputs: g4_argmax's rules apply */
+            two_neg_s[t] = S == INT32_MIN ? 0 : ldexp(1.0, -S);
+            int low = 0;
+            for (int i = 0; i < in; i++)
+                if (abs(dt[i]) > low) low = abs(dt[i]);
+            E[t] = (int64_t)low * max_code * in;
+            memcpy(top + (size_t)t * 2 * in, dt + in, (size_t)2 * in); /* digit rows 1 and 2 */
+        }
+        if (!ok) continue;
+        for (int o0 = 0; o0 < V; o0 += chunk) {
+            g4_qweight sub = *w;
+            sub.out = V - o0 < chunk ? V - o0 : chunk;
+            sub.w = w->w + (size_t)o0 * w->row_bytes;
+            matmul_i8(&sub, top, 2 * nt, acc);
+            argmax_bound_job j = {acc, w->w_scale, two_neg_s, E, nt, sub.out, o0, V, nblk, ub, blk, blk + (size_t)rows * nblk};
+            g4_pool_for((sub.out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK, 1, 8.0 * nt * sub.out, argmax_bounds, &j);
+        }
+        for (int t = 0; t < nt; t++)
+            out[t0 + t] = argmax_finish(w, digits + (size_t)t * D * in, two_neg_s[t], cap, ub + (size_t)t * V,
+                                        blk + (size_t)t * nblk, blk + (size_t)rows * nblk + (size_t)t * nblk, nblk, matmul_i8);
+    }
+    free(digits);
+    free(top);
+    free(acc);
+    free(ub);
+    free(blk);
 }
 
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {

@@ -47,6 +47,7 @@ struct g4_session {
     float *x, *xn, *xq, *q, *kk, *vv, *att, *proj, *gate, *up, *pli, *ple_tok, *plg;
     int8_t *xcodes;
     int32_t *acc;
+    float *logit_row; /* [vocab], the greedy path's fallback (allocated on first use) */
     float *rope_cos[2], *rope_sin[2];
     g4_trace_fn trace;
     void *trace_user;
@@ -364,13 +365,10 @@ static void decoder_layer(g4_session *s, int l, int n) {
     trace_layer(s, "hidden_after_layer%d", l, n, H, 0, s->x);
 }
 
-/* Final norm of every row; lm_head + softcap on rows [first, n). */
-static void output_head(g4_session *s, int n, int first, float *logits) {
+/* The lm_head of rows [first, n) of xn into logits, softcapped. */
+static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
     const g4_model *m = s->m;
     int H = m->cfg.hidden, V = m->cfg.vocab;
-    rmsnorm_rows(s->xn, s->x, m->final_norm, n, H, (float)m->cfg.rms_eps);
-    trace(s, "final_norm", n, H, 0, s->xn);
-    if (!logits) return;
     if (s->o.lmhead_dynamic_q8 && m->lm_head.s_in == 0 && m->lm_head.w.bits != 16) {
         /* LiteRT's XNNPACK runs a float-input FC with int weights by quantizing each input row
          * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref) */
@@ -388,8 +386,40 @@ static void output_head(g4_session *s, int n, int first, float *logits) {
     }
 }
 
-/* Computes the rows already described by row_seq/row_pos; logits for rows [first, n). */
-static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int first) {
+/* The greedy token of rows [first, n) into next, as g4_argmax over their logits would pick it.
+ * When the lm_head takes float rows against packed codes (the checkpoint's), most logits are
+ * never finished (g4_codes_f32_argmax); rows it cannot settle, and other lm_heads, go through
+ * the full logits in s->logit_row. */
+static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
+    const g4_model *m = s->m;
+    const g4_linear *L = &m->lm_head;
+    int H = m->cfg.hidden, V = m->cfg.vocab;
+    int shortcut = !s->o.lmhead_dynamic_q8 && L->w.bits != 16 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
+    for (int t = 0; t < n - first; t++) next[t] = -1;
+    if (shortcut) {
+        float cap = m->cfg.final_softcap > 0 ? (float)m->cfg.final_softcap : 0;
+        g4_codes_f32_argmax(&L->w, s->xn + (size_t)first * H, n - first, cap, s->k->matmul_i8, next);
+    }
+    for (int t = first; t < n; t++) {
+        if (next[t - first] >= 0) continue;
+        lm_head_logits(s, t + 1, t, s->logit_row);
+        next[t - first] = g4_argmax(s->logit_row, V);
+    }
+}
+
+/* Final norm of every row; then for rows [first, n) the softcapped logits, or only the greedy
+ * token of each (next), or nothing. */
+static void output_head(g4_session *s, int n, int first, float *logits, int32_t *next) {
+    const g4_model *m = s->m;
+    rmsnorm_rows(s->xn, s->x, m->final_norm, n, m->cfg.hidden, (float)m->cfg.rms_eps);
+    trace(s, "final_norm", n, m->cfg.hidden, 0, s->xn);
+    if (logits) lm_head_logits(s, n, first, logits);
+    else if (next) lm_head_argmax(s, n, first, next);
+}
+
+/* Computes the rows already described by row_seq/row_pos; logits (or the greedy tokens, next) for
+ * rows [first, n). */
+static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int32_t *next, int first) {
     double t0 = s->profiling ? clock_s() : 0;
     {
         PROF_BEGIN(s);
@@ -402,7 +432,7 @@ static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits
         /* the lm_head's own time is counted here, not as a layer linear */
         double before = s->prof[G4_PROF_LINEAR];
         PROF_BEGIN(s);
-        output_head(s, n, first, logits);
+        output_head(s, n, first, logits, next);
         PROF_END(s, G4_PROF_LM_HEAD);
         s->prof[G4_PROF_LINEAR] = before;
     }
@@ -421,14 +451,22 @@ static int check_ids(const g4_session *s, const int32_t *ids, int n) {
     return 0;
 }
 
-int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits) {
+/* The greedy path's one row of full logits, allocated on its first use. */
+static int ensure_logit_row(g4_session *s) {
+    if (!s->logit_row) s->logit_row = malloc(sizeof *s->logit_row * (size_t)s->m->cfg.vocab);
+    return s->logit_row ? 0 : g4_fail("out of memory for a row of logits");
+}
+
+/* n tokens of sequence seq, in chunks; the last token's logits or greedy token (next), or every
+ * token's logits (all_logits). */
+static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits, int32_t *next) {
     const g4_config *c = &s->m->cfg;
     if (seq < 0 || seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, s->n_seq);
     if (n <= 0) return g4_fail("no tokens to evaluate");
     int *pos = &s->seq_pos[seq];
     if (n > s->o.ctx - *pos)
         return g4_fail("%d tokens at position %d run past the context of %d tokens (--ctx)", n, *pos, s->o.ctx);
-    if (check_ids(s, ids, n) != 0) return -1;
+    if (check_ids(s, ids, n) != 0 || (next && ensure_logit_row(s) != 0)) return -1;
     for (int done = 0; done < n;) {
         int len = n - done < CHUNK ? n - done : CHUNK;
         int last = done + len == n;
@@ -439,20 +477,32 @@ int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float
             s->row_seq[t] = seq;
             s->row_pos[t] = *pos + t;
         }
-        forward_rows(s, ids + done, len, out, all_logits || !out ? 0 : len - 1);
+        forward_rows(s, ids + done, len, out, last ? next : NULL, all_logits || !(out || (last && next)) ? 0 : len - 1);
         *pos += len;
         done += len;
     }
     return 0;
 }
 
-int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
-    return g4_session_eval_seq(s, 0, ids, n, logits, all_logits);
+int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits) {
+    return eval_seq(s, seq, ids, n, logits, all_logits, NULL);
 }
 
-int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits) {
+int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
+    return eval_seq(s, 0, ids, n, logits, all_logits, NULL);
+}
+
+int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next) {
+    return eval_seq(s, seq, ids, n, NULL, 0, next);
+}
+
+int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next) {
+    return eval_seq(s, 0, ids, n, NULL, 0, next);
+}
+
+static int eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits, int32_t *next) {
     if (n <= 0 || n > CHUNK) return g4_fail("a batch step takes 1 to %d tokens, not %d", CHUNK, n);
-    if (check_ids(s, ids, n) != 0) return -1;
+    if (check_ids(s, ids, n) != 0 || (next && ensure_logit_row(s) != 0)) return -1;
     for (int t = 0; t < n; t++) {
         int q = seqs[t];
         if (q < 0 || q >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", q, s->n_seq);
@@ -463,9 +513,17 @@ int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, in
         s->row_seq[t] = q;
         s->row_pos[t] = s->seq_pos[q];
     }
-    forward_rows(s, ids, n, logits, 0);
+    forward_rows(s, ids, n, logits, next, 0);
     for (int t = 0; t < n; t++) s->seq_pos[seqs[t]]++;
     return 0;
+}
+
+int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits) {
+    return eval_batch(s, seqs, ids, n, logits, NULL);
+}
+
+int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next) {
+    return eval_batch(s, seqs, ids, n, NULL, next);
 }
 
 /* The first index of the largest value, NaNs never winning, except that a NaN at index 0 wins
@@ -692,7 +750,7 @@ void g4_session_free(g4_session *s) {
     for (int i = 0; s->rq_f32 && i < s->m->n_linears; i++) free(s->rq_f32[i]);
     free(s->rq);
     free(s->rq_f32);
-    void *bufs[] = {s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
+    void *bufs[] = {s->logit_row, s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
                     s->ple_tok, s->plg, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s);
