@@ -171,14 +171,16 @@ static void argmax_bounds(void *ctx, int b0, int b1) {
         for (int b = b0; b < b1; b++) {
             int o0 = b * ARGMAX_BLOCK, o1 = o0 + ARGMAX_BLOCK < no ? o0 + ARGMAX_BLOCK : no, bad = 0;
             float lo_max = -INFINITY, hi_max = -INFINITY;
-            for (int o = o0; o < o1; o++) {
-                bad |= !(ws[o] > 0 && ws[o] <= FLT_MAX);
+            for (int o = o0; o < o1; o++) { /* a loop the compiler can vectorize */
                 double top = ((double)d2[o] * 256 + d1[o]) * 256; /* the dot less the low digit's share, exact */
-                float hi = fix_result(top + E, two_neg_s, ws[o]);
-                ub[o] = hi;
+                ub[o] = fix_result(top + E, two_neg_s, ws[o]);
+            }
+            for (int o = o0; o < o1; o++) {
+                float hi = ub[o];
+                bad |= !(ws[o] > 0 && ws[o] <= FLT_MAX);
                 if (hi > hi_max) hi_max = hi;
                 if (hi > lo_max) { /* otherwise the lower end, at most hi, cannot raise lo_max */
-                    float lo = fix_result(top - E, two_neg_s, ws[o]);
+                    float lo = fix_result(((double)d2[o] * 256 + d1[o]) * 256 - E, two_neg_s, ws[o]);
                     if (lo > lo_max) lo_max = lo;
                 }
             }
