@@ -6,9 +6,11 @@
  *
  * Many query rows (prefill): one work item per (row, KV head) runs scores, softmax and values for
  * all the heads of the group, so each K and V row is loaded once for the group.
- * Few query rows (decode): the work is split by position for the scores and by head element for
- * the values, so both threads stay busy and every K and V row is still converted once for all
- * the heads that read it; the softmax of each head runs in between. */
+ * Few query rows (decode): the group's heads are split into one run per thread, and each item
+ * does its run start to end. A K/V row is then converted once per run instead of once per group
+ * (about a fifth more arithmetic for 8 heads on 2 threads), but the layer takes one pass over
+ * the pool instead of three (scores, softmax, values), which measured 0.55-0.65 ms per token
+ * faster on E2B at 512 positions. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -60,95 +62,29 @@ static void run_values(const g4_attn *a, const g4_attn_ops *ops, int t, int h0, 
 typedef struct {
     const g4_attn *a;
     const g4_attn_ops *ops;
+    int parts; /* items per (row, KV head): its group of heads split into this many runs */
 } row_job;
 
 static void row_items(void *ctx, int b, int e) {
     const row_job *j = ctx;
     const g4_attn *a = j->a;
-    int n_kv = a->n_heads / a->group, most = 1;
+    int n_kv = a->n_heads / a->group, most = 1, per = (a->group + j->parts - 1) / j->parts;
     for (int i = b; i < e; i++)
-        if (count_of(a, i / n_kv) > most) most = count_of(a, i / n_kv);
-    float *scores = malloc(sizeof *scores * (size_t)most * (size_t)a->group);
+        if (count_of(a, i / (n_kv * j->parts)) > most) most = count_of(a, i / (n_kv * j->parts));
+    float *scores = malloc(sizeof *scores * (size_t)most * (size_t)per);
     for (int i = b; i < e; i++) {
-        int t = i / n_kv, h0 = i % n_kv * a->group, count = count_of(a, t);
+        int t = i / (n_kv * j->parts), kv = i / j->parts % n_kv, part = i % j->parts, count = count_of(a, t);
+        int h0 = kv * a->group + part * per, nh = a->group - part * per < per ? a->group - part * per : per;
+        if (nh <= 0) continue;
         if (!scores) { /* out of memory: the reference recomputes what it cannot keep */
-            for (int h = h0; h < h0 + a->group; h++) g4_ref_attention_head(a, t, h, NULL);
+            for (int h = h0; h < h0 + nh; h++) g4_ref_attention_head(a, t, h, NULL);
             continue;
         }
-        j->ops->scores(a, t, h0, a->group, scores, 0, count);
-        for (int h = 0; h < a->group; h++) softmax(scores + (size_t)h * count, count);
-        run_values(a, j->ops, t, h0, a->group, scores, 0, a->head_dim);
+        j->ops->scores(a, t, h0, nh, scores, 0, count);
+        for (int h = 0; h < nh; h++) softmax(scores + (size_t)h * count, count);
+        run_values(a, j->ops, t, h0, nh, scores, 0, a->head_dim);
     }
     free(scores);
-}
-
-typedef struct {
-    const g4_attn *a;
-    const g4_attn_ops *ops;
-    float *scores; /* row t, head h: scores + base[t] + h * count */
-    const size_t *base;
-    int n_kv, pieces; /* items per (row, KV head) */
-    int per;          /* positions or head elements per item */
-} split_job;
-
-/* Positions per score item and head elements per value item (one cache line of an int8 V row). */
-#define SPLIT_POSITIONS 32
-#define SPLIT_ELEMENTS 64
-
-static void split_scores(void *ctx, int b, int e) {
-    const split_job *j = ctx;
-    const g4_attn *a = j->a;
-    for (int i = b; i < e; i++) {
-        int t = i / (j->n_kv * j->pieces), h0 = i / j->pieces % j->n_kv * a->group, count = count_of(a, t);
-        int j0 = i % j->pieces * j->per, j1 = j0 + j->per < count ? j0 + j->per : count;
-        if (j0 < j1) j->ops->scores(a, t, h0, a->group, j->scores + j->base[t] + (size_t)h0 * count, j0, j1);
-    }
-}
-
-static void split_softmax(void *ctx, int b, int e) {
-    const split_job *j = ctx;
-    for (int i = b; i < e; i++) {
-        int t = i / j->a->n_heads, h = i % j->a->n_heads, count = count_of(j->a, t);
-        softmax(j->scores + j->base[t] + (size_t)h * count, count);
-    }
-}
-
-static void split_values(void *ctx, int b, int e) {
-    const split_job *j = ctx;
-    const g4_attn *a = j->a;
-    for (int i = b; i < e; i++) {
-        int t = i / (j->n_kv * j->pieces), h0 = i / j->pieces % j->n_kv * a->group, count = count_of(a, t);
-        int d0 = i % j->pieces * j->per, d1 = d0 + j->per < a->head_dim ? d0 + j->per : a->head_dim;
-        if (d0 < d1) run_values(a, j->ops, t, h0, a->group, j->scores + j->base[t] + (size_t)h0 * count, d0, d1);
-    }
-}
-
-/* 0 when out of memory (the caller then takes the per-row schedule). */
-static int run_split(const g4_attn *a, const g4_attn_ops *ops, int n_kv) {
-    size_t *base = malloc(sizeof *base * (size_t)a->n), total = 0;
-    int most = 1;
-    for (int t = 0; base && t < a->n; t++) {
-        base[t] = total;
-        total += (size_t)count_of(a, t) * a->n_heads;
-        if (count_of(a, t) > most) most = count_of(a, t);
-    }
-    float *scores = base ? malloc(sizeof *scores * total) : NULL;
-    if (!scores) {
-        free(base);
-        return 0;
-    }
-    split_job j = {a, ops, scores, base, n_kv, 0, 0};
-    double work = g4_attention_work(a);
-    j.per = SPLIT_POSITIONS;
-    j.pieces = (most + j.per - 1) / j.per;
-    g4_pool_for(a->n * n_kv * j.pieces, 1, work / 2, split_scores, &j);
-    g4_pool_for(a->n * a->n_heads, 1, (double)total * 10.0, split_softmax, &j);
-    j.per = SPLIT_ELEMENTS;
-    j.pieces = (a->head_dim + j.per - 1) / j.per;
-    g4_pool_for(a->n * n_kv * j.pieces, 1, work / 2, split_values, &j);
-    free(scores);
-    free(base);
-    return 1;
 }
 
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops) {
@@ -158,7 +94,13 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops) {
         return;
     }
     int n_kv = a->n_heads / a->group;
-    if (a->n * n_kv < 4 && run_split(a, ops, n_kv)) return;
-    row_job j = {a, ops};
-    g4_pool_for(a->n * n_kv, 1, g4_attention_work(a), row_items, &j);
+    /* few rows (decode): each group of heads split so that every thread gets a run of heads */
+    int parts = 1;
+    if (a->n * n_kv < 4) {
+        parts = g4_kernels_threads();
+        if (parts > a->group) parts = a->group;
+        if (parts < 1) parts = 1;
+    }
+    row_job j = {a, ops, parts};
+    g4_pool_for(a->n * n_kv * parts, 1, g4_attention_work(a), row_items, &j);
 }
