@@ -554,7 +554,10 @@ static int argmax_case(const g4_qweight *w, const float *x, int n, float cap, co
     for (int l = 0; l < N_LEVELS; l++) {
         const g4_kernels *k = g4_kernels_level(level_names[l]);
         if (!k) continue;
-        g4_codes_f32_argmax(w, x, n, cap, k->matmul_i8, got);
+        /* odd levels with the caller's scratch of the stated size (ASan checks it is enough) */
+        void *scratch = l % 2 ? malloc(g4_codes_f32_argmax_scratch(w, n)) : NULL;
+        g4_codes_f32_argmax(w, x, n, cap, k->matmul_i8, got, scratch);
+        free(scratch);
         int ok = 1, count = 0;
         for (int t = 0; t < n; t++) {
             ok &= got[t] == want[t] || got[t] == -1;
@@ -605,12 +608,12 @@ static void check_codes_argmax(void) {
             int32_t got[16];
             float keep = x[0];
             x[0] = NAN;
-            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got);
+            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got, NULL);
             CHECK(got[0] == -1, "a NaN input is handed back (got %d)", got[0]);
             x[0] = keep;
             float ks = scale[out / 2];
             scale[out / 2] = c % 12 == 1 ? 0.0f : -1.0f;
-            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got);
+            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got, NULL);
             CHECK(got[0] == -1, "a scale of %g is handed back (got %d)", (double)scale[out / 2], got[0]);
             scale[out / 2] = ks;
             for (int o = 0; o < out; o++) scale[o] = 1e30f;

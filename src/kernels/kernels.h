@@ -57,8 +57,11 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
  * rows and exact dots for the few outputs those leave in the race, so most outputs are never
  * finished. out[t] = -1 where it cannot decide that way (a NaN in x, a scale that is not positive
  * and finite, a near tie, too many candidates, out of memory): the caller then computes that row
- * in full. */
-void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out);
+ * in full. scratch: g4_codes_f32_argmax_scratch(w, n) bytes kept by the caller (about 1 MB per
+ * row for E2B's lm_head, so that decode does not map and clear them every token), or NULL. */
+size_t g4_codes_f32_argmax_scratch(const g4_qweight *w, int n);
+void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out,
+                         void *scratch);
 
 /* y[t][o] = w_scale[o] * dot(x[t], codes[o]) (fixed point, above), or the BF16 dot, for t < n. */
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);

@@ -244,25 +244,55 @@ static int32_t argmax_finish(const g4_qweight *w, const int8_t *digits, double t
     return best;
 }
 
-void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out) {
+/* The call's buffers, carved out of one block (64-byte aligned pieces). */
+typedef struct {
+    int rows, chunk; /* activation rows per pass; outputs per matmul call */
+    int8_t *digits, *top;
+    int32_t *acc;
+    float *ub, *blk;
+} argmax_bufs;
+
+static size_t argmax_layout(const g4_qweight *w, int n, uint8_t *base, argmax_bufs *b) {
+    int rows = n < ARGMAX_ROWS ? n : ARGMAX_ROWS, nblk = (w->out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
+    int chunk = FIX_ACC / (2 * rows) / ARGMAX_BLOCK * ARGMAX_BLOCK;
+    if (chunk < ARGMAX_BLOCK) chunk = ARGMAX_BLOCK;
+    size_t sizes[5] = {(size_t)G4_FIX_DIGITS * rows * (size_t)w->in, (size_t)2 * rows * (size_t)w->in,
+                       sizeof(int32_t) * 2 * rows * (size_t)chunk, sizeof(float) * rows * (size_t)w->out,
+                       sizeof(float) * 2 * rows * (size_t)nblk};
+    void *ptr[5];
+    size_t at = 0;
+    for (int i = 0; i < 5; i++) {
+        ptr[i] = base ? base + at : NULL;
+        at += (sizes[i] + 63) & ~(size_t)63;
+    }
+    *b = (argmax_bufs){rows, chunk, ptr[0], ptr[1], ptr[2], ptr[3], ptr[4]};
+    return at;
+}
+
+size_t g4_codes_f32_argmax_scratch(const g4_qweight *w, int n) {
+    argmax_bufs b;
+    return n > 0 && w->out > 0 && w->in > 0 ? argmax_layout(w, n, NULL, &b) + 64 : 0;
+}
+
+void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out,
+                         void *scratch) {
     for (int t = 0; t < n; t++) out[t] = -1;
     if (n <= 0 || w->out <= 0 || w->in <= 0 || (w->bits != 2 && w->bits != 4 && w->bits != 8) || !(cap >= 0 && cap <= FLT_MAX))
         return;
     const int D = G4_FIX_DIGITS, in = w->in, V = w->out, nblk = (V + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
     const int max_code = w->bits == 2 ? 2 : w->bits == 4 ? 8 : 128;
-    int rows = n < ARGMAX_ROWS ? n : ARGMAX_ROWS;
-    int chunk = FIX_ACC / (2 * rows) / ARGMAX_BLOCK * ARGMAX_BLOCK;
-    if (chunk < ARGMAX_BLOCK) chunk = ARGMAX_BLOCK;
-    int8_t *digits = malloc((size_t)D * rows * (size_t)in), *top = malloc((size_t)2 * rows * (size_t)in);
-    int32_t *acc = malloc(sizeof *acc * (size_t)2 * rows * (size_t)chunk);
-    float *ub = malloc(sizeof *ub * (size_t)rows * (size_t)V);
-    float *blk = malloc(sizeof *blk * (size_t)2 * rows * (size_t)nblk);
-    for (int t0 = 0; digits && top && acc && ub && blk && t0 < n; t0 += rows) {
+    void *own = scratch ? NULL : malloc(g4_codes_f32_argmax_scratch(w, n));
+    uint8_t *base = scratch ? scratch : own;
+    if (!base) return;
+    argmax_bufs b;
+    argmax_layout(w, n, (uint8_t *)(((uintptr_t)base + 63) & ~(uintptr_t)63), &b);
+    const int rows = b.rows;
+    for (int t0 = 0; t0 < n; t0 += rows) {
         int nt = n - t0 < rows ? n - t0 : rows, ok = 1;
         int64_t E[ARGMAX_ROWS];
         double two_neg_s[ARGMAX_ROWS];
         for (int t = 0; t < nt; t++) {
-            int8_t *dt = digits + (size_t)t * D * in;
+            int8_t *dt = b.digits + (size_t)t * D * in;
             int S = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, dt);
             if (S == INT32_MIN) ok = 0; /* NaN outputs: g4_argmax's rules apply */
             two_neg_s[t] = S == INT32_MIN ? 0 : ldexp(1.0, -S);
@@ -270,26 +300,22 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
             for (int i = 0; i < in; i++)
                 if (abs(dt[i]) > low) low = abs(dt[i]);
             E[t] = (int64_t)low * max_code * in;
-            memcpy(top + (size_t)t * 2 * in, dt + in, (size_t)2 * in); /* digit rows 1 and 2 */
+            memcpy(b.top + (size_t)t * 2 * in, dt + in, (size_t)2 * in); /* digit rows 1 and 2 */
         }
         if (!ok) continue;
-        for (int o0 = 0; o0 < V; o0 += chunk) {
+        for (int o0 = 0; o0 < V; o0 += b.chunk) {
             g4_qweight sub = *w;
-            sub.out = V - o0 < chunk ? V - o0 : chunk;
+            sub.out = V - o0 < b.chunk ? V - o0 : b.chunk;
             sub.w = w->w + (size_t)o0 * w->row_bytes;
-            matmul_i8(&sub, top, 2 * nt, acc);
-            argmax_bound_job j = {acc, w->w_scale, two_neg_s, E, nt, sub.out, o0, V, nblk, ub, blk, blk + (size_t)rows * nblk};
+            matmul_i8(&sub, b.top, 2 * nt, b.acc);
+            argmax_bound_job j = {b.acc, w->w_scale, two_neg_s, E, nt, sub.out, o0, V, nblk, b.ub, b.blk, b.blk + (size_t)rows * nblk};
             g4_pool_for((sub.out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK, 1, 8.0 * nt * sub.out, argmax_bounds, &j);
         }
         for (int t = 0; t < nt; t++)
-            out[t0 + t] = argmax_finish(w, digits + (size_t)t * D * in, two_neg_s[t], cap, ub + (size_t)t * V,
-                                        blk + (size_t)t * nblk, blk + (size_t)rows * nblk + (size_t)t * nblk, nblk, matmul_i8);
+            out[t0 + t] = argmax_finish(w, b.digits + (size_t)t * D * in, two_neg_s[t], cap, b.ub + (size_t)t * V,
+                                        b.blk + (size_t)t * nblk, b.blk + (size_t)rows * nblk + (size_t)t * nblk, nblk, matmul_i8);
     }
-    free(digits);
-    free(top);
-    free(acc);
-    free(ub);
-    free(blk);
+    free(own);
 }
 
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {

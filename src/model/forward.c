@@ -48,6 +48,8 @@ struct g4_session {
     int8_t *xcodes;
     int32_t *acc;
     float *logit_row; /* [vocab], the greedy path's fallback (allocated on first use) */
+    void *argmax_scratch; /* the greedy lm_head's buffers (g4_codes_f32_argmax), grown on use */
+    size_t argmax_bytes;
     float *rope_cos[2], *rope_sin[2];
     g4_trace_fn trace;
     void *trace_user;
@@ -398,7 +400,13 @@ static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
     for (int t = 0; t < n - first; t++) next[t] = -1;
     if (shortcut) {
         float cap = m->cfg.final_softcap > 0 ? (float)m->cfg.final_softcap : 0;
-        g4_codes_f32_argmax(&L->w, s->xn + (size_t)first * H, n - first, cap, s->k->matmul_i8, next);
+        size_t need = g4_codes_f32_argmax_scratch(&L->w, n - first);
+        if (need > s->argmax_bytes) { /* kept for the session: decode would otherwise map ~1 MB a token */
+            void *p = realloc(s->argmax_scratch, need);
+            if (p) s->argmax_scratch = p, s->argmax_bytes = need;
+        }
+        g4_codes_f32_argmax(&L->w, s->xn + (size_t)first * H, n - first, cap, s->k->matmul_i8, next,
+                            need <= s->argmax_bytes ? s->argmax_scratch : NULL);
     }
     for (int t = first; t < n; t++) {
         if (next[t - first] >= 0) continue;
@@ -750,7 +758,7 @@ void g4_session_free(g4_session *s) {
     for (int i = 0; s->rq_f32 && i < s->m->n_linears; i++) free(s->rq_f32[i]);
     free(s->rq);
     free(s->rq_f32);
-    void *bufs[] = {s->logit_row, s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
+    void *bufs[] = {s->logit_row, s->argmax_scratch, s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
                     s->ple_tok, s->plg, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s);
