@@ -3,6 +3,7 @@
  * Weight buffers end exactly at the last packed byte so ASan catches any read past a row. The
  * elementwise and attention kernels are checked the same way against their references. */
 #define _POSIX_C_SOURCE 200809L
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -288,6 +289,32 @@ static void check_tanhf(void) {
     CHECK(worst <= 2, "g4_tanhf within 2 ulp of tanh (worst %d)", worst);
     CHECK(g4_tanhf(0.0f) == 0.0f && !signbit(g4_tanhf(0.0f)) && signbit(g4_tanhf(-0.0f)), "tanh(+-0) = +-0");
     CHECK(g4_tanhf(INFINITY) == 1.0f && g4_tanhf(-INFINITY) == -1.0f && isnan(g4_tanhf(NAN)), "tanh(+-inf), tanh(NaN)");
+}
+
+/* g4_expf against libm's double exp: within 1 ulp where the result is normal and within one
+ * subnormal step below that, exact at the special values. */
+static void check_expf(void) {
+    int worst = 0, sub_bad = 0;
+    for (int k = 0; k < 300000; k++) {
+        float x = k < 200000 ? (float)((double)(rnd() % 2000001) / 2000000.0 * 200.0 - 108.0)
+                             : ldexpf((float)(rnd() % 1000000) / 1e6f, rnd_int(-40, 6)) * ((rnd() & 1) ? 1.0f : -1.0f);
+        double want = exp((double)x);
+        float got = g4_expf(x), wf = (float)want;
+        if (wf >= FLT_MIN && isfinite(wf)) {
+            double ulp = fabsf(nextafterf(wf, INFINITY) - wf);
+            int err = (int)ceil(fabs((double)got - want) / ulp - 0.5);
+            if (err > worst) worst = err;
+        } else if (wf < FLT_MIN) {
+            sub_bad += fabs((double)got - want) > ldexp(1.0, -149);
+        } else {
+            sub_bad += !(isinf(got) && got > 0);
+        }
+    }
+    CHECK(worst <= 1, "g4_expf within 1 ulp of exp (worst %d)", worst);
+    CHECK(sub_bad == 0, "g4_expf within a subnormal step below FLT_MIN, inf above FLT_MAX (%d bad)", sub_bad);
+    CHECK(g4_expf(0.0f) == 1.0f && g4_expf(-0.0f) == 1.0f && g4_expf(-INFINITY) == 0.0f && g4_expf(INFINITY) == INFINITY &&
+              isnan(g4_expf(NAN)) && g4_expf(-200.0f) == 0.0f,
+          "expf(+-0), expf(+-inf), expf(NaN), expf(-200)");
 }
 
 /* Each level's softcap equals the reference loop bit for bit, NaN and infinities included. */
@@ -633,6 +660,7 @@ int main(void) {
     CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());
     fixed_point_accuracy();
     check_tanhf();
+    check_expf();
     check_codes_argmax();
     pool_exactly_once();
     g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */

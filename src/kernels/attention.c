@@ -1,8 +1,8 @@
 /* The attention schedule every vector level shares: which rows and heads run on which thread,
  * the score buffers, and the order of the phases. A level supplies two kernels over a run of
  * heads that read one KV head (g4_attn_ops); everything they compute is defined by the reference
- * (kernels/ref.c), so the schedule never changes a bit. The softmax and the head dim's tail
- * beyond a multiple of 8 are scalar here, as in the reference.
+ * (kernels/ref.c), so the schedule never changes a bit. The head dim's tail beyond a multiple of
+ * 8 is scalar here, as in the reference.
  *
  * Many query rows (prefill): one work item per (row, KV head) runs scores, softmax and values for
  * all the heads of the group, so each K and V row is loaded once for the group.
@@ -19,16 +19,6 @@
 #include "pool.h"
 
 static int count_of(const g4_attn *a, int t) { return a->rows[t].hi - a->rows[t].lo + 1; }
-
-/* One head's scores, in place, into softmax weights as the reference: max, expf, the sum in
- * order, e / sum. */
-static void softmax(float *sc, int count) {
-    float mx = -INFINITY, sum = 0;
-    for (int i = 0; i < count; i++)
-        if (sc[i] > mx) mx = sc[i];
-    for (int i = 0; i < count; i++) sum += sc[i] = expf(sc[i] - mx);
-    for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
-}
 
 /* Bytes of V rows one values pass reads, so that they stay in L1 across the elements it does. */
 #define VALUES_BLOCK 16384
@@ -81,7 +71,7 @@ static void row_items(void *ctx, int b, int e) {
             continue;
         }
         j->ops->scores(a, t, h0, nh, scores, 0, count);
-        for (int h = 0; h < nh; h++) softmax(scores + (size_t)h * count, count);
+        for (int h = 0; h < nh; h++) j->ops->softmax(scores + (size_t)h * count, count);
         run_values(a, j->ops, t, h0, nh, scores, 0, a->head_dim);
     }
     free(scores);

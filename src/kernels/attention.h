@@ -14,13 +14,15 @@ typedef struct {
      * order, from +0 when j0 == 0 and from out otherwise; times v_scale (int8 V) when j1 is the
      * row's last position. The schedule does the head dim's tail that is not a multiple of 8. */
     void (*values)(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1, int j0, int j1);
+    /* g4_ref_softmax over one head's scores */
+    void (*softmax)(float *sc, int count);
 } g4_attn_ops;
 
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
 
 /* For a level: defines `static const g4_attn_ops OPS` from its register-tile kernels
  *   HEADS_SCORES(a, t, h0, scores, j0, j1, W) and HEADS_VALUES(a, t, h0, scores, d0, d1, j0, j1, W)
- * (scores pointing at head h0's row), instantiated for W = 8, 4, 2 and 1 heads. */
+ * (scores pointing at head h0's row), instantiated for W = 8, 4, 2 and 1 heads, and its softmax. */
 #define G4_ATTN_WIDTH_LOOP(KERNEL, ...)                                                 \
     for (int h = h0; h < h0 + nh;) {                                                    \
         int w = h0 + nh - h >= 8 ? 8 : h0 + nh - h >= 4 ? 4 : h0 + nh - h >= 2 ? 2 : 1; \
@@ -31,7 +33,7 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
         else KERNEL(a, t, h, sc, __VA_ARGS__, 1);                                       \
         h += w;                                                                         \
     }
-#define G4_ATTN_OPS(OPS, HEADS_SCORES, HEADS_VALUES)                                                \
+#define G4_ATTN_OPS(OPS, HEADS_SCORES, HEADS_VALUES, SOFTMAX)                                       \
     static void OPS##_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {       \
         const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
         G4_ATTN_WIDTH_LOOP(HEADS_SCORES, j0, j1)                                                             \
@@ -41,6 +43,6 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
         const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
         G4_ATTN_WIDTH_LOOP(HEADS_VALUES, d0, d1, j0, j1)                                                     \
     }                                                                                                        \
-    static const g4_attn_ops OPS = {OPS##_scores, OPS##_values};
+    static const g4_attn_ops OPS = {OPS##_scores, OPS##_values, SOFTMAX};
 
 #endif

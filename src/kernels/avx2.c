@@ -872,7 +872,55 @@ INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scor
     for (; d < d1; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
 }
 
-G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values)
+/* g4_expf on 8 lanes, operation for operation. */
+INLINE __m256 exp8(__m256 x0) {
+    __m256 x = _mm256_min_ps(_mm256_max_ps(x0, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f)); /* NaN: put back below */
+    __m256 fn = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(G4_EXP_LOG2E)), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_HI))),
+                             _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_LO)));
+    __m256 q = _mm256_set1_ps(G4_EXP_P5);
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P4));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P3));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P2));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P1));
+    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P0));
+    __m256 e = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(q, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    __m256i n = _mm256_cvtps_epi32(fn), n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    e = _mm256_mul_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
+    e = _mm256_mul_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
+    return _mm256_blendv_ps(e, x0, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q));
+}
+
+/* g4_ref_softmax: the max over 8 lanes (max_ps keeps the running max when a score is NaN, and
+ * which of +-0 wins cannot change score - max), the exponentials and their 8 lane sums as the
+ * reference's lanes, then the division. */
+static void avx2_softmax(float *sc, int count) {
+    int i = 0;
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= count; i += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(sc + i), m8);
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, m8);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > mx) mx = lanes[l];
+    for (; i < count; i++)
+        if (sc[i] > mx) mx = sc[i];
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256 s8 = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= count; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), vm));
+        _mm256_storeu_ps(sc + i, e);
+        s8 = _mm256_add_ps(s8, e);
+    }
+    _mm256_storeu_ps(lanes, s8);
+    for (; i < count; i++) lanes[i & 7] += sc[i] = g4_expf(sc[i] - mx);
+    const float sum = g4_reduce8(lanes);
+    const __m256 vs = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= count; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), vs));
+    for (; i < count; i++) sc[i] = sc[i] / sum;
+}
+
+G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values, avx2_softmax)
 
 static void avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_ops); }
 

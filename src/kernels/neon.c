@@ -472,7 +472,60 @@ INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scor
     for (; d < d1; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
 }
 
-G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values)
+/* g4_expf on 4 lanes, operation for operation (mul and add, never fused). */
+INLINE float32x4_t exp4(float32x4_t x0) {
+    float32x4_t x = vminq_f32(vmaxq_f32(x0, vdupq_n_f32(-104.0f)), vdupq_n_f32(89.0f)); /* NaN: put back below */
+    float32x4_t fn = vrndmq_f32(vaddq_f32(vmulq_f32(x, vdupq_n_f32(G4_EXP_LOG2E)), vdupq_n_f32(0.5f)));
+    float32x4_t r = vsubq_f32(vsubq_f32(x, vmulq_f32(fn, vdupq_n_f32(G4_EXP_LN2_HI))), vmulq_f32(fn, vdupq_n_f32(G4_EXP_LN2_LO)));
+    float32x4_t q = vdupq_n_f32(G4_EXP_P5);
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P4));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P3));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P2));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P1));
+    q = vaddq_f32(vmulq_f32(q, r), vdupq_n_f32(G4_EXP_P0));
+    float32x4_t e = vaddq_f32(vaddq_f32(vmulq_f32(q, vmulq_f32(r, r)), r), vdupq_n_f32(1.0f));
+    int32x4_t n = vcvtq_s32_f32(fn), n1 = vshrq_n_s32(n, 1), n2 = vsubq_s32(n, n1);
+    e = vmulq_f32(e, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n1, vdupq_n_s32(127)), 23)));
+    e = vmulq_f32(e, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n2, vdupq_n_s32(127)), 23)));
+    return vbslq_f32(vceqq_f32(x0, x0), e, x0);
+}
+
+/* g4_ref_softmax: the max over 8 lanes (maxnm keeps the running max when a score is NaN, and
+ * which of +-0 wins cannot change score - max), the exponentials and their 8 lane sums as the
+ * reference's lanes (two registers), then the division. */
+static void neon_softmax(float *sc, int count) {
+    int i = 0;
+    float32x4_t m0 = vdupq_n_f32(-INFINITY), m1 = m0;
+    for (; i + 8 <= count; i += 8) {
+        m0 = vmaxnmq_f32(m0, vld1q_f32(sc + i));
+        m1 = vmaxnmq_f32(m1, vld1q_f32(sc + i + 4));
+    }
+    float lanes[8], mx = -INFINITY;
+    vst1q_f32(lanes, m0);
+    vst1q_f32(lanes + 4, m1);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > mx) mx = lanes[l];
+    for (; i < count; i++)
+        if (sc[i] > mx) mx = sc[i];
+    const float32x4_t vm = vdupq_n_f32(mx);
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
+    for (i = 0; i + 8 <= count; i += 8) {
+        float32x4_t e0 = exp4(vsubq_f32(vld1q_f32(sc + i), vm)), e1 = exp4(vsubq_f32(vld1q_f32(sc + i + 4), vm));
+        vst1q_f32(sc + i, e0);
+        vst1q_f32(sc + i + 4, e1);
+        s0 = vaddq_f32(s0, e0);
+        s1 = vaddq_f32(s1, e1);
+    }
+    vst1q_f32(lanes, s0);
+    vst1q_f32(lanes + 4, s1);
+    for (; i < count; i++) lanes[i & 7] += sc[i] = g4_expf(sc[i] - mx);
+    const float sum = g4_reduce8(lanes);
+    const float32x4_t vs = vdupq_n_f32(sum);
+    for (i = 0; i + 4 <= count; i += 4) vst1q_f32(sc + i, vdivq_f32(vld1q_f32(sc + i), vs));
+    for (; i < count; i++) sc[i] = sc[i] / sum;
+}
+
+G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values, neon_softmax)
 
 static void neon_attention(const g4_attn *a) { g4_attention_run(a, &neon_attn_ops); }
 

@@ -402,6 +402,36 @@ float g4_tanhf(float z) {
     return copysignf(t, z);
 }
 
+float g4_expf(float x) {
+    if (isnan(x)) return x;
+    if (x < -104.0f) x = -104.0f;
+    if (x > 89.0f) x = 89.0f;
+    float fn = floorf(x * G4_EXP_LOG2E + 0.5f);
+    float r = (x - fn * G4_EXP_LN2_HI) - fn * G4_EXP_LN2_LO;
+    float p = G4_EXP_P5;
+    p = p * r + G4_EXP_P4;
+    p = p * r + G4_EXP_P3;
+    p = p * r + G4_EXP_P2;
+    p = p * r + G4_EXP_P1;
+    p = p * r + G4_EXP_P0;
+    float e = (p * (r * r) + r) + 1.0f;
+    int n = (int)fn, n1 = (n < 0 ? n - 1 : n) / 2; /* floor(n / 2): both factors stay normal */
+    uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n - n1 + 127) << 23;
+    float f1, f2;
+    memcpy(&f1, &b1, 4);
+    memcpy(&f2, &b2, 4);
+    return (e * f1) * f2;
+}
+
+void g4_ref_softmax(float *sc, int count) {
+    float mx = -INFINITY, acc[8] = {0};
+    for (int i = 0; i < count; i++)
+        if (sc[i] > mx) mx = sc[i];
+    for (int i = 0; i < count; i++) acc[i & 7] += sc[i] = g4_expf(sc[i] - mx);
+    float sum = g4_reduce8(acc);
+    for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
+}
+
 void g4_ref_softcap(float *x, size_t n, float cap) {
     for (size_t i = 0; i < n; i++) x[i] = cap * g4_tanhf(x[i] / cap);
 }
@@ -435,23 +465,25 @@ void g4_ref_attention_head(const g4_attn *a, int t, int h, float *scores) {
     int hd = a->head_dim, nh = a->n_heads, lo = c->lo, p = c->hi;
     const float *q = a->q + (size_t)t * nh * hd + (size_t)h * hd;
     size_t off = (size_t)(h / a->group) * hd;
-    float mx = -INFINITY, sum = 0;
-    /* Without a scores buffer (out of memory) every score is computed again where it is needed:
-     * the same function of the same inputs, so the same values. */
+    float mx = -INFINITY, acc[8] = {0};
+    /* g4_ref_softmax, step by step. Without a scores buffer (out of memory) every score is
+     * computed again where it is needed: the same function of the same inputs, so the same
+     * values. */
     for (int j = lo; j <= p; j++) {
         float sc = attn_score(a, c, q, h, j);
         if (scores) scores[j - lo] = sc;
         if (sc > mx) mx = sc;
     }
     for (int j = lo; j <= p; j++) {
-        float e = expf((scores ? scores[j - lo] : attn_score(a, c, q, h, j)) - mx);
+        float e = g4_expf((scores ? scores[j - lo] : attn_score(a, c, q, h, j)) - mx);
         if (scores) scores[j - lo] = e;
-        sum += e;
+        acc[(j - lo) & 7] += e;
     }
+    float sum = g4_reduce8(acc);
     float *out = a->out + (size_t)t * nh * hd + (size_t)h * hd;
     memset(out, 0, sizeof *out * (size_t)hd);
     for (int j = lo; j <= p; j++) {
-        float w = (scores ? scores[j - lo] : expf(attn_score(a, c, q, h, j) - mx)) / sum;
+        float w = (scores ? scores[j - lo] : g4_expf(attn_score(a, c, q, h, j) - mx)) / sum;
         size_t row = (size_t)j * a->kv_width + off;
         if (c->vq)
             for (int d = 0; d < hd; d++) out[d] = fmaf(w, (float)c->vq[row + d], out[d]);
