@@ -938,19 +938,7 @@ INLINE __m256 tanh8(__m256 z) {
     p = _mm256_sub_ps(_mm256_mul_ps(p, z2), _mm256_set1_ps(G4_TANH_Q0N));
     __m256 small = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, z2), a), a);
     /* e^(2a), with 2a held below 18 on lanes that will not use it */
-    __m256 x = _mm256_min_ps(_mm256_add_ps(a, a), _mm256_set1_ps(18.0f));
-    __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(G4_EXP_LOG2E)), _mm256_set1_ps(0.5f)));
-    __m256 fn = _mm256_cvtepi32_ps(n);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_HI))),
-                             _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_LO)));
-    __m256 q = _mm256_set1_ps(G4_EXP_P5);
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P4));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P3));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P2));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P1));
-    q = _mm256_add_ps(_mm256_mul_ps(q, r), _mm256_set1_ps(G4_EXP_P0));
-    __m256 e = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(q, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
-    e = _mm256_mul_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
+    __m256 e = exp8(_mm256_min_ps(_mm256_add_ps(a, a), _mm256_set1_ps(18.0f)));
     __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
     __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
     t = _mm256_blendv_ps(t, _mm256_set1_ps(1.0f), _mm256_cmp_ps(a, _mm256_set1_ps(9.0f), _CMP_GE_OQ));

@@ -117,14 +117,14 @@ void g4_ref_attention_head(const g4_attn *a, int t, int h, float *scores);
 float g4_gelu_tanh(float x);
 
 /* tanh in f32 from + - * / only (no libm, no FMA), so a vector level can give the same bits:
- * z + z^3 P(z^2) below |z| = 0.625 (the Cephes tanhf polynomial), 1 - 2 / (e^2|z| + 1) above it
- * with a Cephes-style expf (range reduction by ln 2 in two parts, degree-5 polynomial), +-1
+ * z + z^3 P(z^2) below |z| = 0.625 (the Cephes tanhf polynomial), 1 - 2 / (g4_expf(2|z|) + 1)
+ * above it (a Cephes-style expf: range reduction by ln 2 in two parts, degree-5 polynomial), +-1
  * from |z| = 9 on (tanh(9) rounds to 1 in f32), NaN for NaN. Within 2 ulp of tanh
  * (tests/test_kernels.c). */
 float g4_tanhf(float z);
 /* Its constants, shared by every level: z + z^3 (((Q4 z^2 + Q3) z^2 - Q2N) z^2 + Q1) z^2 - Q0N) for
  * |z| < 0.625 (Cephes tanhf), and e^x = 2^n (1 + r + r^2 (P0 + P1 r + ... + P5 r^5)) with
- * n = trunc(x LOG2E + 1/2), r = (x - n LN2_HI) - n LN2_LO (Cephes expf). */
+ * n = floor(x LOG2E + 1/2), r = (x - n LN2_HI) - n LN2_LO (Cephes expf, g4_expf). */
 #define G4_TANH_Q4 -5.70498872745e-3f
 #define G4_TANH_Q3 2.06390887954e-2f
 #define G4_TANH_Q2N 5.37397155531e-2f

@@ -365,25 +365,6 @@ float g4_gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-/* e^x for x in [0, 18] (the only range g4_tanhf asks for): x = n ln2 + r, |r| <= ln2 / 2, e^r
- * from the Cephes expf polynomial, times 2^n built in the exponent bits. */
-static float tanh_exp(float x) {
-    int n = (int)(x * G4_EXP_LOG2E + 0.5f); /* x >= 0: truncation is floor */
-    float fn = (float)n;
-    float r = (x - fn * G4_EXP_LN2_HI) - fn * G4_EXP_LN2_LO;
-    float p = G4_EXP_P5;
-    p = p * r + G4_EXP_P4;
-    p = p * r + G4_EXP_P3;
-    p = p * r + G4_EXP_P2;
-    p = p * r + G4_EXP_P1;
-    p = p * r + G4_EXP_P0;
-    float e = (p * (r * r) + r) + 1.0f;
-    uint32_t bits = (uint32_t)(n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, 4);
-    return e * two_n;
-}
-
 float g4_tanhf(float z) {
     float a = fabsf(z), t;
     if (isnan(z)) return z;
@@ -397,7 +378,7 @@ float g4_tanhf(float z) {
         p = p * z2 - G4_TANH_Q0N;
         t = ((p * z2) * a) + a;
     } else {
-        t = 1.0f - 2.0f / (tanh_exp(a + a) + 1.0f);
+        t = 1.0f - 2.0f / (g4_expf(a + a) + 1.0f);
     }
     return copysignf(t, z);
 }
