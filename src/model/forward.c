@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/pool.h"
 #include "model.h"
 #include "quant/dynamic.h"
 #include "quant/int8.h"
@@ -91,9 +92,41 @@ static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) 
     for (i = 0; i < n; i++) y[i] = w ? x[i] * r * w[i] : x[i] * r;
 }
 
+/* The per-row steps of a chunk (norms, quantization, requantization, GELU) split over the pool by
+ * rows: with the 64 rows of a prefill chunk they would otherwise run on one thread while the
+ * others wait. A decode step's single row stays on the caller. Each row is computed exactly as
+ * on its own. */
+typedef struct rows_job rows_job;
+struct rows_job {
+    void (*run)(const rows_job *j, int t0, int t1);
+    const g4_session *s;
+    const g4_linear *L;
+    const g4_layer *layer;
+    float *y;
+    const float *x, *w;
+    int8_t *codes;
+    int width;
+    float f; /* eps, scale */
+};
+
+static void rows_items(void *ctx, int b, int e) {
+    const rows_job *j = ctx;
+    j->run(j, b, e);
+}
+
+/* work: about the multiply-adds of one element */
+static void for_rows(rows_job *j, int rows, double work) {
+    g4_pool_for(rows, 1, (double)rows * j->width * work, rows_items, j);
+}
+
+static void rmsnorm_run(const rows_job *j, int t0, int t1) {
+    for (int r = t0; r < t1; r++) rmsnorm(j->y + (size_t)r * j->width, j->x + (size_t)r * j->width, j->w, j->width, j->f);
+}
+
 /* rmsnorm over each of `rows` consecutive vectors of `width`. */
 static void rmsnorm_rows(float *y, const float *x, const float *w, int rows, int width, float eps) {
-    for (int r = 0; r < rows; r++) rmsnorm(y + (size_t)r * width, x + (size_t)r * width, w, width, eps);
+    rows_job j = {.run = rmsnorm_run, .y = y, .x = x, .w = w, .width = width, .f = eps};
+    for_rows(&j, rows, 4);
 }
 
 /* Q(x; s) = s * clamp(round(x / s), -128, 127) in place, with the session's rounding and
@@ -109,6 +142,17 @@ static void quantize_codes(const g4_session *s, const float *x, size_t n, float 
     g4_quantizer q;
     g4_quantizer_init(&q, scale, 0, s->round, s->qdiv);
     s->k->quantize(&q, x, n, codes);
+}
+
+static void quantize_run(const rows_job *j, int t0, int t1) {
+    size_t at = (size_t)t0 * j->width;
+    quantize_codes(j->s, j->x + at, (size_t)(t1 - t0) * j->width, j->f, j->codes + at);
+}
+
+/* quantize_codes over `rows` rows of `width`, split over the pool. */
+static void quantize_rows(const g4_session *s, const float *x, int rows, int width, float scale, int8_t *codes) {
+    rows_job j = {.run = quantize_run, .s = s, .x = x, .codes = codes, .width = width, .f = scale};
+    for_rows(&j, rows, 2);
 }
 
 /* Rotate-half RoPE on one head vector: dim j pairs with j + hd/2. */
@@ -128,29 +172,36 @@ static int runs_int(const g4_session *s, const g4_linear *L) {
     return s->o.act == G4_ACT_INT && s->q_linear && L->s_in != 0 && L->w.bits != 16;
 }
 
-/* y = dequant(requant(W codes)) for n rows whose input codes are already in `codes`. */
-static void linear_from_codes(g4_session *s, const g4_linear *L, const int8_t *codes, int n, float *y) {
-    int out = L->w.out;
-    s->k->matmul_i8(&L->w, codes, n, s->acc);
+/* Rows [t0, t1) of the int32 sums in s->acc into floats: requantized to the output step, or only
+ * scaled when the output is not quantized. */
+static void requant_run(const rows_job *j, int t0, int t1) {
+    const g4_session *s = j->s;
+    const g4_linear *L = j->L;
+    int out = L->w.out, n = t1 - t0;
+    const int32_t *acc = s->acc + (size_t)t0 * out;
+    float *y = j->y + (size_t)t0 * out;
     const g4_requant *rq = s->rq[L->id];
     const float *m32 = s->rq_f32[L->id];
     if (m32) {
-        s->k->requant_f32(s->acc, n, out, m32, L->s_out, y);
+        s->k->requant_f32(acc, n, out, m32, L->s_out, y);
     } else if (rq) {
-        for (int t = 0; t < n; t++)
-            for (int o = 0; o < out; o++) {
-                size_t i = (size_t)t * out + o;
-                y[i] = g4_dequantize(g4_requantize(&rq[o], s->acc[i]), L->s_out, 0);
-            }
+        for (size_t i = 0; i < (size_t)n * out; i++) y[i] = g4_dequantize(g4_requantize(&rq[i % out], acc[i]), L->s_out, 0);
     } else {
-        s->k->acc_scale(s->acc, n, out, L->s_in, L->w.w_scale, y); /* s_out == 0: float output */
+        s->k->acc_scale(acc, n, out, L->s_in, L->w.w_scale, y); /* s_out == 0: float output */
     }
+}
+
+/* y = dequant(requant(W codes)) for n rows whose input codes are already in `codes`. */
+static void linear_from_codes(g4_session *s, const g4_linear *L, const int8_t *codes, int n, float *y) {
+    s->k->matmul_i8(&L->w, codes, n, s->acc);
+    rows_job j = {.run = requant_run, .s = s, .L = L, .y = y, .width = L->w.out};
+    for_rows(&j, n, 2);
 }
 
 /* y = Q(W Q(x; s_in); s_out) for n rows: float, fake-quant or true integer, per the session. */
 static void linear_body(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
     if (runs_int(s, L)) {
-        quantize_codes(s, x, (size_t)n * L->w.in, L->s_in, s->xcodes);
+        quantize_rows(s, x, n, L->w.in, L->s_in, s->xcodes);
         linear_from_codes(s, L, s->xcodes, n, y);
         return;
     }
@@ -273,18 +324,39 @@ static void store_kv_row(g4_session *s, float *row, size_t width, int pos, float
     }
 }
 
+/* The query heads of rows [t0, t1): rmsnorm with q_norm, then RoPE. */
+static void q_norm_rope_run(const rows_job *j, int t0, int t1) {
+    const g4_layer *L = j->layer;
+    const g4_session *s = j->s;
+    int hd = L->head_dim, h = hd / 2, nh = j->width / hd;
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < nh; i++) {
+            float *q = s->q + (size_t)t * j->width + (size_t)i * hd;
+            rmsnorm(q, q, L->q_norm, hd, j->f);
+            rope_apply(q, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
+        }
+}
+
+/* The K heads of rows [t0, t1): rmsnorm with k_norm and RoPE; the V heads: rmsnorm without weight. */
+static void kv_norm_rope_run(const rows_job *j, int t0, int t1) {
+    const g4_layer *L = j->layer;
+    const g4_session *s = j->s;
+    int hd = L->head_dim, h = hd / 2;
+    for (int t = t0; t < t1; t++)
+        for (int g = 0; g < L->n_kv_heads; g++) {
+            float *k = s->kk + (size_t)t * j->width + (size_t)g * hd, *v = s->vv + (size_t)t * j->width + (size_t)g * hd;
+            rmsnorm(k, k, L->k_norm, hd, j->f);
+            rope_apply(k, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
+            rmsnorm(v, v, NULL, hd, j->f);
+        }
+}
+
 /* Producer: K = rope(k_norm(W_k x)), V = v_norm(W_v x), quantized at cache write when enabled. */
 static void write_kv(g4_session *s, int l, int n) {
     const g4_layer *L = &s->m->layers[l];
-    int hd = L->head_dim, kvw = L->n_kv_heads * hd, h = hd / 2;
-    float eps = (float)s->m->cfg.rms_eps;
-    for (int t = 0; t < n; t++)
-        for (int g = 0; g < L->n_kv_heads; g++) {
-            float *k = s->kk + (size_t)t * kvw + g * hd, *v = s->vv + (size_t)t * kvw + g * hd;
-            rmsnorm(k, k, L->k_norm, hd, eps);
-            rope_apply(k, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
-            rmsnorm(v, v, NULL, hd, eps);
-        }
+    int hd = L->head_dim, kvw = L->n_kv_heads * hd;
+    rows_job j = {.run = kv_norm_rope_run, .s = s, .layer = L, .width = kvw, .f = (float)s->m->cfg.rms_eps};
+    for_rows(&j, n, 8);
     for (int t = 0; t < n; t++) {
         kv_cache *c = kv_of(s, s->row_seq[t], l);
         store_kv_row(s, s->kk + (size_t)t * kvw, (size_t)kvw, s->row_pos[t], c->kf, c->kq, c->k_scale);
@@ -315,15 +387,29 @@ static void attention(g4_session *s, int l, int n) {
     s->k->attention(&a);
 }
 
+static void add_normed_run(const rows_job *j, int t0, int t1) {
+    for (int r = t0; r < t1; r++) {
+        float *x = (float *)j->x + (size_t)r * j->width, *y = j->y + (size_t)r * j->width;
+        rmsnorm(y, y, j->w, j->width, j->f);
+        for (int i = 0; i < j->width; i++) x[i] += y[i];
+    }
+}
+
+/* x += rmsnorm(y) row by row (y is normed in place). */
 static void add_normed(float *x, float *y, const float *w, int n, int H, float eps) {
-    rmsnorm_rows(y, y, w, n, H, eps);
-    for (size_t i = 0; i < (size_t)n * H; i++) x[i] += y[i];
+    rows_job j = {.run = add_normed_run, .y = y, .x = x, .w = w, .width = H, .f = eps};
+    for_rows(&j, n, 5);
+}
+
+static void gelu_run(const rows_job *j, int t0, int t1) {
+    size_t at = (size_t)t0 * j->width;
+    j->s->k->gelu_mul(j->y + at, j->x + at, (size_t)(t1 - t0) * j->width, j->f);
 }
 
 static void decoder_layer(g4_session *s, int l, int n) {
     const g4_model *m = s->m;
     const g4_layer *L = &m->layers[l];
-    int H = m->cfg.hidden, P = m->cfg.ple_dim, nh = m->cfg.n_heads, hd = L->head_dim, h = hd / 2;
+    int H = m->cfg.hidden, P = m->cfg.ple_dim, nh = m->cfg.n_heads, hd = L->head_dim;
     float eps = (float)m->cfg.rms_eps;
     /* attention block */
     rmsnorm_rows(s->xn, s->x, L->ln_in, n, H, eps);
@@ -331,12 +417,8 @@ static void decoder_layer(g4_session *s, int l, int n) {
     const g4_linear *qkv[3] = {&L->q, &L->k, &L->v};
     float *qkv_out[3] = {s->q, s->kk, s->vv};
     linear_group(s, qkv, qkv_out, producer ? 3 : 1, s->xn, n);
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < nh; i++) {
-            float *q = s->q + (size_t)t * nh * hd + (size_t)i * hd;
-            rmsnorm(q, q, L->q_norm, hd, eps);
-            rope_apply(q, s->rope_cos[L->type] + (size_t)t * h, s->rope_sin[L->type] + (size_t)t * h, hd);
-        }
+    rows_job qj = {.run = q_norm_rope_run, .s = s, .layer = L, .width = nh * hd, .f = eps};
+    for_rows(&qj, n, 6);
     if (producer) write_kv(s, l, n);
     PROF_BEGIN(s);
     attention(s, l, n);
@@ -350,7 +432,8 @@ static void decoder_layer(g4_session *s, int l, int n) {
     linear_group(s, gate_up, gate_up_out, 2, s->xn, n);
     /* gate[i] = gelu_tanh(gate[i]) * up[i]; the gate's output step lets a level reuse one gelu
      * per int8 code */
-    s->k->gelu_mul(s->gate, s->up, (size_t)n * L->mlp_dim, s->q_linear ? L->gate.s_out : 0);
+    rows_job gj = {.run = gelu_run, .s = s, .y = s->gate, .x = s->up, .width = L->mlp_dim, .f = s->q_linear ? L->gate.s_out : 0};
+    for_rows(&gj, n, 8);
     linear(s, &L->down, s->gate, n, s->proj);
     add_normed(s->x, s->proj, L->ln_post_ffw, n, H, eps);
     /* per-layer-input block: gate on the raw residual stream */
