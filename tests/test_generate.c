@@ -62,6 +62,48 @@ static void check_batch(const g4_model *m, const int32_t *ids, int n) {
     }
 }
 
+/* The greedy shortcut (g4_session_eval_argmax*, most logits never finished) picks what g4_argmax
+ * picks from the full logits: alone and in batches of more rows than it takes per pass (8), in
+ * every activation mode. */
+static void check_argmax_api(const g4_model *m, const int32_t *ids, int n) {
+    enum { B = 11, STEPS = 4 };
+    int V = g4_model_vocab_size(m), mismatch = 0, steps = 0;
+    for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
+        g4_options o;
+        g4_options_default(&o);
+        o.act = (g4_act_mode)act;
+        o.ctx = 48;
+        o.n_seq = B;
+        g4_session *ga = g4_session_new(m, &o), *full = g4_session_new(m, &o);
+        float *lb = malloc(sizeof *lb * (size_t)B * V);
+        int32_t na[B], nf[B], fed[B];
+        int seqs[B];
+        for (int b = 0; b < B; b++) {
+            int len = 4 + b % (n - 4);
+            seqs[b] = b;
+            CHECK(g4_session_eval_argmax_seq(ga, b, ids, len, &na[b]) == 0, "%s", g4_last_error());
+            CHECK(g4_session_eval_seq(full, b, ids, len, lb, 0) == 0, "%s", g4_last_error());
+            nf[b] = g4_argmax(lb, V);
+            mismatch += na[b] != nf[b];
+            steps++;
+        }
+        for (int step = 0; step < STEPS; step++) {
+            memcpy(fed, nf, sizeof fed);
+            CHECK(g4_session_eval_batch_argmax(ga, seqs, fed, B, na) == 0, "%s", g4_last_error());
+            CHECK(g4_session_eval_batch(full, seqs, fed, B, lb) == 0, "%s", g4_last_error());
+            for (int b = 0; b < B; b++) {
+                nf[b] = g4_argmax(lb + (size_t)b * V, V);
+                mismatch += na[b] != nf[b];
+                steps++;
+            }
+        }
+        free(lb);
+        g4_session_free(ga);
+        g4_session_free(full);
+    }
+    CHECK(mismatch == 0, "greedy shortcut differs from g4_argmax on %d of %d steps", mismatch, steps);
+}
+
 int main(void) {
     char path[8192];
     snprintf(path, sizeof path, "%s/golden.json", tiny_dir());
@@ -117,6 +159,7 @@ int main(void) {
     free(big);
     g4_session_free(s);
     check_batch(m, ids, n);
+    check_argmax_api(m, ids, n);
     g4_model_free(m);
     free(ids);
     free(gold);
