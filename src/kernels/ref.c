@@ -160,6 +160,20 @@ typedef struct {
     float *blk_lo, *blk_hi; /* [nt][nblk] largest lower / upper end per block (NaN: a bad scale) */
 } argmax_bound_job;
 
+/* Elementwise and exactly rounded, so vectorizing changes no bit; GCC does it for this loop only
+ * when asked (SSE2 / NEON double lanes in this portable file). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define VECTORIZE
+#endif
+
+/* ub[o] = the upper end of output o: the dot less the low digit's share (exact in double), plus E. */
+VECTORIZE static void argmax_upper_ends(const int32_t *d1, const int32_t *d2, const float *ws, double E, double two_neg_s,
+                                        float *ub, int o0, int o1) {
+    for (int o = o0; o < o1; o++) ub[o] = fix_result(((double)d2[o] * 256 + d1[o]) * 256 + E, two_neg_s, ws[o]);
+}
+
 static void argmax_bounds(void *ctx, int b0, int b1) {
     const argmax_bound_job *j = ctx;
     const int no = j->no;
@@ -171,10 +185,7 @@ static void argmax_bounds(void *ctx, int b0, int b1) {
         for (int b = b0; b < b1; b++) {
             int o0 = b * ARGMAX_BLOCK, o1 = o0 + ARGMAX_BLOCK < no ? o0 + ARGMAX_BLOCK : no, bad = 0;
             float lo_max = -INFINITY, hi_max = -INFINITY;
-            for (int o = o0; o < o1; o++) { /* a loop the compiler can vectorize */
-                double top = ((double)d2[o] * 256 + d1[o]) * 256; /* the dot less the low digit's share, exact */
-                ub[o] = fix_result(top + E, two_neg_s, ws[o]);
-            }
+            argmax_upper_ends(d1, d2, ws, E, two_neg_s, ub, o0, o1);
             for (int o = o0; o < o1; o++) {
                 float hi = ub[o];
                 bad |= !(ws[o] > 0 && ws[o] <= FLT_MAX);
