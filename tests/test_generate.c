@@ -14,20 +14,23 @@ static int stop_after_two(void *user, int32_t token) {
     return ++*(int *)user == 2;
 }
 
+/* A session of n_seq sequences with a 48-token context in activation mode act. */
+static g4_session *session_for(const g4_model *m, int act, int n_seq) {
+    g4_options o;
+    g4_options_default(&o);
+    o.act = (g4_act_mode)act;
+    o.ctx = 48;
+    o.n_seq = n_seq;
+    return g4_session_new(m, &o);
+}
+
 /* Batched decoding over independent sequences gives each sequence exactly (bit for bit) the
  * logits it gets alone, in every activation mode. */
 static void check_batch(const g4_model *m, const int32_t *ids, int n) {
     enum { B = 3, STEPS = 6 };
     int V = g4_model_vocab_size(m), lens[B] = {n, n - 5, 9};
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
-        g4_options o;
-        g4_options_default(&o);
-        o.act = (g4_act_mode)act;
-        o.ctx = 48;
-        o.n_seq = B;
-        g4_session *bs = g4_session_new(m, &o);
-        o.n_seq = 1;
-        g4_session *one = g4_session_new(m, &o);
+        g4_session *bs = session_for(m, act, B), *one = session_for(m, act, 1);
         float *lb = malloc(sizeof *lb * (size_t)B * V), *l1 = malloc(sizeof *l1 * (size_t)V);
         int32_t next[B];
         int seqs[B], differ = 0;
@@ -69,12 +72,7 @@ static void check_argmax_api(const g4_model *m, const int32_t *ids, int n) {
     enum { B = 11, STEPS = 4 };
     int V = g4_model_vocab_size(m), mismatch = 0, steps = 0;
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
-        g4_options o;
-        g4_options_default(&o);
-        o.act = (g4_act_mode)act;
-        o.ctx = 48;
-        o.n_seq = B;
-        g4_session *ga = g4_session_new(m, &o), *full = g4_session_new(m, &o);
+        g4_session *ga = session_for(m, act, B), *full = session_for(m, act, B);
         float *lb = malloc(sizeof *lb * (size_t)B * V);
         int32_t na[B], nf[B], fed[B];
         int seqs[B];
