@@ -20,6 +20,25 @@
 
 static int count_of(const g4_attn *a, int t) { return a->rows[t].hi - a->rows[t].lo + 1; }
 
+/* The softmax of one head's scores (kernels.h, g4_attn): the level's vector steps on the multiples of 8, the
+ * rest here, every element landing in the lane the reference gives it. */
+static void softmax(const g4_attn_ops *ops, float *sc, int count) {
+    const int n8 = count & ~7;
+    float lanes[8], mx = -INFINITY;
+    for (int l = 0; l < 8; l++) lanes[l] = -INFINITY;
+    ops->softmax_max(sc, n8, lanes);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > mx) mx = lanes[l];
+    for (int i = n8; i < count; i++)
+        if (sc[i] > mx) mx = sc[i];
+    for (int l = 0; l < 8; l++) lanes[l] = 0;
+    ops->softmax_exp(sc, n8, mx, lanes);
+    for (int i = n8; i < count; i++) lanes[i & 7] += sc[i] = g4_expf(sc[i] - mx);
+    const float sum = g4_reduce8(lanes);
+    ops->softmax_div(sc, n8, sum);
+    for (int i = n8; i < count; i++) sc[i] = sc[i] / sum;
+}
+
 /* Bytes of V rows one values pass reads, so that they stay in L1 across the elements it does. */
 #define VALUES_BLOCK 16384
 
@@ -71,7 +90,7 @@ static void row_items(void *ctx, int b, int e) {
             continue;
         }
         j->ops->scores(a, t, h0, nh, scores, 0, count);
-        for (int h = 0; h < nh; h++) j->ops->softmax(scores + (size_t)h * count, count);
+        for (int h = 0; h < nh; h++) softmax(j->ops, scores + (size_t)h * count, count);
         run_values(a, j->ops, t, h0, nh, scores, 0, a->head_dim);
     }
     free(scores);

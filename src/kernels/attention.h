@@ -14,15 +14,21 @@ typedef struct {
      * order, from +0 when j0 == 0 and from out otherwise; times v_scale (int8 V) when j1 is the
      * row's last position. The schedule does the head dim's tail that is not a multiple of 8. */
     void (*values)(const g4_attn *a, int t, int h0, int nh, const float *scores, int d0, int d1, int j0, int j1);
-    /* g4_ref_softmax over one head's scores */
-    void (*softmax)(float *sc, int count);
+    /* The softmax's vector steps (kernels.h, g4_attn) over sc[0, n8), n8 a multiple of 8 (the schedule does the
+     * frame: the max of the lanes, the tail beyond n8, the lane sum): lanes[l] = the running max
+     * of positions l mod 8 from lanes[l] (a NaN score never wins; which of +-0 wins cannot change
+     * score - max); sc = g4_expf(sc - mx) in place with lanes[l] += each, in order; sc /= sum. */
+    void (*softmax_max)(const float *sc, int n8, float lanes[8]);
+    void (*softmax_exp)(float *sc, int n8, float mx, float lanes[8]);
+    void (*softmax_div)(float *sc, int n8, float sum);
 } g4_attn_ops;
 
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
 
 /* For a level: defines `static const g4_attn_ops OPS` from its register-tile kernels
  *   HEADS_SCORES(a, t, h0, scores, j0, j1, W) and HEADS_VALUES(a, t, h0, scores, d0, d1, j0, j1, W)
- * (scores pointing at head h0's row), instantiated for W = 8, 4, 2 and 1 heads, and its softmax. */
+ * (scores pointing at head h0's row), instantiated for W = 8, 4, 2 and 1 heads, and its softmax
+ * steps SOFTMAX_max, SOFTMAX_exp and SOFTMAX_div. */
 #define G4_ATTN_WIDTH_LOOP(KERNEL, ...)                                                 \
     for (int h = h0; h < h0 + nh;) {                                                    \
         int w = h0 + nh - h >= 8 ? 8 : h0 + nh - h >= 4 ? 4 : h0 + nh - h >= 2 ? 2 : 1; \
@@ -43,6 +49,6 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
         const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
         G4_ATTN_WIDTH_LOOP(HEADS_VALUES, d0, d1, j0, j1)                                                     \
     }                                                                                                        \
-    static const g4_attn_ops OPS = {OPS##_scores, OPS##_values, SOFTMAX};
+    static const g4_attn_ops OPS = {OPS##_scores, OPS##_values, SOFTMAX##_max, SOFTMAX##_exp, SOFTMAX##_div};
 
 #endif

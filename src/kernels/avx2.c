@@ -892,32 +892,27 @@ INLINE __m256 exp8(__m256 x0) {
     return _mm256_blendv_ps(e, x0, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q));
 }
 
-/* g4_ref_softmax: the max over 8 lanes (max_ps keeps the running max when a score is NaN, and
- * which of +-0 wins cannot change score - max), the exponentials and their 8 lane sums as the
- * reference's lanes, then the division. */
-static void avx2_softmax(float *sc, int count) {
-    int i = 0;
-    __m256 m8 = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= count; i += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(sc + i), m8);
-    float lanes[8], mx = -INFINITY;
-    _mm256_storeu_ps(lanes, m8);
-    for (int l = 0; l < 8; l++)
-        if (lanes[l] > mx) mx = lanes[l];
-    for (; i < count; i++)
-        if (sc[i] > mx) mx = sc[i];
+/* The softmax steps (g4_attn_ops): max_ps keeps the running max when a score is NaN. */
+static void avx2_softmax_max(const float *sc, int n8, float lanes[8]) {
+    __m256 m = _mm256_loadu_ps(lanes);
+    for (int i = 0; i < n8; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(sc + i), m);
+    _mm256_storeu_ps(lanes, m);
+}
+
+static void avx2_softmax_exp(float *sc, int n8, float mx, float lanes[8]) {
     const __m256 vm = _mm256_set1_ps(mx);
-    __m256 s8 = _mm256_setzero_ps();
-    for (i = 0; i + 8 <= count; i += 8) {
+    __m256 s = _mm256_loadu_ps(lanes);
+    for (int i = 0; i < n8; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), vm));
         _mm256_storeu_ps(sc + i, e);
-        s8 = _mm256_add_ps(s8, e);
+        s = _mm256_add_ps(s, e);
     }
-    _mm256_storeu_ps(lanes, s8);
-    for (; i < count; i++) lanes[i & 7] += sc[i] = g4_expf(sc[i] - mx);
-    const float sum = g4_reduce8(lanes);
+    _mm256_storeu_ps(lanes, s);
+}
+
+static void avx2_softmax_div(float *sc, int n8, float sum) {
     const __m256 vs = _mm256_set1_ps(sum);
-    for (i = 0; i + 8 <= count; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), vs));
-    for (; i < count; i++) sc[i] = sc[i] / sum;
+    for (int i = 0; i < n8; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), vs));
 }
 
 G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values, avx2_softmax)

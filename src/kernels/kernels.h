@@ -90,8 +90,9 @@ typedef struct {
 /* Causal softmax attention (scale 1) of n query rows [n][n_heads * head_dim] into out (same shape);
  * head h reads KV head h / group, at offset (h / group) * head_dim of each cache row. Per head:
  * score_j = k_scale * dot(q, k_j) (int8) or dot(q, k_j) (f32), the dot in the fixed 8-lane order
- * with fused multiply-adds (acc[i & 7] = fmaf(q[i], k[i], acc[i & 7])); then g4_ref_softmax's
- * weights e_j / sum (m = max score, e_j = g4_expf(score_j - m), sum in 8 lanes); out[d] = +0, then
+ * with fused multiply-adds (acc[i & 7] = fmaf(q[i], k[i], acc[i & 7])); m = max score (a NaN
+ * never wins); e_j = g4_expf(score_j - m); sum = g4_reduce8 of 8 lanes, lane (j - lo) mod 8
+ * summing its e_j in order (so a vector level keeps the order); out[d] = +0, then
  * out[d] = fmaf(e_j / sum, v_j[d], out[d]) for j = lo .. hi in order; then out[d] *= v_scale
  * (int8 V). */
 typedef struct {
@@ -146,11 +147,6 @@ float g4_tanhf(float z);
  * factors are normal, so a result below FLT_MIN is rounded once, as a subnormal. 0 below about
  * -103.3, +inf above about 88.7. Within 1 ulp of expf (tests/test_kernels.c). */
 float g4_expf(float x);
-/* The attention softmax in place over sc[0, count): m = max (NaN never wins), e_j = g4_expf(sc_j -
- * m), sum = g4_reduce8 of 8 lanes (lane j mod 8, each in order), sc_j = e_j / sum. The 8-lane sum
- * lets a vector level keep the reference's order. */
-void g4_ref_softmax(float *sc, int count);
-
 /* x[i] = cap * g4_tanhf(x[i] / cap): the final logit softcap. */
 void g4_ref_softcap(float *x, size_t n, float cap);
 

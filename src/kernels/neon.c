@@ -490,26 +490,22 @@ INLINE float32x4_t exp4(float32x4_t x0) {
     return vbslq_f32(vceqq_f32(x0, x0), e, x0);
 }
 
-/* g4_ref_softmax: the max over 8 lanes (maxnm keeps the running max when a score is NaN, and
- * which of +-0 wins cannot change score - max), the exponentials and their 8 lane sums as the
- * reference's lanes (two registers), then the division. */
-static void neon_softmax(float *sc, int count) {
-    int i = 0;
-    float32x4_t m0 = vdupq_n_f32(-INFINITY), m1 = m0;
-    for (; i + 8 <= count; i += 8) {
+/* The softmax steps (g4_attn_ops) on the 8 lanes as two registers: maxnm keeps the running
+ * max when a score is NaN. */
+static void neon_softmax_max(const float *sc, int n8, float lanes[8]) {
+    float32x4_t m0 = vld1q_f32(lanes), m1 = vld1q_f32(lanes + 4);
+    for (int i = 0; i < n8; i += 8) {
         m0 = vmaxnmq_f32(m0, vld1q_f32(sc + i));
         m1 = vmaxnmq_f32(m1, vld1q_f32(sc + i + 4));
     }
-    float lanes[8], mx = -INFINITY;
     vst1q_f32(lanes, m0);
     vst1q_f32(lanes + 4, m1);
-    for (int l = 0; l < 8; l++)
-        if (lanes[l] > mx) mx = lanes[l];
-    for (; i < count; i++)
-        if (sc[i] > mx) mx = sc[i];
+}
+
+static void neon_softmax_exp(float *sc, int n8, float mx, float lanes[8]) {
     const float32x4_t vm = vdupq_n_f32(mx);
-    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
-    for (i = 0; i + 8 <= count; i += 8) {
+    float32x4_t s0 = vld1q_f32(lanes), s1 = vld1q_f32(lanes + 4);
+    for (int i = 0; i < n8; i += 8) {
         float32x4_t e0 = exp4(vsubq_f32(vld1q_f32(sc + i), vm)), e1 = exp4(vsubq_f32(vld1q_f32(sc + i + 4), vm));
         vst1q_f32(sc + i, e0);
         vst1q_f32(sc + i + 4, e1);
@@ -518,11 +514,11 @@ static void neon_softmax(float *sc, int count) {
     }
     vst1q_f32(lanes, s0);
     vst1q_f32(lanes + 4, s1);
-    for (; i < count; i++) lanes[i & 7] += sc[i] = g4_expf(sc[i] - mx);
-    const float sum = g4_reduce8(lanes);
+}
+
+static void neon_softmax_div(float *sc, int n8, float sum) {
     const float32x4_t vs = vdupq_n_f32(sum);
-    for (i = 0; i + 4 <= count; i += 4) vst1q_f32(sc + i, vdivq_f32(vld1q_f32(sc + i), vs));
-    for (; i < count; i++) sc[i] = sc[i] / sum;
+    for (int i = 0; i < n8; i += 4) vst1q_f32(sc + i, vdivq_f32(vld1q_f32(sc + i), vs));
 }
 
 G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values, neon_softmax)

@@ -415,15 +415,6 @@ float g4_expf(float x) {
     return (e * f1) * f2;
 }
 
-void g4_ref_softmax(float *sc, int count) {
-    float mx = -INFINITY, acc[8] = {0};
-    for (int i = 0; i < count; i++)
-        if (sc[i] > mx) mx = sc[i];
-    for (int i = 0; i < count; i++) acc[i & 7] += sc[i] = g4_expf(sc[i] - mx);
-    float sum = g4_reduce8(acc);
-    for (int i = 0; i < count; i++) sc[i] = sc[i] / sum;
-}
-
 void g4_ref_softcap(float *x, size_t n, float cap) {
     for (size_t i = 0; i < n; i++) x[i] = cap * g4_tanhf(x[i] / cap);
 }
@@ -458,7 +449,7 @@ void g4_ref_attention_head(const g4_attn *a, int t, int h, float *scores) {
     const float *q = a->q + (size_t)t * nh * hd + (size_t)h * hd;
     size_t off = (size_t)(h / a->group) * hd;
     float mx = -INFINITY, acc[8] = {0};
-    /* g4_ref_softmax, step by step. Without a scores buffer (out of memory) every score is
+    /* The softmax of kernels.h (g4_attn), step by step. Without a scores buffer (out of memory) every score is
      * computed again where it is needed: the same function of the same inputs, so the same
      * values. */
     for (int j = lo; j <= p; j++) {
