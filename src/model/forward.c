@@ -185,7 +185,11 @@ static void requant_run(const rows_job *j, int t0, int t1) {
     if (m32) {
         s->k->requant_f32(acc, n, out, m32, L->s_out, y);
     } else if (rq) {
-        for (size_t i = 0; i < (size_t)n * out; i++) y[i] = g4_dequantize(g4_requantize(&rq[i % out], acc[i]), L->s_out, 0);
+        for (int t = 0; t < n; t++)
+            for (int o = 0; o < out; o++) {
+                size_t i = (size_t)t * out + o;
+                y[i] = g4_dequantize(g4_requantize(&rq[o], acc[i]), L->s_out, 0);
+            }
     } else {
         s->k->acc_scale(acc, n, out, L->s_in, L->w.w_scale, y); /* s_out == 0: float output */
     }
