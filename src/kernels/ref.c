@@ -147,7 +147,6 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
  * candidate's value, which leaves no room for a tie with an earlier index. */
 #define ARGMAX_BLOCK 1024
 #define ARGMAX_MAX_CANDIDATES 4096
-#define ARGMAX_ROWS 8
 _Static_assert(G4_FIX_DIGITS == 3, "the greedy argmax reads digit rows 1 and 2 first");
 
 typedef struct {
@@ -168,10 +167,13 @@ typedef struct {
 #define VECTORIZE
 #endif
 
-/* ub[o] = the upper end of output o: the dot less the low digit's share (exact in double), plus E. */
+/* Output o's dot less the low digit's share, from its dots with digit rows 1 and 2 (exact in double). */
+static inline double top_dot(const int32_t *d1, const int32_t *d2, int o) { return ((double)d2[o] * 256 + d1[o]) * 256; }
+
+/* ub[o] = the upper end of output o. */
 VECTORIZE static void argmax_upper_ends(const int32_t *d1, const int32_t *d2, const float *ws, double E, double two_neg_s,
                                         float *ub, int o0, int o1) {
-    for (int o = o0; o < o1; o++) ub[o] = fix_result(((double)d2[o] * 256 + d1[o]) * 256 + E, two_neg_s, ws[o]);
+    for (int o = o0; o < o1; o++) ub[o] = fix_result(top_dot(d1, d2, o) + E, two_neg_s, ws[o]);
 }
 
 static void argmax_bounds(void *ctx, int b0, int b1) {
@@ -191,7 +193,7 @@ static void argmax_bounds(void *ctx, int b0, int b1) {
                 bad |= !(ws[o] > 0 && ws[o] <= FLT_MAX);
                 if (hi > hi_max) hi_max = hi;
                 if (hi > lo_max) { /* otherwise the lower end, at most hi, cannot raise lo_max */
-                    float lo = fix_result(((double)d2[o] * 256 + d1[o]) * 256 - E, two_neg_s, ws[o]);
+                    float lo = fix_result(top_dot(d1, d2, o) - E, two_neg_s, ws[o]);
                     if (lo > lo_max) lo_max = lo;
                 }
             }
@@ -202,7 +204,11 @@ static void argmax_bounds(void *ctx, int b0, int b1) {
     }
 }
 
-static float argmax_softcap(float y, float cap) { return cap > 0 ? cap * g4_tanhf(y / cap) : y; }
+/* y softcapped as the levels' softcap does it (none when cap == 0). */
+static float argmax_softcap(float y, float cap) {
+    if (cap > 0) g4_ref_softcap(&y, 1, cap);
+    return y;
+}
 
 /* The answer for row t from its bounds, or -1. digits: the row's G4_FIX_DIGITS digit rows. */
 static int32_t argmax_finish(const g4_qweight *w, const int8_t *digits, double two_neg_s, float cap, const float *ub,
@@ -264,7 +270,7 @@ typedef struct {
 } argmax_bufs;
 
 static size_t argmax_layout(const g4_qweight *w, int n, uint8_t *base, argmax_bufs *b) {
-    int rows = n < ARGMAX_ROWS ? n : ARGMAX_ROWS, nblk = (w->out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
+    int rows = n < FIX_ROWS ? n : FIX_ROWS, nblk = (w->out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
     int chunk = FIX_ACC / (2 * rows) / ARGMAX_BLOCK * ARGMAX_BLOCK;
     if (chunk < ARGMAX_BLOCK) chunk = ARGMAX_BLOCK;
     size_t sizes[5] = {(size_t)G4_FIX_DIGITS * rows * (size_t)w->in, (size_t)2 * rows * (size_t)w->in,
@@ -300,8 +306,8 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
     const int rows = b.rows;
     for (int t0 = 0; t0 < n; t0 += rows) {
         int nt = n - t0 < rows ? n - t0 : rows, ok = 1;
-        int64_t E[ARGMAX_ROWS];
-        double two_neg_s[ARGMAX_ROWS];
+        int64_t E[FIX_ROWS];
+        double two_neg_s[FIX_ROWS];
         for (int t = 0; t < nt; t++) {
             int8_t *dt = b.digits + (size_t)t * D * in;
             int S = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, dt);
