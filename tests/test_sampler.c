@@ -52,8 +52,28 @@ static void argmax_matches_plain_loop(void) {
     CHECK(bad == 0, "g4_argmax differs from the plain loop on %d of 4000 arrays", bad);
 }
 
+/* g4_sampling_is_argmax: where it says yes, the sampler's pick is g4_argmax's whatever the
+ * history; greedy with a repetition penalty, or any temperature, is not a plain argmax. */
+static void is_argmax_agrees(void) {
+    const float logits[V] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+    const int32_t history[3] = {1, 3, 1};
+    g4_sampling p = params(0, 0, 1, 0);
+    CHECK(g4_sampling_is_argmax(&p), "greedy without a penalty is an argmax");
+    g4_sampler *s = g4_sampler_new(&p, V);
+    CHECK_EQ_INT(g4_sampler_sample(s, logits, history, 3), g4_argmax(logits, V));
+    g4_sampler_free(s);
+    p.repeat_penalty = 1.5f;
+    CHECK(!g4_sampling_is_argmax(&p), "a repetition penalty is not a plain argmax");
+    s = g4_sampler_new(&p, V);
+    CHECK_EQ_INT(g4_sampler_sample(s, logits, history, 3), 4); /* 2.0 / 1.5 twice: 1.9 wins */
+    g4_sampler_free(s);
+    p = params(0.7f, 0, 1, 0);
+    CHECK(!g4_sampling_is_argmax(&p), "temperature 0.7 is not an argmax");
+}
+
 int main(void) {
     argmax_matches_plain_loop();
+    is_argmax_agrees();
     /* probabilities 0.5, 0.3, 0.2, 0, 0 (two tokens at -inf) */
     const float logits[V] = {logf(0.5f), logf(0.3f), logf(0.2f), -INFINITY, -INFINITY};
     double f[V];

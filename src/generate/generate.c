@@ -64,7 +64,7 @@ int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_gen
     double t0 = now_s();
     /* plain greedy decoding needs only each step's argmax, which the session finds without most
      * of the logits */
-    int greedy = params->sampling.temperature == 0 && params->sampling.repeat_penalty == 1;
+    int greedy = g4_sampling_is_argmax(&params->sampling);
     int32_t next = 0;
     rc = greedy ? g4_session_eval_argmax(s, prompt, n_prompt, &next) : g4_session_eval(s, prompt, n_prompt, logits, 0);
     double t1 = now_s();

@@ -111,6 +111,8 @@ static void select_top(candidate *c, int n, int k) {
     qsort(c, (size_t)k, sizeof *c, by_logit_desc);
 }
 
+int g4_sampling_is_argmax(const g4_sampling *p) { return p->temperature == 0 && p->repeat_penalty == 1; }
+
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
     memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
     apply_repeat_penalty(s, s->work, history, n_history);

@@ -15,5 +15,8 @@ void g4_sampler_free(g4_sampler *s);
 /* Picks the next token from `logits` (left unchanged); `history` are the tokens so far (prompt
  * and generated) for the repetition penalty. */
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history);
+/* 1 when sampling with these parameters is g4_argmax of the logits, whatever the history (greedy
+ * without a repetition penalty): a caller may then ask the session for the argmax alone. */
+int g4_sampling_is_argmax(const g4_sampling *p);
 
 #endif
