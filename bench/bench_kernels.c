@@ -42,6 +42,42 @@ typedef struct {
     int in, out, bits;
 } bshape;
 
+/* Seconds per call of call(ctx): the best of 5 batches, since other processes on the machine
+ * only ever slow a batch down. */
+static double best_per_call(void (*call)(void *ctx), void *ctx, int quick) {
+    double budget = (quick ? 0.3 : 1.0) / 5, per = 1e30;
+    for (int batch = 0; batch < 5; batch++) {
+        double t0 = now_s(), dt;
+        int c = 0;
+        do {
+            call(ctx);
+            c++;
+            dt = now_s() - t0;
+        } while (dt < budget);
+        if (dt / c < per) per = dt / c;
+    }
+    return per;
+}
+
+/* One matmul per call, each on the next copy of the weights. */
+typedef struct {
+    const g4_kernels *k;
+    g4_qweight *qw;
+    uint8_t **w;
+    int copies, calls, op, n;
+    const int8_t *xi;
+    int32_t *acc;
+    const float *xf;
+    float *y;
+} matmul_call;
+
+static void run_matmul(void *ctx) {
+    matmul_call *m = ctx;
+    m->qw->w = m->w[m->calls++ % m->copies];
+    if (m->op == 0) m->k->matmul_i8(m->qw, m->xi, m->n, m->acc);
+    else m->k->matmul_f32(m->qw, m->xf, m->n, m->y);
+}
+
 static void bench_shape(const bshape *s, int quick) {
     size_t row_bytes = s->bits == 16 ? 2 * (size_t)s->in : g4_packed_row_bytes(s->bits, (size_t)s->in);
     size_t wbytes = row_bytes * (size_t)s->out, sbytes = s->bits == 16 ? 0 : 4 * (size_t)s->out;
@@ -83,21 +119,8 @@ static void bench_shape(const bshape *s, int quick) {
                     g4_kernels_set_threads(threads);
                     g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0],
                                      .w_scale = scale};
-                    /* best of 5 batches: other processes on the machine only ever slow a batch down */
-                    double budget = (quick ? 0.3 : 1.0) / 5, per = 1e30;
-                    int calls = 0;
-                    for (int batch = 0; batch < 5; batch++) {
-                        double t0 = now_s(), dt;
-                        int c = 0;
-                        do {
-                            qw.w = w[calls++ % copies];
-                            if (op == 0) k->matmul_i8(&qw, xi, n, acc);
-                            else k->matmul_f32(&qw, xf, n, y);
-                            c++;
-                            dt = now_s() - t0;
-                        } while (dt < budget);
-                        if (dt / c < per) per = dt / c;
-                    }
+                    matmul_call mc = {k, &qw, w, copies, 0, op, n, xi, acc, xf, y};
+                    double per = best_per_call(run_matmul, &mc, quick);
                     double gbs = (double)(wbytes + sbytes) / per / 1e9;
                     printf("%-22s %-4s %-8s n=%-2d thr=%d  %9.3f ms  %7.2f GB/s  %7.2f GMAC/s  %9.1f tok/s(this)  %6.1f tok/s(model@GB/s)\n",
                            s->name, op == 0 ? "i8" : "f32", k->name, n, threads, per * 1e3, gbs, macs / per / 1e9,
@@ -123,6 +146,16 @@ typedef struct {
     int head_dim, positions;
 } battn;
 
+typedef struct {
+    const g4_kernels *k;
+    const g4_attn *a;
+} attention_call;
+
+static void run_attention(void *ctx) {
+    const attention_call *c = ctx;
+    c->k->attention(c->a);
+}
+
 static void bench_attention(const battn *s, int quick) {
     const int heads = 8, kv_width = s->head_dim; /* one KV head per layer */
     size_t cache = (size_t)s->positions * (size_t)kv_width;
@@ -142,17 +175,8 @@ static void bench_attention(const battn *s, int quick) {
         if (!kl) continue;
         for (int threads = 1; threads <= 2; threads++) {
             g4_kernels_set_threads(threads);
-            double budget = (quick ? 0.3 : 1.0) / 5, per = 1e30;
-            for (int batch = 0; batch < 5; batch++) {
-                double t0 = now_s(), dt;
-                int c = 0;
-                do {
-                    kl->attention(&a);
-                    c++;
-                    dt = now_s() - t0;
-                } while (dt < budget);
-                if (dt / c < per) per = dt / c;
-            }
+            attention_call ac = {kl, &a};
+            double per = best_per_call(run_attention, &ac, quick);
             printf("%-22s attn %-8s n=1  thr=%d  %9.3f ms  %7.2f GFLOP/s\n", s->name, kl->name, threads, per * 1e3,
                    4.0 * heads * s->head_dim * s->positions / per / 1e9);
             fflush(stdout);
