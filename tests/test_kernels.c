@@ -272,6 +272,13 @@ static void check_gelu(const g4_kernels *k) {
     }
 }
 
+/* |got - want| in units of the last place of want rounded to f32, rounded to an integer. */
+static int ulp_error(float got, double want) {
+    float wf = (float)want;
+    double ulp = fabsf(nextafterf(wf, INFINITY) - wf);
+    return (int)ceil(fabs((double)got - want) / ulp - 0.5);
+}
+
 /* g4_tanhf against libm's double tanh: within 2 ulp over a sweep of magnitudes and signs, exact
  * at 0 and +-inf, NaN for NaN. */
 static void check_tanhf(void) {
@@ -280,10 +287,7 @@ static void check_tanhf(void) {
         float z = k < 100000 ? ldexpf((float)(rnd() % 1000000) / 1e6f, rnd_int(-30, 5)) : (float)(k - 150000) * 2.1e-4f;
         if (rnd() & 1) z = -z;
         double want = tanh((double)z);
-        float got = g4_tanhf(z);
-        float wf = (float)want;
-        double ulp = fabsf(nextafterf(wf, INFINITY) - wf);
-        int err = (int)ceil(fabs((double)got - want) / ulp - 0.5);
+        int err = ulp_error(g4_tanhf(z), want);
         if (err > worst) worst = err;
     }
     CHECK(worst <= 2, "g4_tanhf within 2 ulp of tanh (worst %d)", worst);
@@ -301,8 +305,7 @@ static void check_expf(void) {
         double want = exp((double)x);
         float got = g4_expf(x), wf = (float)want;
         if (wf >= FLT_MIN && isfinite(wf)) {
-            double ulp = fabsf(nextafterf(wf, INFINITY) - wf);
-            int err = (int)ceil(fabs((double)got - want) / ulp - 0.5);
+            int err = ulp_error(got, want);
             if (err > worst) worst = err;
         } else if (wf < FLT_MIN) {
             sub_bad += fabs((double)got - want) > ldexp(1.0, -149);
