@@ -137,23 +137,28 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
 
 /* ---- greedy decoding's argmax over a softcapped float x codes product ---- */
 
-/* The two top digit rows fix each output's integer dot N up to the low digit's share, which is
- * at most E = max|d0| * max|code| * in. Every rounding step of fix_result is monotone in N (the
- * scale being positive), so the output lies in [f(N' - E), f(N' + E)], N' the dot without the
- * low digit. An output whose upper end lies below the largest lower end M cannot be the largest,
- * and the few that can are finished exactly. The softcap is monotone too (g4_tanhf is
+/* One int8 row fixes each output's integer dot N to within a known distance. With X the row's
+ * fixed-point image (the digit rows' value), the coarse row q = clamp(round(X / 2^u)) leaves an
+ * exact remainder r = X - q * 2^u, so N = N' + sum(c * r) with N' = 2^u * sum(c * q). With codes
+ * c in [-lo, hi], P the sum of the positive remainders and Q that of the negative ones' sizes,
+ * sum(c * r) lies in [-(lo P + hi Q), hi P + lo Q]. u is the shift with the smallest sum|r|: a
+ * large outlier may be clamped when that buys a finer step for every other element. Every
+ * rounding step of fix_result is monotone in N (the scale being positive), so the output lies
+ * between f at those two ends of N. An
+ * output whose upper end lies below the largest lower end M cannot be the largest, and the few
+ * that can are finished exactly from all digit rows. The softcap is monotone too (g4_tanhf is
  * non-decreasing, checked over every float in tests/test_tanh_monotone.c), so a row outside the
  * candidates ends at or below softcap(M); the answer stands when that is strictly below the best
- * candidate's value, which leaves no room for a tie with an earlier index. */
+ * candidate's value, which leaves no room for a tie with an earlier index. One int8 row costs the
+ * matmul half the work of the two top digit rows and reads the same weight bytes. */
 #define ARGMAX_BLOCK 1024
 #define ARGMAX_MAX_CANDIDATES 4096
-_Static_assert(G4_FIX_DIGITS == 3, "the greedy argmax reads digit rows 1 and 2 first");
 
 typedef struct {
-    const int32_t *acc; /* [nt][2][no]: dots with digit rows 1 and 2, for outputs [o_base, o_base + no) */
+    const int32_t *acc; /* [nt][no]: dots with the coarse rows, for outputs [o_base, o_base + no) */
     const float *w_scale;
-    const double *two_neg_s;
-    const int64_t *E;
+    const double *two_neg_s, *two_u;
+    const int64_t *E; /* [nt][2]: how far sum(c * r) may lie above and below zero */
     int nt, no, o_base, V, nblk;
     float *ub;           /* [nt][V] upper ends */
     float *blk_lo, *blk_hi; /* [nt][nblk] largest lower / upper end per block (NaN: a bad scale) */
@@ -167,13 +172,10 @@ typedef struct {
 #define VECTORIZE
 #endif
 
-/* Output o's dot less the low digit's share, from its dots with digit rows 1 and 2 (exact in double). */
-static inline double top_dot(const int32_t *d1, const int32_t *d2, int o) { return ((double)d2[o] * 256 + d1[o]) * 256; }
-
-/* ub[o] = the upper end of output o. */
-VECTORIZE static void argmax_upper_ends(const int32_t *d1, const int32_t *d2, const float *ws, double E, double two_neg_s,
-                                        float *ub, int o0, int o1) {
-    for (int o = o0; o < o1; o++) ub[o] = fix_result(top_dot(d1, d2, o) + E, two_neg_s, ws[o]);
+/* ub[o] = the upper end of output o: its coarse dot times 2^u plus E (exact in double). */
+VECTORIZE static void argmax_upper_ends(const int32_t *acc, const float *ws, double two_u, double E, double two_neg_s, float *ub,
+                                        int o0, int o1) {
+    for (int o = o0; o < o1; o++) ub[o] = fix_result((double)acc[o] * two_u + E, two_neg_s, ws[o]);
 }
 
 static void argmax_bounds(void *ctx, int b0, int b1) {
@@ -181,26 +183,60 @@ static void argmax_bounds(void *ctx, int b0, int b1) {
     const int no = j->no;
     const float *ws = j->w_scale + j->o_base;
     for (int t = 0; t < j->nt; t++) {
-        const int32_t *d1 = j->acc + (size_t)t * 2 * no, *d2 = d1 + no;
-        const double E = (double)j->E[t], two_neg_s = j->two_neg_s[t];
+        const int32_t *acc = j->acc + (size_t)t * no;
+        const double E_hi = (double)j->E[2 * t], E_lo = (double)j->E[2 * t + 1], two_neg_s = j->two_neg_s[t], two_u = j->two_u[t];
         float *ub = j->ub + (size_t)t * j->V + j->o_base;
         for (int b = b0; b < b1; b++) {
             int o0 = b * ARGMAX_BLOCK, o1 = o0 + ARGMAX_BLOCK < no ? o0 + ARGMAX_BLOCK : no, bad = 0;
-            float lo_max = -INFINITY, hi_max = -INFINITY;
-            argmax_upper_ends(d1, d2, ws, E, two_neg_s, ub, o0, o1);
+            float hi_max = -INFINITY;
+            int top = o0;
+            argmax_upper_ends(acc, ws, two_u, E_hi, two_neg_s, ub, o0, o1);
             for (int o = o0; o < o1; o++) {
-                float hi = ub[o];
                 bad |= !(ws[o] > 0 && ws[o] <= FLT_MAX);
-                if (hi > hi_max) hi_max = hi;
-                if (hi > lo_max) { /* otherwise the lower end, at most hi, cannot raise lo_max */
-                    float lo = fix_result(top_dot(d1, d2, o) - E, two_neg_s, ws[o]);
-                    if (lo > lo_max) lo_max = lo;
-                }
+                if (ub[o] > hi_max) hi_max = ub[o], top = o;
             }
+            /* any output's lower end bounds the largest value from below; the one with the
+             * highest upper end gives nearly the best bound at the cost of one */
+            float lo_max = fix_result((double)acc[top] * two_u - E_lo, two_neg_s, ws[top]);
             size_t at = (size_t)t * j->nblk + (size_t)(j->o_base / ARGMAX_BLOCK + b);
             j->blk_lo[at] = bad ? NAN : lo_max;
             j->blk_hi[at] = bad ? NAN : hi_max;
         }
+    }
+}
+
+/* X rounded to a multiple of 2^u (half up), divided by 2^u and clamped to int8; exact integers. */
+static int8_t coarse_code(int32_t X, int u) {
+    int64_t t = (int64_t)X + (u ? (int64_t)1 << (u - 1) : 0);
+    int64_t q = t >= 0 ? t >> u : -((-t + ((int64_t)1 << u) - 1) >> u); /* floor(t / 2^u) */
+    return (int8_t)(q > 127 ? 127 : q < -128 ? -128 : q);
+}
+
+/* The coarse row q of a row's fixed-point image X (see above), its shift *u, and the sums of its
+ * positive remainders (*up) and of its negative remainders' sizes (*down). */
+static void argmax_coarse_row(const int32_t *X, int in, int8_t *q, int *u, int64_t *up, int64_t *down) {
+    int32_t mx = 0;
+    for (int i = 0; i < in; i++) {
+        int32_t a = X[i] < 0 ? -X[i] : X[i];
+        if (a > mx) mx = a;
+    }
+    int top = 0; /* the smallest shift that clamps nothing */
+    while ((mx >> top) > 127) top++;
+    int64_t best = -1;
+    for (int cand = top > 8 ? top - 8 : 0; cand <= top; cand++) {
+        int64_t sum = 0;
+        for (int i = 0; i < in; i++) {
+            int64_t r = (int64_t)X[i] - ((int64_t)coarse_code(X[i], cand) << cand);
+            sum += r < 0 ? -r : r;
+        }
+        if (best < 0 || sum < best) best = sum, *u = cand;
+    }
+    *up = *down = 0;
+    for (int i = 0; i < in; i++) {
+        q[i] = coarse_code(X[i], *u);
+        int64_t r = (int64_t)X[i] - ((int64_t)q[i] << *u);
+        if (r > 0) *up += r;
+        else *down -= r;
     }
 }
 
@@ -264,25 +300,26 @@ static int32_t argmax_finish(const g4_qweight *w, const int8_t *digits, double t
 /* The call's buffers, carved out of one block (64-byte aligned pieces). */
 typedef struct {
     int rows, chunk; /* activation rows per pass; outputs per matmul call */
-    int8_t *digits, *top;
+    int8_t *digits, *coarse;
+    int32_t *image; /* one row's fixed-point image */
     int32_t *acc;
     float *ub, *blk;
 } argmax_bufs;
 
 static size_t argmax_layout(const g4_qweight *w, int n, uint8_t *base, argmax_bufs *b) {
     int rows = n < FIX_ROWS ? n : FIX_ROWS, nblk = (w->out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
-    int chunk = FIX_ACC / (2 * rows) / ARGMAX_BLOCK * ARGMAX_BLOCK;
+    int chunk = FIX_ACC / rows / ARGMAX_BLOCK * ARGMAX_BLOCK;
     if (chunk < ARGMAX_BLOCK) chunk = ARGMAX_BLOCK;
-    size_t sizes[5] = {(size_t)G4_FIX_DIGITS * rows * (size_t)w->in, (size_t)2 * rows * (size_t)w->in,
-                       sizeof(int32_t) * 2 * rows * (size_t)chunk, sizeof(float) * rows * (size_t)w->out,
+    size_t sizes[6] = {(size_t)G4_FIX_DIGITS * rows * (size_t)w->in, (size_t)rows * (size_t)w->in, sizeof(int32_t) * (size_t)w->in,
+                       sizeof(int32_t) * rows * (size_t)chunk, sizeof(float) * rows * (size_t)w->out,
                        sizeof(float) * 2 * rows * (size_t)nblk};
-    void *ptr[5];
+    void *ptr[6];
     size_t at = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         ptr[i] = base ? base + at : NULL;
         at += (sizes[i] + 63) & ~(size_t)63;
     }
-    *b = (argmax_bufs){rows, chunk, ptr[0], ptr[1], ptr[2], ptr[3], ptr[4]};
+    *b = (argmax_bufs){rows, chunk, ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], ptr[5]};
     return at;
 }
 
@@ -297,7 +334,7 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
     if (n <= 0 || w->out <= 0 || w->in <= 0 || (w->bits != 2 && w->bits != 4 && w->bits != 8) || !(cap >= 0 && cap <= FLT_MAX))
         return;
     const int D = G4_FIX_DIGITS, in = w->in, V = w->out, nblk = (V + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
-    const int max_code = w->bits == 2 ? 2 : w->bits == 4 ? 8 : 128;
+    const int64_t code_hi = ((int64_t)1 << (w->bits - 1)) - 1, code_lo = (int64_t)1 << (w->bits - 1); /* codes in [-code_lo, code_hi] */
     void *own = scratch ? NULL : malloc(g4_codes_f32_argmax_scratch(w, n));
     uint8_t *base = scratch ? scratch : own;
     if (!base) return;
@@ -306,26 +343,31 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
     const int rows = b.rows;
     for (int t0 = 0; t0 < n; t0 += rows) {
         int nt = n - t0 < rows ? n - t0 : rows, ok = 1;
-        int64_t E[FIX_ROWS];
-        double two_neg_s[FIX_ROWS];
+        int64_t E[2 * FIX_ROWS];
+        double two_neg_s[FIX_ROWS], two_u[FIX_ROWS];
         for (int t = 0; t < nt; t++) {
             int8_t *dt = b.digits + (size_t)t * D * in;
-            int S = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, dt);
+            int S = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, dt), u = 0;
             if (S == INT32_MIN) ok = 0; /* NaN outputs: g4_argmax's rules apply */
             two_neg_s[t] = S == INT32_MIN ? 0 : ldexp(1.0, -S);
-            int low = 0;
-            for (int i = 0; i < in; i++)
-                if (abs(dt[i]) > low) low = abs(dt[i]);
-            E[t] = (int64_t)low * max_code * in;
-            memcpy(b.top + (size_t)t * 2 * in, dt + in, (size_t)2 * in); /* digit rows 1 and 2 */
+            int32_t *X = b.image;
+            for (int i = 0; i < in; i++) {
+                X[i] = 0;
+                for (int p = D - 1; p >= 0; p--) X[i] = X[i] * 256 + dt[(size_t)p * in + i];
+            }
+            int64_t up, down; /* sum of the positive remainders, and of the negative ones' sizes */
+            argmax_coarse_row(X, in, b.coarse + (size_t)t * in, &u, &up, &down);
+            E[2 * t] = code_hi * up + code_lo * down;
+            E[2 * t + 1] = code_lo * up + code_hi * down;
+            two_u[t] = ldexp(1.0, u);
         }
         if (!ok) continue;
         for (int o0 = 0; o0 < V; o0 += b.chunk) {
             g4_qweight sub = *w;
             sub.out = V - o0 < b.chunk ? V - o0 : b.chunk;
             sub.w = w->w + (size_t)o0 * w->row_bytes;
-            matmul_i8(&sub, b.top, 2 * nt, b.acc);
-            argmax_bound_job j = {b.acc, w->w_scale, two_neg_s, E, nt, sub.out, o0, V, nblk, b.ub, b.blk, b.blk + (size_t)rows * nblk};
+            matmul_i8(&sub, b.coarse, nt, b.acc);
+            argmax_bound_job j = {b.acc, w->w_scale, two_neg_s, two_u, E, nt, sub.out, o0, V, nblk, b.ub, b.blk, b.blk + (size_t)rows * nblk};
             g4_pool_for((sub.out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK, 1, 8.0 * nt * sub.out, argmax_bounds, &j);
         }
         for (int t = 0; t < nt; t++)
