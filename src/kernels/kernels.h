@@ -14,6 +14,15 @@
 
 #include "quant/int8.h"
 
+/* Asks GCC to vectorize a function's loops in portable code (SSE2 / NEON lanes) where -O2 alone
+ * would not. Vectorizing never reassociates floating-point operations (no -ffast-math), so it
+ * changes no bit: for loops that compute each element on its own or keep explicit lanes. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define G4_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define G4_VECTORIZE
+#endif
+
 /* A weight matrix [out, in] as stored: packed 2/4/8-bit codes with one f32 scale per output row,
  * or BF16 values (bits == 16, no scales). */
 typedef struct {

@@ -164,16 +164,9 @@ typedef struct {
     float *blk_lo, *blk_hi; /* [nt][nblk] largest lower / upper end per block (NaN: a bad scale) */
 } argmax_bound_job;
 
-/* Elementwise and exactly rounded, so vectorizing changes no bit; GCC does it for this loop only
- * when asked (SSE2 / NEON double lanes in this portable file). */
-#if defined(__GNUC__) && !defined(__clang__)
-#define VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
-#else
-#define VECTORIZE
-#endif
-
-/* ub[o] = the upper end of output o: its coarse dot times 2^u plus E (exact in double). */
-VECTORIZE static void argmax_upper_ends(const int32_t *acc, const float *ws, double two_u, double E, double two_neg_s, float *ub,
+/* ub[o] = the upper end of output o: its coarse dot times 2^u plus E (exact in double). Elementwise
+ * and exactly rounded, so vectorizing changes no bit. */
+G4_VECTORIZE static void argmax_upper_ends(const int32_t *acc, const float *ws, double two_u, double E, double two_neg_s, float *ub,
                                         int o0, int o1) {
     for (int o = o0; o < o1; o++) ub[o] = fix_result((double)acc[o] * two_u + E, two_neg_s, ws[o]);
 }
