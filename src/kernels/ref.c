@@ -144,9 +144,8 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
  * sum(c * r) lies in [-(lo P + hi Q), hi P + lo Q]. u is the shift with the smallest sum|r|: a
  * large outlier may be clamped when that buys a finer step for every other element. Every
  * rounding step of fix_result is monotone in N (the scale being positive), so the output lies
- * between f at those two ends of N. An
- * output whose upper end lies below the largest lower end M cannot be the largest, and the few
- * that can are finished exactly from all digit rows. The softcap is monotone too (g4_tanhf is
+ * between f at those two ends of N. An output whose upper end lies below the largest lower end M
+ * cannot be the largest, and the few that can are finished exactly from all digit rows. The softcap is monotone too (g4_tanhf is
  * non-decreasing, checked over every float in tests/test_tanh_monotone.c), so a row outside the
  * candidates ends at or below softcap(M); the answer stands when that is strictly below the best
  * candidate's value, which leaves no room for a tie with an earlier index. One int8 row costs the
@@ -219,7 +218,7 @@ static void argmax_coarse_row(const int32_t *X, int in, int8_t *q, int *u, int64
     for (int cand = top > 8 ? top - 8 : 0; cand <= top; cand++) {
         int64_t sum = 0;
         for (int i = 0; i < in; i++) {
-            int64_t r = (int64_t)X[i] - ((int64_t)coarse_code(X[i], cand) << cand);
+            int64_t r = (int64_t)X[i] - (int64_t)coarse_code(X[i], cand) * ((int64_t)1 << cand);
             sum += r < 0 ? -r : r;
         }
         if (best < 0 || sum < best) best = sum, *u = cand;
@@ -227,7 +226,7 @@ static void argmax_coarse_row(const int32_t *X, int in, int8_t *q, int *u, int64
     *up = *down = 0;
     for (int i = 0; i < in; i++) {
         q[i] = coarse_code(X[i], *u);
-        int64_t r = (int64_t)X[i] - ((int64_t)q[i] << *u);
+        int64_t r = (int64_t)X[i] - (int64_t)q[i] * ((int64_t)1 << *u);
         if (r > 0) *up += r;
         else *down -= r;
     }
