@@ -449,14 +449,17 @@ static void probe_fn(void *ctx, int b, int e) {
 
 static void pool_exactly_once(void) {
     static const int sizes[] = {1, 2, 3, 5, 17, 64, 1000, 70001};
+    /* 1, 2, 3 threads; 8 for a long guided split; 40, beyond the guided splits' limit */
+    static const int thread_counts[] = {1, 2, 3, 8, 40};
     int bad = 0;
-    for (int threads = 1; threads <= 3; threads++) {
-        g4_kernels_set_threads(threads);
+    for (size_t c = 0; c < sizeof thread_counts / sizeof *thread_counts; c++) {
+        g4_kernels_set_threads(thread_counts[c]);
         for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
             int items = sizes[k];
             pool_probe p = {.hits = calloc((size_t)items, sizeof(int))};
             pthread_mutex_init(&p.mu, NULL);
-            for (int rep = 0; rep < 50; rep++) g4_pool_for(items, 1 + rep % 5, 1e12, probe_fn, &p);
+            /* big jobs get equal chunks, small ones (work 1e5) guided chunks */
+            for (int rep = 0; rep < 50; rep++) g4_pool_for(items, 1 + rep % 5, rep % 2 ? 1e12 : 1e5, probe_fn, &p);
             for (int i = 0; i < items; i++) bad += p.hits[i] != 50;
             pthread_mutex_destroy(&p.mu);
             free(p.hits);

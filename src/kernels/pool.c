@@ -56,8 +56,9 @@ static atomic_int stopping;
 static g4_pool_fn job_fn;
 static void *job_ctx;
 static int job_items, job_chunk;
-/* Guided jobs: chunk k covers [job_start[k], job_start[k + 1]); job_chunk is 0. */
-#define GUIDED_MAX 64
+/* Guided jobs: chunk k covers [job_start[k], job_start[k + 1]); job_chunk is 0. A guided split
+ * takes about 6 nt chunks, so it is used up to GUIDED_MAX / 8 threads. */
+#define GUIDED_MAX 256
 static int job_start[GUIDED_MAX + 1];
 
 static uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 32); }
@@ -207,12 +208,14 @@ void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&run_mu);
         return;
     }
-    int chunk = 0, chunks = work / CHUNK_WORK <= nt * CHUNKS_PER_THREAD ? plan_guided(items, grain, nt) : 0;
+    int guided = work / CHUNK_WORK <= nt * CHUNKS_PER_THREAD && nt <= GUIDED_MAX / 8;
+    int chunk = 0, chunks = guided ? plan_guided(items, grain, nt) : 0;
     if (!chunks) {
         /* a chunk of at most about CHUNK_WORK multiply-adds, so a thread the OS deschedules
          * holds up at most a short chunk */
         double by_work = work / CHUNK_WORK;
-        int want_chunks = by_work < 0xFFFF ? (int)by_work : 0xFFFF;
+        int want_chunks = nt * CHUNKS_PER_THREAD;
+        if (by_work > want_chunks) want_chunks = by_work < 0xFFFF ? (int)by_work : 0xFFFF;
         chunk = (items + want_chunks - 1) / want_chunks;
         chunk = (chunk + grain - 1) / grain * grain;
         chunks = (items + chunk - 1) / chunk;
