@@ -580,7 +580,9 @@ static void full_argmax(const g4_qweight *w, const float *x, int n, float cap, i
 
 /* One problem at every level: each row either settled with g4_argmax's answer or handed back
  * (-1). Returns how many rows were settled at the first level. */
-static int argmax_case(const g4_qweight *w, const float *x, int n, float cap, const char *what) {
+/* Rows the shortcut settles with coarse image `coarse` (the same at every level), each checked
+ * against the full answer. */
+static int argmax_case(const g4_qweight *w, const float *x, int n, float cap, int coarse, const char *what) {
     int32_t want[16], got[16];
     full_argmax(w, x, n, cap, want);
     int settled = -1;
@@ -589,18 +591,40 @@ static int argmax_case(const g4_qweight *w, const float *x, int n, float cap, co
         if (!k) continue;
         /* odd levels with the caller's scratch of the stated size (ASan checks it is enough) */
         void *scratch = l % 2 ? malloc(g4_codes_f32_argmax_scratch(w, n)) : NULL;
-        g4_codes_f32_argmax(w, x, n, cap, k->matmul_i8, got, scratch);
+        g4_codes_f32_argmax(w, x, n, cap, coarse, k->matmul_i8, got, scratch);
         free(scratch);
         int ok = 1, count = 0;
         for (int t = 0; t < n; t++) {
             ok &= got[t] == want[t] || got[t] == -1;
             count += got[t] >= 0;
         }
-        CHECK(ok, "%s: %s argmax bits=%d in=%d out=%d n=%d cap=%g (row 0: %d, want %d)", what, k->name, w->bits, w->in,
-              w->out, n, (double)cap, got[0], want[0]);
+        CHECK(ok, "%s: %s argmax coarse=%d bits=%d in=%d out=%d n=%d cap=%g (row 0: %d, want %d)", what, k->name, coarse,
+              w->bits, w->in, w->out, n, (double)cap, got[0], want[0]);
+        CHECK(settled < 0 || count == settled, "%s: %s settles %d rows, another level %d", what, k->name, count, settled);
         if (settled < 0) settled = count;
     }
     return settled;
+}
+
+/* Activations with one element 1000 times the others, like a model's massive activations, and more
+ * outputs than the shortcut finishes: the one-row image may have to hand rows back (it must stay
+ * right), the two digit rows must settle them. */
+static void argmax_outlier(void) {
+    const int bits = 2, in = 512, out = 20000, n = 3;
+    size_t rb = g4_packed_row_bytes(bits, (size_t)in);
+    uint8_t *wb = malloc(rb * (size_t)out);
+    float *scale = malloc(sizeof(float) * (size_t)out), *x = malloc(sizeof(float) * (size_t)n * in);
+    for (size_t i = 0; i < rb * (size_t)out; i++) wb[i] = (uint8_t)rnd();
+    for (int o = 0; o < out; o++) scale[o] = (float)(0.01 * (0.5 + (double)(rnd() % 1000) / 1000.0));
+    for (int i = 0; i < n * in; i++) x[i] = ((float)(int)(rnd() % 2001) - 1000.0f) * 1e-3f;
+    for (int t = 0; t < n; t++) x[(size_t)t * in + 37 * (t + 1)] = 1000.0f;
+    g4_qweight w = {.bits = bits, .in = in, .out = out, .row_bytes = rb, .w = wb, .w_scale = scale};
+    int one_row = argmax_case(&w, x, n, 30.0f, 1, "outlier");
+    int two_rows = argmax_case(&w, x, n, 30.0f, 2, "outlier");
+    CHECK(two_rows == n, "two digit rows settle every row with an outlier (%d of %d; one row settled %d)", two_rows, n, one_row);
+    free(wb);
+    free(scale);
+    free(x);
 }
 
 /* The greedy lm_head shortcut (g4_codes_f32_argmax) against the full outputs: random problems,
@@ -622,8 +646,8 @@ static void check_codes_argmax(void) {
         for (int o = 0; o < out; o++) scale[o] = (float)(base * (0.5 + (double)(rnd() % 1000) / 1000.0));
         for (int i = 0; i < n * in; i++) x[i] = ((float)(int)(rnd() % 600001) - 300000.0f) * 1e-5f;
         g4_qweight w = {.bits = bits, .in = in, .out = out, .row_bytes = rb, .w = wb, .w_scale = scale};
-        settled += argmax_case(&w, x, n, cap, "random");
-        rows += n;
+        for (int coarse = 1; coarse <= 2; coarse++) settled += argmax_case(&w, x, n, cap, coarse, "random");
+        rows += 2 * n;
         /* a tie at the top: the winner of row 0 copied to an earlier index */
         int32_t want[16];
         full_argmax(&w, x, 1, cap, want);
@@ -634,29 +658,31 @@ static void check_codes_argmax(void) {
             int32_t tied[16];
             full_argmax(&w, x, 1, cap, tied);
             CHECK(tied[0] == e, "the copy at %d ties the winner %d (full answer %d)", e, want[0], tied[0]);
-            settled += argmax_case(&w, x, 1, cap, "tie");
-            rows++;
+            for (int coarse = 1; coarse <= 2; coarse++) settled += argmax_case(&w, x, 1, cap, coarse, "tie");
+            rows += 2;
         }
         if (c % 6 == 1) { /* must hand back: NaN input, bad scale, saturated softcap */
             int32_t got[16];
+            int coarse = 1 + c % 12 / 6;
             float keep = x[0];
             x[0] = NAN;
-            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got, NULL);
+            g4_codes_f32_argmax(&w, x, n, cap, coarse, g4_kernels_level("portable")->matmul_i8, got, NULL);
             CHECK(got[0] == -1, "a NaN input is handed back (got %d)", got[0]);
             x[0] = keep;
             float ks = scale[out / 2];
             scale[out / 2] = c % 12 == 1 ? 0.0f : -1.0f;
-            g4_codes_f32_argmax(&w, x, n, cap, g4_kernels_level("portable")->matmul_i8, got, NULL);
+            g4_codes_f32_argmax(&w, x, n, cap, coarse, g4_kernels_level("portable")->matmul_i8, got, NULL);
             CHECK(got[0] == -1, "a scale of %g is handed back (got %d)", (double)scale[out / 2], got[0]);
             scale[out / 2] = ks;
             for (int o = 0; o < out; o++) scale[o] = 1e30f;
-            argmax_case(&w, x, n, 1.0f, "saturated");
+            argmax_case(&w, x, n, 1.0f, coarse, "saturated");
         }
         free(wb);
         free(scale);
         free(x);
     }
     CHECK(settled == rows, "the shortcut settles every random row (%d of %d)", settled, rows);
+    argmax_outlier();
 }
 
 int main(void) {

@@ -62,15 +62,17 @@ typedef void (*g4_matmul_i8_fn)(const g4_qweight *w, const int8_t *x, int n, int
 void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g4_matmul_i8_fn matmul_i8);
 
 /* Greedy decoding's lm_head: out[t] = the index g4_argmax picks in softcap(g4_matmul_codes_f32(w,
- * x[t])) (softcap(y) = cap * g4_tanhf(y / cap), none when cap == 0), found from the two top digit
- * rows and exact dots for the few outputs those leave in the race, so most outputs are never
- * finished. out[t] = -1 where it cannot decide that way (a NaN in x, a scale that is not positive
- * and finite, a near tie, too many candidates, out of memory): the caller then computes that row
- * in full. scratch: g4_codes_f32_argmax_scratch(w, n) bytes kept by the caller (about 1 MB per
- * row for E2B's lm_head, so that decode does not map and clear them every token), or NULL. */
+ * x[t])) (softcap(y) = cap * g4_tanhf(y / cap), none when cap == 0), found from a coarse image of
+ * x[t] that bounds every output and exact dots for the few outputs those bounds leave in the race,
+ * so most outputs are never finished. coarse: 1, one int8 row (half the work of 2, but a large
+ * outlier in x loosens its bounds), or 2, the two top digit rows (kernels/ref.c). out[t] = -1
+ * where it cannot decide that way (a NaN in x, a scale that is not positive and finite, a near
+ * tie, too many candidates, out of memory): the caller then computes that row in full. scratch:
+ * g4_codes_f32_argmax_scratch(w, n) bytes kept by the caller (about 1 MB per row for E2B's
+ * lm_head, so that decode does not map and clear them every token), or NULL. */
 size_t g4_codes_f32_argmax_scratch(const g4_qweight *w, int n);
-void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out,
-                         void *scratch);
+void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, int coarse, g4_matmul_i8_fn matmul_i8,
+                         int32_t *out, void *scratch);
 
 /* y[t][o] = w_scale[o] * dot(x[t], codes[o]) (fixed point, above), or the BF16 dot, for t < n. */
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);

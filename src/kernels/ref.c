@@ -137,37 +137,50 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
 
 /* ---- greedy decoding's argmax over a softcapped float x codes product ---- */
 
-/* One int8 row fixes each output's integer dot N to within a known distance. With X the row's
- * fixed-point image (the digit rows' value), the coarse row q = clamp(round(X / 2^u)) leaves an
- * exact remainder r = X - q * 2^u, so N = N' + sum(c * r) with N' = 2^u * sum(c * q). With codes
- * c in [-lo, hi], P the sum of the positive remainders and Q that of the negative ones' sizes,
- * sum(c * r) lies in [-(lo P + hi Q), hi P + lo Q]. u is the shift with the smallest sum|r|: a
- * large outlier may be clamped when that buys a finer step for every other element. Every
+/* A coarse image of the activation row fixes each output's integer dot N to within a known
+ * distance. X is the row's fixed-point image (the digit rows' value) and the coarse image is one
+ * of two (g4_codes_f32_argmax's `coarse`):
+ *   1: one int8 row q = clamp(round(X / 2^u)), u the shift with the smallest sum|r| (a large
+ *      outlier may be clamped when that buys a finer step for every other element);
+ *   2: the two top digit rows, d1 * 2^8 + d2 * 2^16, leaving the low digit as r.
+ * Either leaves an exact remainder r, so N = N' + sum(c * r) with N' the coarse image's dot. With
+ * codes c in [-lo, hi], P the sum of the positive remainders and Q that of the negative ones'
+ * sizes, sum(c * r) lies in [-(lo P + hi Q), hi P + lo Q]. Every
  * rounding step of fix_result is monotone in N (the scale being positive), so the output lies
  * between f at those two ends of N. An output whose upper end lies below the largest lower end M
  * cannot be the largest, and the few that can are finished exactly from all digit rows. The softcap is monotone too (g4_tanhf is
  * non-decreasing, checked over every float in tests/test_tanh_monotone.c), so a row outside the
  * candidates ends at or below softcap(M); the answer stands when that is strictly below the best
  * candidate's value, which leaves no room for a tie with an earlier index. One int8 row costs the
- * matmul half the work of the two top digit rows and reads the same weight bytes. */
+ * matmul half the work of two digit rows and reads the same weight bytes, but one large outlier
+ * in the row can widen its bounds past any use; the two digit rows' bounds stay tight. */
 #define ARGMAX_BLOCK 1024
 #define ARGMAX_MAX_CANDIDATES 4096
+_Static_assert(G4_FIX_DIGITS == 3, "coarse image 2 is digit rows 1 and 2 over digit row 0");
 
 typedef struct {
-    const int32_t *acc; /* [nt][no]: dots with the coarse rows, for outputs [o_base, o_base + no) */
+    const int32_t *acc; /* [nt * R][no]: dots with the coarse rows, for outputs [o_base, o_base + no) */
     const float *w_scale;
-    const double *two_neg_s, *two_u;
+    const double *two_neg_s, *coef; /* coef[t * 2 + r]: the weight of coarse row r of activation row t */
     const int64_t *E; /* [nt][2]: how far sum(c * r) may lie above and below zero */
-    int nt, no, o_base, V, nblk;
+    int nt, R, no, o_base, V, nblk;
     float *ub;           /* [nt][V] upper ends */
     float *blk_lo, *blk_hi; /* [nt][nblk] largest lower / upper end per block (NaN: a bad scale) */
 } argmax_bound_job;
 
-/* ub[o] = the upper end of output o: its coarse dot times 2^u plus E (exact in double). Elementwise
- * and exactly rounded, so vectorizing changes no bit. */
-G4_VECTORIZE static void argmax_upper_ends(const int32_t *acc, const float *ws, double two_u, double E, double two_neg_s, float *ub,
-                                        int o0, int o1) {
-    for (int o = o0; o < o1; o++) ub[o] = fix_result((double)acc[o] * two_u + E, two_neg_s, ws[o]);
+/* Output o's coarse dot N' (exact in double: integers below 2^53). */
+static inline double coarse_dot(const int32_t *a0, const int32_t *a1, double c0, double c1, int o) {
+    return a1 ? (double)a0[o] * c0 + (double)a1[o] * c1 : (double)a0[o] * c0;
+}
+
+/* ub[o] = the upper end of output o, f(N' + E). Elementwise and exactly rounded, so vectorizing
+ * changes no bit. */
+G4_VECTORIZE static void argmax_upper_ends(const int32_t *a0, const int32_t *a1, double c0, double c1, const float *ws, double E,
+                                        double two_neg_s, float *ub, int o0, int o1) {
+    if (a1)
+        for (int o = o0; o < o1; o++) ub[o] = fix_result((double)a0[o] * c0 + (double)a1[o] * c1 + E, two_neg_s, ws[o]);
+    else
+        for (int o = o0; o < o1; o++) ub[o] = fix_result((double)a0[o] * c0 + E, two_neg_s, ws[o]);
 }
 
 static void argmax_bounds(void *ctx, int b0, int b1) {
@@ -175,21 +188,22 @@ static void argmax_bounds(void *ctx, int b0, int b1) {
     const int no = j->no;
     const float *ws = j->w_scale + j->o_base;
     for (int t = 0; t < j->nt; t++) {
-        const int32_t *acc = j->acc + (size_t)t * no;
-        const double E_hi = (double)j->E[2 * t], E_lo = (double)j->E[2 * t + 1], two_neg_s = j->two_neg_s[t], two_u = j->two_u[t];
+        const int32_t *a0 = j->acc + (size_t)t * j->R * no, *a1 = j->R == 2 ? a0 + no : NULL;
+        const double c0 = j->coef[2 * t], c1 = j->coef[2 * t + 1];
+        const double E_hi = (double)j->E[2 * t], E_lo = (double)j->E[2 * t + 1], two_neg_s = j->two_neg_s[t];
         float *ub = j->ub + (size_t)t * j->V + j->o_base;
         for (int b = b0; b < b1; b++) {
             int o0 = b * ARGMAX_BLOCK, o1 = o0 + ARGMAX_BLOCK < no ? o0 + ARGMAX_BLOCK : no, bad = 0;
             float hi_max = -INFINITY;
             int top = o0;
-            argmax_upper_ends(acc, ws, two_u, E_hi, two_neg_s, ub, o0, o1);
+            argmax_upper_ends(a0, a1, c0, c1, ws, E_hi, two_neg_s, ub, o0, o1);
             for (int o = o0; o < o1; o++) {
                 bad |= !(ws[o] > 0 && ws[o] <= FLT_MAX);
                 if (ub[o] > hi_max) hi_max = ub[o], top = o;
             }
             /* any output's lower end bounds the largest value from below; the one with the
              * highest upper end gives nearly the best bound at the cost of one */
-            float lo_max = fix_result((double)acc[top] * two_u - E_lo, two_neg_s, ws[top]);
+            float lo_max = fix_result(coarse_dot(a0, a1, c0, c1, top) - E_lo, two_neg_s, ws[top]);
             size_t at = (size_t)t * j->nblk + (size_t)(j->o_base / ARGMAX_BLOCK + b);
             j->blk_lo[at] = bad ? NAN : lo_max;
             j->blk_hi[at] = bad ? NAN : hi_max;
@@ -204,8 +218,14 @@ static int8_t coarse_code(int32_t X, int u) {
     return (int8_t)(q > 127 ? 127 : q < -128 ? -128 : q);
 }
 
-/* The coarse row q of a row's fixed-point image X (see above), its shift *u, and the sums of its
- * positive remainders (*up) and of its negative remainders' sizes (*down). */
+/* The sums of the positive remainders (*up) and of the negative remainders' sizes (*down). */
+static void remainder_sums(int64_t r, int64_t *up, int64_t *down) {
+    if (r > 0) *up += r;
+    else *down -= r;
+}
+
+/* The coarse row q of a row's fixed-point image X (see above), its shift *u, and its remainder
+ * sums. */
 static void argmax_coarse_row(const int32_t *X, int in, int8_t *q, int *u, int64_t *up, int64_t *down) {
     int32_t mx = 0;
     for (int i = 0; i < in; i++) {
@@ -226,9 +246,7 @@ static void argmax_coarse_row(const int32_t *X, int in, int8_t *q, int *u, int64
     *up = *down = 0;
     for (int i = 0; i < in; i++) {
         q[i] = coarse_code(X[i], *u);
-        int64_t r = (int64_t)X[i] - (int64_t)q[i] * ((int64_t)1 << *u);
-        if (r > 0) *up += r;
-        else *down -= r;
+        remainder_sums((int64_t)X[i] - (int64_t)q[i] * ((int64_t)1 << *u), up, down);
     }
 }
 
@@ -300,10 +318,10 @@ typedef struct {
 
 static size_t argmax_layout(const g4_qweight *w, int n, uint8_t *base, argmax_bufs *b) {
     int rows = n < FIX_ROWS ? n : FIX_ROWS, nblk = (w->out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
-    int chunk = FIX_ACC / rows / ARGMAX_BLOCK * ARGMAX_BLOCK;
+    int chunk = FIX_ACC / (2 * rows) / ARGMAX_BLOCK * ARGMAX_BLOCK; /* room for two coarse rows */
     if (chunk < ARGMAX_BLOCK) chunk = ARGMAX_BLOCK;
-    size_t sizes[6] = {(size_t)G4_FIX_DIGITS * rows * (size_t)w->in, (size_t)rows * (size_t)w->in, sizeof(int32_t) * (size_t)w->in,
-                       sizeof(int32_t) * rows * (size_t)chunk, sizeof(float) * rows * (size_t)w->out,
+    size_t sizes[6] = {(size_t)G4_FIX_DIGITS * rows * (size_t)w->in, (size_t)2 * rows * (size_t)w->in, sizeof(int32_t) * (size_t)w->in,
+                       sizeof(int32_t) * 2 * rows * (size_t)chunk, sizeof(float) * rows * (size_t)w->out,
                        sizeof(float) * 2 * rows * (size_t)nblk};
     void *ptr[6];
     size_t at = 0;
@@ -320,11 +338,13 @@ size_t g4_codes_f32_argmax_scratch(const g4_qweight *w, int n) {
     return n > 0 && w->out > 0 && w->in > 0 ? argmax_layout(w, n, NULL, &b) + 64 : 0;
 }
 
-void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, g4_matmul_i8_fn matmul_i8, int32_t *out,
-                         void *scratch) {
+void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, int coarse, g4_matmul_i8_fn matmul_i8,
+                         int32_t *out, void *scratch) {
     for (int t = 0; t < n; t++) out[t] = -1;
-    if (n <= 0 || w->out <= 0 || w->in <= 0 || (w->bits != 2 && w->bits != 4 && w->bits != 8) || !(cap >= 0 && cap <= FLT_MAX))
+    if (n <= 0 || w->out <= 0 || w->in <= 0 || (w->bits != 2 && w->bits != 4 && w->bits != 8) || !(cap >= 0 && cap <= FLT_MAX) ||
+        (coarse != 1 && coarse != 2))
         return;
+    const int R = coarse;
     const int D = G4_FIX_DIGITS, in = w->in, V = w->out, nblk = (V + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK;
     const int64_t code_hi = ((int64_t)1 << (w->bits - 1)) - 1, code_lo = (int64_t)1 << (w->bits - 1); /* codes in [-code_lo, code_hi] */
     void *own = scratch ? NULL : malloc(g4_codes_f32_argmax_scratch(w, n));
@@ -336,30 +356,37 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
     for (int t0 = 0; t0 < n; t0 += rows) {
         int nt = n - t0 < rows ? n - t0 : rows, ok = 1;
         int64_t E[2 * FIX_ROWS];
-        double two_neg_s[FIX_ROWS], two_u[FIX_ROWS];
+        double two_neg_s[FIX_ROWS], coef[2 * FIX_ROWS];
         for (int t = 0; t < nt; t++) {
             int8_t *dt = b.digits + (size_t)t * D * in;
             int S = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, dt), u = 0;
             if (S == INT32_MIN) ok = 0; /* NaN outputs: g4_argmax's rules apply */
             two_neg_s[t] = S == INT32_MIN ? 0 : ldexp(1.0, -S);
-            int32_t *X = b.image;
-            for (int i = 0; i < in; i++) {
-                X[i] = 0;
-                for (int p = D - 1; p >= 0; p--) X[i] = X[i] * 256 + dt[(size_t)p * in + i];
+            int64_t up = 0, down = 0; /* sum of the positive remainders, and of the negative ones' sizes */
+            int8_t *ct = b.coarse + (size_t)t * R * in;
+            if (R == 1) {
+                int32_t *X = b.image;
+                for (int i = 0; i < in; i++) {
+                    X[i] = 0;
+                    for (int p = D - 1; p >= 0; p--) X[i] = X[i] * 256 + dt[(size_t)p * in + i];
+                }
+                argmax_coarse_row(X, in, ct, &u, &up, &down);
+                coef[2 * t] = ldexp(1.0, u), coef[2 * t + 1] = 0;
+            } else {
+                memcpy(ct, dt + in, (size_t)2 * in); /* digit rows 1 and 2; digit row 0 is the remainder */
+                for (int i = 0; i < in; i++) remainder_sums(dt[i], &up, &down);
+                coef[2 * t] = 256, coef[2 * t + 1] = 65536;
             }
-            int64_t up, down; /* sum of the positive remainders, and of the negative ones' sizes */
-            argmax_coarse_row(X, in, b.coarse + (size_t)t * in, &u, &up, &down);
             E[2 * t] = code_hi * up + code_lo * down;
             E[2 * t + 1] = code_lo * up + code_hi * down;
-            two_u[t] = ldexp(1.0, u);
         }
         if (!ok) continue;
         for (int o0 = 0; o0 < V; o0 += b.chunk) {
             g4_qweight sub = *w;
             sub.out = V - o0 < b.chunk ? V - o0 : b.chunk;
             sub.w = w->w + (size_t)o0 * w->row_bytes;
-            matmul_i8(&sub, b.coarse, nt, b.acc);
-            argmax_bound_job j = {b.acc, w->w_scale, two_neg_s, two_u, E, nt, sub.out, o0, V, nblk, b.ub, b.blk, b.blk + (size_t)rows * nblk};
+            matmul_i8(&sub, b.coarse, R * nt, b.acc);
+            argmax_bound_job j = {b.acc, w->w_scale, two_neg_s, coef, E, nt, R, sub.out, o0, V, nblk, b.ub, b.blk, b.blk + (size_t)rows * nblk};
             g4_pool_for((sub.out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK, 1, 8.0 * nt * sub.out, argmax_bounds, &j);
         }
         for (int t = 0; t < nt; t++)

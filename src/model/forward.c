@@ -51,6 +51,7 @@ struct g4_session {
     float *logit_row; /* [vocab], the greedy path's fallback (allocated on first use) */
     void *argmax_scratch; /* the greedy lm_head's buffers (g4_codes_f32_argmax), grown on use */
     size_t argmax_bytes;
+    int argmax_hold; /* greedy lm_head calls left that use two digit rows (see lm_head_argmax) */
     float *rope_cos[2], *rope_sin[2];
     g4_trace_fn trace;
     void *trace_user;
@@ -483,6 +484,7 @@ static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
  * When the lm_head takes float rows against packed codes (the checkpoint's), most logits are
  * never finished (g4_codes_f32_argmax); rows it cannot settle, and other lm_heads, go through
  * the full logits in s->logit_row. */
+#define ARGMAX_HOLD 64
 static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
     const g4_model *m = s->m;
     const g4_linear *L = &m->lm_head;
@@ -496,8 +498,16 @@ static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
             void *p = realloc(s->argmax_scratch, need);
             if (p) s->argmax_scratch = p, s->argmax_bytes = need;
         }
-        g4_codes_f32_argmax(&L->w, s->xn + (size_t)first * H, n - first, cap, s->k->matmul_i8, next,
+        /* The one-row image is the cheaper; when it leaves a row unsettled (an outlier in the
+         * activations can widen its bounds past any use), the next ARGMAX_HOLD calls take the
+         * two digit rows, whose bounds stay tight, before the cheaper one is tried again. */
+        int coarse = s->argmax_hold > 0 ? 2 : 1;
+        g4_codes_f32_argmax(&L->w, s->xn + (size_t)first * H, n - first, cap, coarse, s->k->matmul_i8, next,
                             need <= s->argmax_bytes ? s->argmax_scratch : NULL);
+        int unsettled = 0;
+        for (int t = 0; t < n - first; t++) unsettled |= next[t] < 0;
+        if (coarse == 2) s->argmax_hold--;
+        else if (unsettled) s->argmax_hold = ARGMAX_HOLD;
     }
     for (int t = first; t < n; t++) {
         if (next[t - first] >= 0) continue;
