@@ -578,10 +578,9 @@ static void full_argmax(const g4_qweight *w, const float *x, int n, float cap, i
     free(y);
 }
 
-/* One problem at every level: each row either settled with g4_argmax's answer or handed back
- * (-1). Returns how many rows were settled at the first level. */
-/* Rows the shortcut settles with coarse image `coarse` (the same at every level), each checked
- * against the full answer. */
+/* One problem at every level with coarse image `coarse`: each row either settled with
+ * g4_argmax's answer or handed back (-1), and every level settles as many rows. Returns that
+ * count. */
 static int argmax_case(const g4_qweight *w, const float *x, int n, float cap, int coarse, const char *what) {
     int32_t want[16], got[16];
     full_argmax(w, x, n, cap, want);

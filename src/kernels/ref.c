@@ -145,10 +145,10 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
  *   2: the two top digit rows, d1 * 2^8 + d2 * 2^16, leaving the low digit as r.
  * Either leaves an exact remainder r, so N = N' + sum(c * r) with N' the coarse image's dot. With
  * codes c in [-lo, hi], P the sum of the positive remainders and Q that of the negative ones'
- * sizes, sum(c * r) lies in [-(lo P + hi Q), hi P + lo Q]. Every
- * rounding step of fix_result is monotone in N (the scale being positive), so the output lies
- * between f at those two ends of N. An output whose upper end lies below the largest lower end M
- * cannot be the largest, and the few that can are finished exactly from all digit rows. The softcap is monotone too (g4_tanhf is
+ * sizes, sum(c * r) lies in [-(lo P + hi Q), hi P + lo Q]. Every rounding step of fix_result is
+ * monotone in N (the scale being positive), so the output lies between f at those two ends of N.
+ * An output whose upper end lies below the largest lower end M cannot be the largest, and the few
+ * that can are finished exactly from all digit rows. The softcap is monotone too (g4_tanhf is
  * non-decreasing, checked over every float in tests/test_tanh_monotone.c), so a row outside the
  * candidates ends at or below softcap(M); the answer stands when that is strictly below the best
  * candidate's value, which leaves no room for a tie with an earlier index. One int8 row costs the
@@ -177,10 +177,11 @@ static inline double coarse_dot(const int32_t *a0, const int32_t *a1, double c0,
  * changes no bit. */
 G4_VECTORIZE static void argmax_upper_ends(const int32_t *a0, const int32_t *a1, double c0, double c1, const float *ws, double E,
                                         double two_neg_s, float *ub, int o0, int o1) {
+    /* one loop per image, so that each vectorizes without a test per element */
     if (a1)
-        for (int o = o0; o < o1; o++) ub[o] = fix_result((double)a0[o] * c0 + (double)a1[o] * c1 + E, two_neg_s, ws[o]);
+        for (int o = o0; o < o1; o++) ub[o] = fix_result(coarse_dot(a0, a1, c0, c1, o) + E, two_neg_s, ws[o]);
     else
-        for (int o = o0; o < o1; o++) ub[o] = fix_result((double)a0[o] * c0 + E, two_neg_s, ws[o]);
+        for (int o = o0; o < o1; o++) ub[o] = fix_result(coarse_dot(a0, NULL, c0, 0, o) + E, two_neg_s, ws[o]);
 }
 
 static void argmax_bounds(void *ctx, int b0, int b1) {
@@ -218,6 +219,9 @@ static int8_t coarse_code(int32_t X, int u) {
     return (int8_t)(q > 127 ? 127 : q < -128 ? -128 : q);
 }
 
+/* X less its coarse code's value at shift u: the remainder r (exact). */
+static int64_t coarse_remainder(int32_t X, int u) { return (int64_t)X - (int64_t)coarse_code(X, u) * ((int64_t)1 << u); }
+
 /* The sums of the positive remainders (*up) and of the negative remainders' sizes (*down). */
 static void remainder_sums(int64_t r, int64_t *up, int64_t *down) {
     if (r > 0) *up += r;
@@ -238,7 +242,7 @@ static void argmax_coarse_row(const int32_t *X, int in, int8_t *q, int *u, int64
     for (int cand = top > 8 ? top - 8 : 0; cand <= top; cand++) {
         int64_t sum = 0;
         for (int i = 0; i < in; i++) {
-            int64_t r = (int64_t)X[i] - (int64_t)coarse_code(X[i], cand) * ((int64_t)1 << cand);
+            int64_t r = coarse_remainder(X[i], cand);
             sum += r < 0 ? -r : r;
         }
         if (best < 0 || sum < best) best = sum, *u = cand;
@@ -246,7 +250,7 @@ static void argmax_coarse_row(const int32_t *X, int in, int8_t *q, int *u, int64
     *up = *down = 0;
     for (int i = 0; i < in; i++) {
         q[i] = coarse_code(X[i], *u);
-        remainder_sums((int64_t)X[i] - (int64_t)q[i] * ((int64_t)1 << *u), up, down);
+        remainder_sums(coarse_remainder(X[i], *u), up, down);
     }
 }
 
@@ -360,17 +364,18 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
         for (int t = 0; t < nt; t++) {
             int8_t *dt = b.digits + (size_t)t * D * in;
             int S = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, dt), u = 0;
-            if (S == INT32_MIN) ok = 0; /* NaN outputs: g4_argmax's rules apply */
-            two_neg_s[t] = S == INT32_MIN ? 0 : ldexp(1.0, -S);
+            if (S == INT32_MIN) { /* NaN outputs: g4_argmax's rules apply, so the group is handed back */
+                ok = 0;
+                break;
+            }
+            two_neg_s[t] = ldexp(1.0, -S);
             int64_t up = 0, down = 0; /* sum of the positive remainders, and of the negative ones' sizes */
             int8_t *ct = b.coarse + (size_t)t * R * in;
             if (R == 1) {
-                int32_t *X = b.image;
-                for (int i = 0; i < in; i++) {
-                    X[i] = 0;
-                    for (int p = D - 1; p >= 0; p--) X[i] = X[i] * 256 + dt[(size_t)p * in + i];
-                }
-                argmax_coarse_row(X, in, ct, &u, &up, &down);
+                const float *xt = x + (size_t)(t0 + t) * in;
+                const double two_s = ldexp(1.0, S);
+                for (int i = 0; i < in; i++) b.image[i] = fix_value(xt[i], two_s); /* what the digit rows split */
+                argmax_coarse_row(b.image, in, ct, &u, &up, &down);
                 coef[2 * t] = ldexp(1.0, u), coef[2 * t + 1] = 0;
             } else {
                 memcpy(ct, dt + in, (size_t)2 * in); /* digit rows 1 and 2; digit row 0 is the remainder */

@@ -480,11 +480,13 @@ static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
     }
 }
 
+/* Greedy lm_head calls that use the two digit rows after the one-row image leaves a row unsettled. */
+#define ARGMAX_HOLD 64
+
 /* The greedy token of rows [first, n) into next, as g4_argmax over their logits would pick it.
  * When the lm_head takes float rows against packed codes (the checkpoint's), most logits are
  * never finished (g4_codes_f32_argmax); rows it cannot settle, and other lm_heads, go through
  * the full logits in s->logit_row. */
-#define ARGMAX_HOLD 64
 static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
     const g4_model *m = s->m;
     const g4_linear *L = &m->lm_head;
