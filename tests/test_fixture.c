@@ -195,7 +195,9 @@ static void check_incremental(const mode_spec *ms, const bounds *bd, const g4_mo
 }
 
 /* A prompt longer than one prefill chunk (64) and many sliding windows: one prefill gives the
- * same logits as feeding it token by token, in every activation mode. */
+ * same logits as feeding it token by token, in every activation mode. Asked for the last
+ * token's logits only, the prefill takes every other row through the producer layers alone
+ * (forward.c, tail_from); the last row's logits and greedy token must not change by a bit. */
 static void check_long_prompt(const g4_model *m) {
     enum { T = 150 };
     int V = g4_model_vocab_size(m);
@@ -215,6 +217,16 @@ static void check_long_prompt(const g4_model *m) {
         double d = max_abs_diff(one, step, (int64_t)T * V);
         CHECK(d <= 1e-4, "act %d: %d-token prefill vs token by token: %.3g", act, T, d);
         printf("ok act %d: %d-token prefill vs token-by-token logits max|diff| %.3g\n", act, T, d);
+        g4_session_reset(s);
+        CHECK(g4_session_eval(s, ids, T, step, 0) == 0, "%s", g4_last_error());
+        CHECK(memcmp(step, one + (size_t)(T - 1) * V, sizeof *step * (size_t)V) == 0, "act %d: last-row prefill differs from the all-rows prefill",
+              act);
+        g4_session_reset(s);
+        int32_t next = -1;
+        CHECK(g4_session_eval_argmax(s, ids, T, &next) == 0, "%s", g4_last_error());
+        CHECK(next == g4_argmax(one + (size_t)(T - 1) * V, V), "act %d: last-row greedy token %d differs from the all-rows prefill's", act,
+              (int)next);
+        printf("ok act %d: last-row prefill (consumer layers on the last row only) equals the all-rows prefill's last row\n", act);
         g4_session_free(s);
     }
     free(one);

@@ -53,6 +53,10 @@ struct g4_session {
     size_t argmax_bytes;
     int argmax_hold; /* greedy lm_head calls left that use two digit rows (see lm_head_argmax) */
     float *rope_cos[2], *rope_sin[2];
+    /* The layers from tail_from on are all KV consumers: they write no cache, so what they
+     * compute for a row reaches nothing but that row's own output. Rows whose outputs are not
+     * wanted (a prefill's every row but the last) stop before them. */
+    int tail_from;
     g4_trace_fn trace;
     void *trace_user;
     int profiling;
@@ -270,8 +274,10 @@ static void embedding_row(const g4_qembedding *e, int r, float mult, float *out)
     }
 }
 
-/* Main embedding and the per-layer inputs pli [n][L][P] (model.md §5). */
-static void embed_tokens(g4_session *s, const int32_t *ids, int n) {
+/* Main embedding and the per-layer inputs pli [n][L][P] (model.md §5). Rows [0, cut) stop
+ * before the consumer layers (forward_rows), so their consumer inputs are left zero instead of
+ * projected. */
+static void embed_tokens(g4_session *s, const int32_t *ids, int n, int cut) {
     const g4_model *m = s->m;
     const g4_config *c = &m->cfg;
     int H = c->hidden, P = c->ple_dim, LP = c->n_layers * P;
@@ -290,7 +296,19 @@ static void embed_tokens(g4_session *s, const int32_t *ids, int n) {
         fake_quant(s, s->xq, (size_t)n * H, s->o.pmp_s_in);
         in = s->xq;
     }
-    s->k->matmul_f32(&m->pmp.w, in, n, s->pli);
+    int LPp = s->tail_from * P; /* the producers' inputs, which every row needs */
+    if (cut > 0 && LPp < LP) {
+        g4_qweight head = m->pmp.w;
+        head.out = LPp;
+        s->k->matmul_f32(&head, in, cut, s->pli); /* rows LPp apart, spread out below */
+        for (int t = cut - 1; t >= 0; t--) {
+            memmove(s->pli + (size_t)t * LP, s->pli + (size_t)t * LPp, sizeof *s->pli * (size_t)LPp);
+            memset(s->pli + (size_t)t * LP + LPp, 0, sizeof *s->pli * (size_t)(LP - LPp));
+        }
+        if (n > cut) s->k->matmul_f32(&m->pmp.w, in + (size_t)cut * H, n - cut, s->pli + (size_t)cut * LP);
+    } else {
+        s->k->matmul_f32(&m->pmp.w, in, n, s->pli);
+    }
     size_t len = (size_t)n * LP;
     if (pq && s->o.pmp_out_raw) fake_quant(s, s->pli, len, s->o.pmp_s_out);
     float proj_scale = (float)(1.0 / sqrt((double)H)), input_scale = (float)(1.0 / sqrt(2.0));
@@ -528,18 +546,42 @@ static void output_head(g4_session *s, int n, int first, float *logits, int32_t 
     else if (next) lm_head_argmax(s, n, first, next);
 }
 
+/* Moves rows [lo, n) of the chunk to [0, n - lo): the rows that go on through the consumer
+ * layers. Their residual stream, per-layer inputs, sequence, position and RoPE tables move;
+ * every other buffer is rewritten by the next layer. */
+static void keep_rows(g4_session *s, int lo, int n) {
+    const g4_config *c = &s->m->cfg;
+    size_t H = (size_t)c->hidden, LP = (size_t)c->n_layers * c->ple_dim, rows = (size_t)(n - lo);
+    memmove(s->x, s->x + lo * H, sizeof *s->x * rows * H);
+    memmove(s->pli, s->pli + lo * LP, sizeof *s->pli * rows * LP);
+    memmove(s->row_seq, s->row_seq + lo, sizeof *s->row_seq * rows);
+    memmove(s->row_pos, s->row_pos + lo, sizeof *s->row_pos * rows);
+    rope_tables(s, n - lo);
+}
+
 /* Computes the rows already described by row_seq/row_pos; logits (or the greedy tokens, next) for
- * rows [first, n). */
+ * rows [first, n). Rows before `first` skip the consumer layers (tail_from), unless a trace
+ * wants every row of every layer. */
 static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int32_t *next, int first) {
     double t0 = s->profiling ? clock_s() : 0;
+    int cut = s->trace ? 0 : logits || next ? first : n; /* rows [0, cut) stop at tail_from */
     {
         PROF_BEGIN(s);
-        embed_tokens(s, ids, n);
+        embed_tokens(s, ids, n, cut);
         PROF_END(s, G4_PROF_EMBED);
     }
     rope_tables(s, n);
-    for (int l = 0; l < s->m->cfg.n_layers; l++) decoder_layer(s, l, n);
-    {
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        if (l == s->tail_from && cut > 0) {
+            keep_rows(s, cut, n);
+            n -= cut;
+            first -= cut;
+            cut = 0;
+        }
+        if (n == 0) break;
+        decoder_layer(s, l, n);
+    }
+    if (n > 0) {
         /* the lm_head's own time is counted here, not as a layer linear */
         double before = s->prof[G4_PROF_LINEAR];
         PROF_BEGIN(s);
@@ -833,6 +875,7 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
         g4_fail("--batch %d: at most %d sequences", o->n_seq, CHUNK);
         return NULL;
     }
+    for (s->tail_from = c->n_layers; s->tail_from > 0 && !g4_layer_is_producer(m, s->tail_from - 1);) s->tail_from--;
     s->seq_pos = calloc((size_t)s->n_seq, sizeof *s->seq_pos);
     if (!s->seq_pos) {
         g4_session_free(s);
