@@ -233,6 +233,37 @@ static void check_long_prompt(const g4_model *m) {
     free(step);
 }
 
+/* The weights copied into huge-page memory (g4_model_load, where the system has transparent huge
+ * pages) and read through the file mapping give the same logits in every mode, and the copy
+ * keeps the tied lm_head and the embedding table one table. */
+static void check_weight_placement(const char *dir, const g4_model *m) {
+    g4_model *mapped = g4_model_load_mapped(dir);
+    CHECK(mapped != NULL, "%s", g4_last_error());
+    if (!mapped) return;
+    CHECK(!g4_model_weights_resident(mapped), "g4_model_load_mapped copied the weights");
+    enum { T = 24 };
+    int V = g4_model_vocab_size(m);
+    int32_t ids[T];
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919 + 3) % V);
+    float *a = malloc(sizeof *a * (size_t)T * V), *b = malloc(sizeof *b * (size_t)T * V);
+    for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
+        g4_options o;
+        g4_options_default(&o);
+        o.act = (g4_act_mode)act;
+        o.ctx = T;
+        g4_session *s = g4_session_new(m, &o), *t = g4_session_new(mapped, &o);
+        CHECK(g4_session_eval(s, ids, T, a, 1) == 0 && g4_session_eval(t, ids, T, b, 1) == 0, "%s", g4_last_error());
+        CHECK(memcmp(a, b, sizeof *a * (size_t)T * V) == 0, "act %d: %s weights give other logits than mapped ones", act,
+              g4_model_weights_resident(m) ? "resident" : "(also mapped)");
+        g4_session_free(s);
+        g4_session_free(t);
+    }
+    printf("ok weights %s and mapped: identical logits in every mode\n", g4_model_weights_resident(m) ? "resident" : "mapped (no huge pages here)");
+    free(a);
+    free(b);
+    g4_model_free(mapped);
+}
+
 static void check_fixture(const char *dir) {
     char path[8192];
     snprintf(path, sizeof path, "%s/golden.json", dir);
@@ -262,6 +293,7 @@ static void check_fixture(const char *dir) {
         free(gold);
     }
     if (m) check_long_prompt(m);
+    if (m) check_weight_placement(dir, m);
     g4_model_free(m);
     free(ids);
     cJSON_Delete(golden);

@@ -1,11 +1,12 @@
 /* `g4 bench`: load time, prefill and decode speed, peak memory and a per-operation breakdown,
  * repeated; and the machine's read bandwidth measured in the same run, so decode speed can be
  * stated as a fraction of the bandwidth roofline. */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise, MAP_ANONYMOUS */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 typedef struct {
     const char *dir;
     int threads, prompt, gen, reps, json, bandwidth;
+    int mapped; /* --weights mapped: g4_model_load_mapped */
     int full_logits; /* 1: every logit of every step (what sampling needs); 0: greedy's shortcut */
     g4_options o;
 } bench_args;
@@ -48,7 +50,9 @@ static int bw_probe_start(bw_probe *p, int threads) {
         close(a[1]);
         close(b[0]);
         size_t bytes = (size_t)1 << 30;
-        uint64_t *buf = malloc(bytes);
+        void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        uint64_t *buf = map == MAP_FAILED ? NULL : map;
+        if (buf) madvise(buf, bytes, MADV_HUGEPAGE); /* as resident weights ask (model.c); advice only */
         if (buf)
             for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
         char c;
@@ -137,6 +141,8 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static const char *weights_name(const g4_model *m) { return g4_model_weights_resident(m) ? "resident" : "mapped"; }
+
 static const char *act_name(g4_act_mode a) { return a == G4_ACT_FLOAT ? "float" : a == G4_ACT_FAKE ? "fake" : "int"; }
 
 static int parse_bench(args_t *a, bench_args *b) {
@@ -165,6 +171,9 @@ static int parse_bench(args_t *a, bench_args *b) {
         } else if (flag_is(a, "--logits")) {
             static const char *const kinds[] = {"greedy", "full", NULL};
             if ((v = flag_value(a, "--logits", &bad)) && parse_choice(a->cmd, "--logits", v, kinds, &b->full_logits)) bad = 1;
+        } else if (flag_is(a, "--weights")) {
+            static const char *const kinds[] = {"resident", "mapped", NULL};
+            if ((v = flag_value(a, "--weights", &bad)) && parse_choice(a->cmd, "--weights", v, kinds, &b->mapped)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
         else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
     }
@@ -198,7 +207,7 @@ int cmd_bench(args_t *a) {
     int probing = b.bandwidth && bw_probe_start(&probe, b.threads) == 0;
     g4_kernels_set_threads(b.threads);
     double t0 = now_s();
-    g4_model *m = g4_model_load(b.dir);
+    g4_model *m = b.mapped ? g4_model_load_mapped(b.dir) : g4_model_load(b.dir);
     if (!m) return die_lib();
     double load_s = now_s() - t0;
     bench_rep *reps = calloc((size_t)b.reps, sizeof *reps);
@@ -242,16 +251,16 @@ int cmd_bench(args_t *a) {
                    "\"gen_tokens\": %d, \"reps\": %d, \"load_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, "
                    "\"prefill_tok_s_max\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, "
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
-                   "\"roofline_fraction\": %.4f",
+                   "\"roofline_fraction\": %.4f, \"weights\": \"%s\"",
                    b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), b.full_logits ? "full" : "greedy", b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
-                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed);
+                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed, weights_name(m));
             print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
             print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
             printf("}\n");
         } else {
             printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps\n", b.dir, g4_kernels_get()->name,
                    b.threads, act_name(b.o.act), b.full_logits ? "full" : "greedy", b.reps);
-            printf("  load            %.3f s\n", load_s);
+            printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
             printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.prompt, pmed, pmin, pmax);
             printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);
             printf("  peak resident   %.1f MiB\n", peak / 1048576);

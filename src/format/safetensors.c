@@ -111,6 +111,16 @@ void g4_st_release(const g4_safetensors *st, const g4_tensor *t) {
     if (tensor_pages(st, t, &p, &len) == 0) madvise(p, len, MADV_DONTNEED);
 }
 
+void g4_st_release_bytes(const g4_safetensors *st, const void *p, size_t len) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
+    for (int i = 0; i < st->n_files; i++) {
+        uintptr_t base = (uintptr_t)st->maps[i].data;
+        if (!len || a < base || a - base >= st->maps[i].size || len > st->maps[i].size - (a - base)) continue;
+        uintptr_t b = a / page * page;
+        madvise((void *)b, a + len - b, MADV_DONTNEED);
+    }
+}
+
 /* A JSON number that must be a non-negative integer below 2^53 (exact in a double). */
 static int json_uint(const cJSON *v, uint64_t *out) {
     if (!cJSON_IsNumber(v)) return -1;

@@ -57,6 +57,9 @@ void g4_st_advise_random(const g4_safetensors *st, const g4_tensor *t);
 /* Drops a read-only tensor's pages from this process (they stay in the page cache and come
  * back on the next read): used after validating a large table that is then read sparsely. */
 void g4_st_release(const g4_safetensors *st, const g4_tensor *t);
+/* The same for the pages that bytes [p, p + len) of one mapped file lie on; bytes outside every
+ * mapping are ignored. */
+void g4_st_release_bytes(const g4_safetensors *st, const void *p, size_t len);
 
 /* Little-endian loads that are safe on unaligned data. */
 float g4_load_f32(const uint8_t *p);

@@ -768,14 +768,15 @@ INLINE float attn_finish(__m256 acc, const float *q, const int8_t *kq, const flo
     return g4_reduce8(lanes);
 }
 
-INLINE __m256 load8_kv(const int8_t *q8, const float *f, int d) {
-    return q8 ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q8 + d)))) : _mm256_loadu_ps(f + d);
+/* Eight K or V elements from d as floats: int8 codes (Q8) or f32. */
+INLINE __m256 load8_kv(const int8_t *q8, const float *f, int d, const int Q8) {
+    return Q8 ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q8 + d)))) : _mm256_loadu_ps(f + d);
 }
 
 /* Scores of positions [j, j + PJ) (relative to lo) for the H heads at q: PJ x H independent
  * accumulators, so the add latency is hidden and each K row is converted once for the H heads. */
 INLINE void attn_scores(const g4_attn *a, const g4_attn_row *c, const float *q, size_t off, int j, int count, float *scores,
-                        const int H, const int PJ) {
+                        const int H, const int PJ, const int Q8) {
     const int hd = a->head_dim, hd8 = hd & ~7;
     const int8_t *kq[8];
     const float *kf[8];
@@ -783,15 +784,15 @@ INLINE void attn_scores(const g4_attn *a, const g4_attn_row *c, const float *q, 
 #pragma GCC unroll 8
     for (int p = 0; p < PJ; p++) {
         size_t row = (size_t)(c->lo + j + p) * (size_t)a->kv_width + off;
-        kq[p] = c->kq ? c->kq + row : NULL;
-        kf[p] = c->kq ? NULL : c->kf + row;
+        kq[p] = Q8 ? c->kq + row : NULL;
+        kf[p] = Q8 ? NULL : c->kf + row;
 #pragma GCC unroll 8
         for (int h = 0; h < H; h++) acc[p][h] = _mm256_setzero_ps();
     }
     for (int d = 0; d < hd8; d += 8) {
         __m256 k[8];
 #pragma GCC unroll 8
-        for (int p = 0; p < PJ; p++) k[p] = load8_kv(kq[p], kf[p], d);
+        for (int p = 0; p < PJ; p++) k[p] = load8_kv(kq[p], kf[p], d, Q8);
 #pragma GCC unroll 8
         for (int h = 0; h < H; h++) {
             __m256 qv = _mm256_loadu_ps(q + (size_t)h * hd + d);
@@ -804,7 +805,7 @@ INLINE void attn_scores(const g4_attn *a, const g4_attn_row *c, const float *q, 
 #pragma GCC unroll 8
         for (int h = 0; h < H; h++) {
             float dot = attn_finish(acc[p][h], q + (size_t)h * hd, kq[p], kf[p], hd8, hd);
-            scores[(size_t)h * count + j + p] = kq[p] ? c->k_scale * dot : dot;
+            scores[(size_t)h * count + j + p] = Q8 ? c->k_scale * dot : dot;
         }
     }
 }
@@ -813,31 +814,35 @@ INLINE void attn_scores(const g4_attn *a, const g4_attn_row *c, const float *q, 
  * converted once for the H heads. The first block starts from +0, later ones from out; the last
  * one applies v_scale. */
 INLINE void attn_values(const g4_attn_row *c, size_t stride, size_t off, const float *scores, int count, float *out, int hd,
-                        int j0, int j1, int d, const int H, const int DC) {
+                        int j0, int j1, int d, const int H, const int DC, const int Q8) {
     __m256 o[8][8];
 #pragma GCC unroll 8
     for (int h = 0; h < H; h++) {
 #pragma GCC unroll 8
         for (int k = 0; k < DC; k++) o[h][k] = j0 ? _mm256_loadu_ps(out + (size_t)h * hd + d + 8 * k) : _mm256_setzero_ps();
     }
+    const size_t first = (size_t)(c->lo + j0) * stride + off + (size_t)d;
+    const int8_t *vq = Q8 ? c->vq + first : NULL;
+    const float *vf = Q8 ? NULL : c->vf + first;
     for (int j = j0; j < j1; j++) {
-        size_t row = (size_t)(c->lo + j) * stride + off;
         __m256 v[8];
 #pragma GCC unroll 8
-        for (int k = 0; k < DC; k++) v[k] = load8_kv(c->vq ? c->vq + row : NULL, c->vq ? NULL : c->vf + row, d + 8 * k);
+        for (int k = 0; k < DC; k++) v[k] = load8_kv(vq, vf, 8 * k, Q8);
 #pragma GCC unroll 8
         for (int h = 0; h < H; h++) {
             __m256 w = _mm256_broadcast_ss(scores + (size_t)h * count + j);
 #pragma GCC unroll 8
             for (int k = 0; k < DC; k++) o[h][k] = _mm256_fmadd_ps(w, v[k], o[h][k]);
         }
+        if (Q8) vq += stride;
+        else vf += stride;
     }
     int last = j1 == count;
 #pragma GCC unroll 8
     for (int h = 0; h < H; h++) {
 #pragma GCC unroll 8
         for (int k = 0; k < DC; k++) {
-            __m256 r = last && c->vq ? _mm256_mul_ps(o[h][k], _mm256_set1_ps(c->v_scale)) : o[h][k];
+            __m256 r = last && Q8 ? _mm256_mul_ps(o[h][k], _mm256_set1_ps(c->v_scale)) : o[h][k];
             _mm256_storeu_ps(out + (size_t)h * hd + d + 8 * k, r);
         }
     }
@@ -848,15 +853,28 @@ INLINE void attn_values(const g4_attn_row *c, size_t stride, size_t off, const f
 #define ATTN_PJ(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
 #define ATTN_DC(H) ((H) >= 8 ? 1 : (H) >= 4 ? 2 : 4)
 
+INLINE void attn_heads_scores_q(const g4_attn *a, const g4_attn_row *c, const float *q, size_t off, float *scores, int j0,
+                                int j1, int count, const int H, const int Q8) {
+    int j = j0;
+    for (; j + ATTN_PJ(H) <= j1; j += ATTN_PJ(H)) attn_scores(a, c, q, off, j, count, scores, H, ATTN_PJ(H), Q8);
+    for (; j < j1; j++) attn_scores(a, c, q, off, j, count, scores, H, 1, Q8);
+}
+
 /* Scores of positions [j0, j1) for heads [h0, h0 + H) of row t into scores[h * count + j]. */
 INLINE void attn_heads_scores(const g4_attn *a, int t, int h0, float *scores, int j0, int j1, const int H) {
     const g4_attn_row *c = &a->rows[t];
     const int hd = a->head_dim, count = c->hi - c->lo + 1;
     const size_t off = (size_t)(h0 / a->group) * hd;
     const float *q = a->q + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
-    int j = j0;
-    for (; j + ATTN_PJ(H) <= j1; j += ATTN_PJ(H)) attn_scores(a, c, q, off, j, count, scores, H, ATTN_PJ(H));
-    for (; j < j1; j++) attn_scores(a, c, q, off, j, count, scores, H, 1);
+    if (c->kq) attn_heads_scores_q(a, c, q, off, scores, j0, j1, count, H, 1);
+    else attn_heads_scores_q(a, c, q, off, scores, j0, j1, count, H, 0);
+}
+
+INLINE void attn_heads_values_q(const g4_attn_row *c, size_t stride, size_t off, const float *scores, int count, float *out,
+                                int hd, int d0, int d1, int j0, int j1, const int H, const int Q8) {
+    int d = d0;
+    for (; d + 8 * ATTN_DC(H) <= d1; d += 8 * ATTN_DC(H)) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H), Q8);
+    for (; d < d1; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1, Q8);
 }
 
 /* out elements [d0, d1) (multiples of 8) of heads [h0, h0 + H) over positions [j0, j1) (see
@@ -867,9 +885,8 @@ INLINE void attn_heads_values(const g4_attn *a, int t, int h0, const float *scor
     const int hd = a->head_dim, count = c->hi - c->lo + 1;
     const size_t off = (size_t)(h0 / a->group) * hd, stride = (size_t)a->kv_width;
     float *out = a->out + (size_t)t * a->n_heads * hd + (size_t)h0 * hd;
-    int d = d0;
-    for (; d + 8 * ATTN_DC(H) <= d1; d += 8 * ATTN_DC(H)) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, ATTN_DC(H));
-    for (; d < d1; d += 8) attn_values(c, stride, off, scores, count, out, hd, j0, j1, d, H, 1);
+    if (c->vq) attn_heads_values_q(c, stride, off, scores, count, out, hd, d0, d1, j0, j1, H, 1);
+    else attn_heads_values_q(c, stride, off, scores, count, out, hd, d0, d1, j0, j1, H, 0);
 }
 
 /* g4_expf on 8 lanes, operation for operation. */

@@ -1,12 +1,14 @@
 /* Weight binding: derives every tensor the text decoder needs from config.json, checks its
  * dtype, shape and bit width against the file, and binds it (checkpoint.md §5-§10). */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise, MAP_ANONYMOUS */
 #include "model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "quant/pack.h"
 #include "util/err.h"
@@ -323,7 +325,76 @@ static int bind_all(g4_model *m) {
     return 0;
 }
 
-g4_model *g4_model_load(const char *dir) {
+/* ---- resident weights ----
+ * Every decoded token streams each linear's weights once (model.md §11). Read through the file
+ * mapping they sit on 4 KiB pages; copied into one anonymous block that asks for transparent huge
+ * pages (2 MiB) they decode 7-9 % faster on E2B on the development machine (decode steps
+ * alternating between the two copies in one process; fewer TLB misses and page walks on every
+ * stream). The copy takes the mapping's place in the resident set, since each tensor's file pages
+ * are released once it is copied, so memory use stays about the same; loading takes longer
+ * (0.2-3 s for E2B's 790 MB, most of it the kernel assembling huge pages). Where transparent
+ * huge pages are off, the weights stay mapped: a copy on 4 KiB pages gained 0-4 %. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static int huge_pages_available(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char line[128] = "";
+    if (!f) return 0;
+    int ok = fgets(line, sizeof line, f) && !strstr(line, "[never]");
+    fclose(f);
+    return ok;
+}
+
+static size_t weight_bytes(const g4_linear *L) { return L->w.row_bytes * (size_t)L->w.out; }
+
+/* Every linear the forward pass streams, the largest (the lm_head) first: copying it while the
+ * block is still mostly empty keeps the peak of block + not yet released file pages low. */
+static int streamed_linears(g4_model *m, g4_linear **out) {
+    int n = 0;
+    out[n++] = &m->lm_head;
+    out[n++] = &m->pmp;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const g4_linear *lins[9];
+        int k = g4_layer_linears(&m->layers[l], g4_layer_is_producer(m, l), lins);
+        for (int i = 0; i < k; i++) out[n++] = (g4_linear *)lins[i];
+    }
+    return n;
+}
+
+/* An optimization only: on any failure the weights stay where they are. */
+static void make_weights_resident(g4_model *m) {
+    if (!huge_pages_available()) return;
+    int cap = 2 + 9 * m->cfg.n_layers, n;
+    g4_linear **lins = malloc(sizeof *lins * (size_t)cap);
+    if (!lins) return;
+    n = streamed_linears(m, lins);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (weight_bytes(lins[i]) + 63) & ~(size_t)63;
+    size_t len = (total + 2 * HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE; /* room to align the start */
+    void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) {
+        free(lins);
+        return;
+    }
+    uint8_t *block = (uint8_t *)(((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    madvise(block, total, MADV_HUGEPAGE);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *from = lins[i]->w.w;
+        size_t bytes = weight_bytes(lins[i]);
+        memcpy(block + at, from, bytes);
+        lins[i]->w.w = block + at;
+        if (m->embed.codes == from) m->embed.codes = block + at; /* a tied lm_head: one table, one copy */
+        g4_st_release_bytes(&m->st, from, bytes);
+        at += (bytes + 63) & ~(size_t)63;
+    }
+    mprotect(map, len, PROT_READ);
+    m->resident = map;
+    m->resident_len = len;
+    free(lins);
+}
+
+static g4_model *load(const char *dir, int mapped) {
     g4_model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) {
         free(m);
@@ -334,11 +405,17 @@ g4_model *g4_model_load(const char *dir) {
         g4_model_free(m);
         return NULL;
     }
+    if (!mapped) make_weights_resident(m);
     return m;
 }
 
+g4_model *g4_model_load(const char *dir) { return load(dir, 0); }
+g4_model *g4_model_load_mapped(const char *dir) { return load(dir, 1); }
+int g4_model_weights_resident(const g4_model *m) { return m->resident != NULL; }
+
 void g4_model_free(g4_model *m) {
     if (!m) return;
+    if (m->resident) munmap(m->resident, m->resident_len);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     g4_st_close(&m->st);

@@ -48,6 +48,8 @@ struct g4_model {
     g4_linear lm_head;
     g4_layer *layers;
     int n_linears;       /* ids handed out by bind_linear */
+    void *resident;      /* the streamed weights' copy (model.c, resident weights); NULL: mapped */
+    size_t resident_len; /* its mapping's length */
     void **owned;        /* f32 copies made at load */
     int n_owned, cap_owned;
     float embed_scale;   /* f32(sqrt(hidden)) */
