@@ -698,8 +698,11 @@ static void avx2_acc_scale(const int32_t *acc, int n, int out, float s_in, const
 
 /* gelu of the 256 values code * scale: a dequantized linear output takes only those values, so
  * one libm tanhf per code serves every element (the element's own call would return the same
- * bits). Tables are kept per scale (its bits; direct-mapped), and copied out under the lock. */
-#define GELU_SLOTS 128
+ * bits). Tables are kept per scale (its bits) in an open-addressed cache large enough for every
+ * gate of a model (E2B has 70 scales: with 128 direct-mapped slots a quarter of them collided and
+ * were rebuilt on every token), and copied out under the lock. */
+#define GELU_SLOTS 512
+#define GELU_PROBES 8
 static struct {
     uint32_t key; /* scale bits; 0 = empty (scale 0 never gets a table) */
     float v[256];
@@ -709,15 +712,24 @@ static pthread_mutex_t gelu_mu = PTHREAD_MUTEX_INITIALIZER;
 static void gelu_table_for(float scale, float table[256]) {
     uint32_t key;
     memcpy(&key, &scale, 4);
-    unsigned slot = (key ^ key >> 9 ^ key >> 18) % GELU_SLOTS;
+    unsigned home = (key ^ key >> 9 ^ key >> 18) % GELU_SLOTS, slot = home;
     pthread_mutex_lock(&gelu_mu);
-    int hit = gelu_cache[slot].key == key;
-    if (hit) memcpy(table, gelu_cache[slot].v, sizeof gelu_cache[slot].v);
+    for (int p = 0; p < GELU_PROBES; p++) {
+        unsigned at = (home + (unsigned)p) % GELU_SLOTS;
+        if (gelu_cache[at].key == key) {
+            memcpy(table, gelu_cache[at].v, sizeof gelu_cache[at].v);
+            pthread_mutex_unlock(&gelu_mu);
+            return;
+        }
+        if (gelu_cache[at].key == 0) { /* the first free slot on the way: a new scale goes there */
+            slot = at;
+            break;
+        }
+    }
     pthread_mutex_unlock(&gelu_mu);
-    if (hit) return;
     for (int c = -128; c < 128; c++) table[c + 128] = g4_gelu_tanh((float)c * scale);
     pthread_mutex_lock(&gelu_mu);
-    gelu_cache[slot].key = key;
+    gelu_cache[slot].key = key; /* no free slot within the probes: the home slot is replaced */
     memcpy(gelu_cache[slot].v, table, sizeof gelu_cache[slot].v);
     pthread_mutex_unlock(&gelu_mu);
 }
