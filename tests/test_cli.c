@@ -152,6 +152,17 @@ static void test_bench(void) {
         cJSON_Delete(j);
     }
     free(out);
+    /* --weights mapped keeps the weights in the file mapping, and says so */
+    snprintf(args, sizeof args, "bench -m %s -p 4 -n 2 -r 1 --bandwidth off --weights mapped --json", tiny_dir());
+    rc = run(args);
+    out = slurp(out_path);
+    j = cJSON_Parse(out);
+    const cJSON *wt = j ? cJSON_GetObjectItemCaseSensitive(j, "weights") : NULL;
+    CHECK(rc == 0 && cJSON_IsString(wt) && strcmp(wt->valuestring, "mapped") == 0, "bench --weights mapped: exit %d, output %s", rc, out);
+    cJSON_Delete(j);
+    free(out);
+    snprintf(args, sizeof args, "bench -m %s --weights disk", tiny_dir());
+    expect_error(args, "--weights");
     snprintf(args, sizeof args, "bench -m %s -t 0", tiny_dir());
     expect_error(args, "-t");
     snprintf(args, sizeof args, "bench -m %s -p 0 -n 0", tiny_dir());
