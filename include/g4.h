@@ -103,6 +103,16 @@ int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int
  * g4_argmax would pick from its logits, bit for bit). Most logits are never finished, which
  * saves about a third of the lm_head's work. */
 int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next);
+/* Top-k sampling's form: only what a sampler needs of the last token's logits. *n_cand = m
+ * candidates cand[0, m) with their exact logits vals[0, m) (bit for bit those of
+ * g4_session_eval): every token among the k largest logits and every valid id of extra[0,
+ * n_extra) (a repetition penalty's tokens); no other logit exceeds *bound. *n_cand = -1 when the
+ * shortcut cannot tell (the tokens are still evaluated): then g4_session_last_logits gives the
+ * full logits. cand and vals: room for max_cand. */
+int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
+                        int max_cand, float *bound, int *n_cand);
+/* The full logits (vocab floats) of the token the last g4_session_eval_top evaluated. */
+int g4_session_last_logits(g4_session *s, float *logits);
 
 /* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
 typedef enum { G4_PROF_EMBED = 0, G4_PROF_LINEAR, G4_PROF_ATTENTION, G4_PROF_LM_HEAD, G4_PROF_OTHER, G4_PROF_COUNT } g4_prof_op;

@@ -1,11 +1,23 @@
 /* The generation loop on the tiny fixture: greedy output equals the golden ids, and each stop
  * reason (stop id, budget, callback, context) ends generation where it should. */
 #include "testutil.h"
+#include "generate/sampler.h"
 
 static int collect(void *user, int32_t token) {
     static int i;
     int32_t *out = user;
     out[i++ % 64] = token;
+    return 0;
+}
+
+typedef struct {
+    int32_t ids[64];
+    int n;
+} token_log;
+
+static int log_token(void *user, int32_t token) {
+    token_log *l = user;
+    if (l->n < 64) l->ids[l->n++] = token;
     return 0;
 }
 
@@ -102,6 +114,92 @@ static void check_argmax_api(const g4_model *m, const int32_t *ids, int n) {
     CHECK(mismatch == 0, "greedy shortcut differs from g4_argmax on %d of %d steps", mismatch, steps);
 }
 
+/* Sampling's lm_head shortcut (g4_session_eval_top): the candidates' logits are the full logits
+ * bit for bit, they hold the k largest and the extra ids, no other logit exceeds the bound, and
+ * g4_session_last_logits gives the full logits; then g4_generate, which samples from the
+ * candidates, picks the tokens a loop over the full logits picks, with and without a penalty. */
+static void check_sampling_shortcut(const g4_model *m, const int32_t *ids, int n) {
+    enum { MAXC = 4096, STEPS = 24 };
+    int V = g4_model_vocab_size(m), settled = 0, calls = 0;
+    float *full = malloc(sizeof *full * (size_t)V), *again = malloc(sizeof *again * (size_t)V), *vals = malloc(sizeof *vals * MAXC);
+    int32_t *cand = malloc(sizeof *cand * MAXC);
+    char *in_set = malloc((size_t)V);
+    for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
+        g4_session *a = session_for(m, act, 1), *b = session_for(m, act, 1);
+        const int32_t extra[4] = {ids[0], -1, V, ids[n - 1]};
+        int32_t fed = ids[0];
+        for (int step = 0; step < 4; step++) {
+            int k = 1 + 7 * step, mc = -2;
+            float bound = NAN;
+            const int32_t *feed = step ? &fed : ids;
+            int len = step ? 1 : n;
+            CHECK(g4_session_eval_top(a, feed, len, k, extra, 4, cand, vals, MAXC, &bound, &mc) == 0, "%s", g4_last_error());
+            CHECK(g4_session_eval(b, feed, len, full, 0) == 0, "%s", g4_last_error());
+            CHECK(g4_session_last_logits(a, again) == 0 && memcmp(again, full, sizeof *full * (size_t)V) == 0,
+                  "act %d: g4_session_last_logits differs from the full logits", act);
+            calls++;
+            if (mc >= 0) {
+                settled++;
+                memset(in_set, 0, (size_t)V);
+                int ok = 1;
+                for (int c = 0; c < mc; c++) {
+                    ok &= cand[c] >= 0 && cand[c] < V && memcmp(&vals[c], &full[cand[c]], sizeof *vals) == 0;
+                    if (cand[c] >= 0 && cand[c] < V) in_set[cand[c]] = 1;
+                }
+                for (int o = 0; o < V; o++) ok &= in_set[o] || full[o] <= bound;
+                for (int r = 0; r < k; r++) { /* the r-th largest is a candidate */
+                    int best = -1;
+                    for (int o = 0; o < V; o++)
+                        if (in_set[o] != 2 && (best < 0 || full[o] > full[best])) best = o;
+                    ok &= in_set[best] == 1;
+                    in_set[best] = 2;
+                }
+                ok &= in_set[ids[0]] && in_set[ids[n - 1]];
+                CHECK(ok, "act %d step %d: top-%d candidates (%d) disagree with the full logits", act, step, k, mc);
+            }
+            fed = (int32_t)g4_argmax(full, V);
+        }
+        g4_session_free(a);
+        g4_session_free(b);
+    }
+    CHECK(settled == calls, "the sampling shortcut settles every fixture step (%d of %d)", settled, calls);
+    static const g4_sampling modes[3] = {
+        {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .min_p = 0.02f, .repeat_penalty = 1.3f, .repeat_last_n = 16, .seed = 7},
+        {.temperature = 1.0f, .top_k = 64, .top_p = 0.95f, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 64, .seed = 3},
+        {.temperature = 0, .top_k = 0, .top_p = 1, .min_p = 0, .repeat_penalty = 1.5f, .repeat_last_n = 0, .seed = 0},
+    };
+    for (int md = 0; md < 3; md++) {
+        g4_session *a = session_for(m, G4_ACT_INT, 1), *b = session_for(m, G4_ACT_INT, 1);
+        static const int none[1] = {-1};
+        g4_generate_params p = {.max_tokens = STEPS, .stop_ids = none, .n_stop_ids = 1, .sampling = modes[md]};
+        g4_generate_result r;
+        token_log got = {.n = 0};
+        int32_t want[64 + 48];
+        CHECK(g4_generate(a, ids, n, &p, log_token, &got, &r) == 0 && r.n_generated == STEPS, "%s", g4_last_error());
+        /* the same with every logit: the sampler over g4_session_eval's logits */
+        g4_sampler *smp = g4_sampler_new(&modes[md], V);
+        memcpy(want, ids, sizeof *ids * (size_t)n);
+        int nh = n;
+        CHECK(g4_session_eval(b, ids, n, full, 0) == 0, "%s", g4_last_error());
+        for (int i = 0; i < STEPS; i++) {
+            want[nh] = g4_sampler_sample(smp, full, want, nh);
+            nh++;
+            if (i + 1 < STEPS) CHECK(g4_session_eval(b, &want[nh - 1], 1, full, 0) == 0, "%s", g4_last_error());
+        }
+        int same = 0;
+        while (same < STEPS && got.ids[same] == want[n + same]) same++;
+        CHECK(same == STEPS, "sampling mode %d: g4_generate and the full-logit loop agree on %d of %d tokens", md, same, STEPS);
+        g4_sampler_free(smp);
+        g4_session_free(a);
+        g4_session_free(b);
+    }
+    free(full);
+    free(again);
+    free(vals);
+    free(cand);
+    free(in_set);
+}
+
 int main(void) {
     char path[8192];
     snprintf(path, sizeof path, "%s/golden.json", tiny_dir());
@@ -158,6 +256,7 @@ int main(void) {
     g4_session_free(s);
     check_batch(m, ids, n);
     check_argmax_api(m, ids, n);
+    check_sampling_shortcut(m, ids, n);
     g4_model_free(m);
     free(ids);
     free(gold);

@@ -569,6 +569,11 @@ static void fixed_point_accuracy(void) {
     CHECK(bad_bound == 0, "float x codes within the fixed-point error bound of the exact dot (%d of %d outside)", bad_bound, checked);
 }
 
+static int cmp_float_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x > y ? -1 : x < y;
+}
+
 /* The full answer g4_codes_f32_argmax must match: g4_argmax over each row's softcapped outputs. */
 static void full_argmax(const g4_qweight *w, const float *x, int n, float cap, int32_t *want) {
     float *y = malloc(sizeof(float) * (size_t)n * (size_t)w->out);
@@ -684,6 +689,98 @@ static void check_codes_argmax(void) {
     argmax_outlier();
 }
 
+/* One top-k problem at every level (g4_codes_f32_top) against the full softcapped outputs: the
+ * candidates hold every output the full values rank among the k largest and every extra id, their
+ * values are the full values bit for bit, no other output exceeds the bound, and every level
+ * gives the same candidates. Returns 1 when settled. */
+static int top_case(const g4_qweight *w, const float *x, float cap, int k, const int32_t *extra, int n_extra, int coarse) {
+    const int V = w->out, max_cand = 4096;
+    float *y = malloc(sizeof(float) * (size_t)V), *vals = malloc(sizeof(float) * max_cand), *sorted = malloc(sizeof(float) * (size_t)V);
+    int32_t *cand = malloc(sizeof(int32_t) * max_cand), *first = malloc(sizeof(int32_t) * max_cand);
+    char *in_set = malloc((size_t)V);
+    g4_ref_matmul_f32(w, x, 1, y);
+    if (cap > 0) g4_ref_softcap(y, (size_t)V, cap);
+    memcpy(sorted, y, sizeof(float) * (size_t)V);
+    qsort(sorted, (size_t)V, sizeof(float), cmp_float_desc);
+    const float kth = sorted[k - 1];
+    int settled = -2, first_m = 0;
+    for (int l = 0; l < N_LEVELS; l++) {
+        const g4_kernels *kl = g4_kernels_level(level_names[l]);
+        if (!kl) continue;
+        void *scratch = l % 2 ? malloc(g4_codes_f32_argmax_scratch(w, 1)) : NULL;
+        float bound = NAN;
+        int m = g4_codes_f32_top(w, x, cap, k, extra, n_extra, coarse, kl->matmul_i8, cand, vals, max_cand, &bound, scratch);
+        free(scratch);
+        if (settled == -2) settled = m >= 0, first_m = m, memcpy(first, cand, sizeof(int32_t) * (m > 0 ? m : 0));
+        CHECK((m >= 0) == settled && (m < 0 || (m == first_m && memcmp(first, cand, sizeof(int32_t) * m) == 0)),
+              "%s: top-k candidates differ between levels (m %d vs %d)", kl->name, m, first_m);
+        if (m < 0) continue;
+        memset(in_set, 0, (size_t)V);
+        int ok = 1;
+        for (int c = 0; c < m; c++) {
+            ok &= cand[c] >= 0 && cand[c] < V && !in_set[cand[c]] && memcmp(&vals[c], &y[cand[c]], sizeof(float)) == 0;
+            if (cand[c] >= 0 && cand[c] < V) in_set[cand[c]] = 1;
+        }
+        for (int o = 0; o < V; o++) {
+            ok &= !(y[o] > kth) || in_set[o];  /* every output above the k-th value */
+            ok &= in_set[o] || y[o] <= bound;   /* the bound holds for the rest */
+        }
+        int at_kth = 0; /* outputs equal to the k-th value: enough of them are candidates */
+        for (int o = 0; o < V; o++) at_kth += y[o] == kth && in_set[o];
+        int above = 0;
+        for (int o = 0; o < V; o++) above += y[o] > kth;
+        ok &= above + at_kth >= k;
+        for (int e = 0; e < n_extra; e++) ok &= extra[e] < 0 || extra[e] >= V || in_set[extra[e]];
+        CHECK(ok, "%s: top-k coarse=%d bits=%d in=%d out=%d k=%d cap=%g: %d candidates, bound %g, k-th %g", kl->name, coarse, w->bits,
+              w->in, V, k, (double)cap, m, (double)bound, (double)kth);
+    }
+    free(y);
+    free(vals);
+    free(sorted);
+    free(cand);
+    free(first);
+    free(in_set);
+    return settled == 1;
+}
+
+/* Sampling's lm_head shortcut on random problems (as for the argmax above), with extra ids in and
+ * out of range and repeated; a NaN input must be handed back. */
+static void check_codes_top(void) {
+    int settled = 0, cases = 0;
+    for (int c = 0; c < 24; c++) {
+        static const int bits_of[3] = {2, 4, 8};
+        /* every fourth case has enough 1024-output blocks for k to fit among them (the selection's
+         * prefilter, kth_largest_lower_end) */
+        int wide = c % 4 == 3;
+        int bits = bits_of[c % 3], in = wide ? rnd_int(1, 200) : rnd_int(1, 900), out = wide ? rnd_int(20000, 70000) : rnd_int(1, 5000);
+        float cap = c % 4 == 0 ? 0.0f : 30.0f;
+        size_t rb = g4_packed_row_bytes(bits, (size_t)in);
+        uint8_t *wb = malloc(rb * (size_t)out);
+        float *scale = malloc(sizeof(float) * (size_t)out), *x = malloc(sizeof(float) * (size_t)in);
+        for (size_t i = 0; i < rb * (size_t)out; i++) wb[i] = (uint8_t)rnd();
+        double code_rms = bits == 2 ? 1.2 : bits == 4 ? 4.6 : 74.0, base = 5.0 / (sqrt((double)in) * 1.7 * code_rms);
+        for (int o = 0; o < out; o++) scale[o] = (float)(base * (0.5 + (double)(rnd() % 1000) / 1000.0));
+        for (int i = 0; i < in; i++) x[i] = ((float)(int)(rnd() % 600001) - 300000.0f) * 1e-5f;
+        if (c % 5 == 2 && out > 1) memcpy(wb, wb + rb * (size_t)(out - 1), rb), scale[0] = scale[out - 1]; /* a tie */
+        g4_qweight w = {.bits = bits, .in = in, .out = out, .row_bytes = rb, .w = wb, .w_scale = scale};
+        int32_t extra[6] = {rnd_int(0, out - 1), -3, out, rnd_int(0, out - 1), 0, 0};
+        extra[5] = extra[0];
+        int k = c % 3 == 0 ? 1 : rnd_int(1, out < 64 ? out : 64);
+        for (int coarse = 1; coarse <= 2; coarse++, cases++) settled += top_case(&w, x, cap, k, extra, c % 2 ? 6 : 0, coarse);
+        if (c % 6 == 1) {
+            int32_t cand[64];
+            float vals[64], bound;
+            x[0] = NAN;
+            CHECK(g4_codes_f32_top(&w, x, cap, 1, NULL, 0, 1, g4_kernels_level("portable")->matmul_i8, cand, vals, 64, &bound, NULL) == -1,
+                  "a NaN input is handed back by the top-k shortcut");
+        }
+        free(wb);
+        free(scale);
+        free(x);
+    }
+    CHECK(settled == cases, "the top-k shortcut settles every random problem (%d of %d)", settled, cases);
+}
+
 int main(void) {
     for (int l = 0; l < N_LEVELS; l++)
         if (g4_kernels_level(level_names[l])) printf("ok level %s available\n", level_names[l]);
@@ -693,6 +790,7 @@ int main(void) {
     check_tanhf();
     check_expf();
     check_codes_argmax();
+    check_codes_top();
     pool_exactly_once();
     g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */
     for (int threads = 1; threads <= 3; threads++) {

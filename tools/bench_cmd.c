@@ -20,7 +20,7 @@ typedef struct {
     const char *dir;
     int threads, prompt, gen, reps, json, bandwidth;
     int mapped; /* --weights mapped: g4_model_load_mapped */
-    int full_logits; /* 1: every logit of every step (what sampling needs); 0: greedy's shortcut */
+    int logits; /* LOGITS_GREEDY, LOGITS_FULL (every logit of every step) or LOGITS_TOP (what top-k sampling needs) */
     g4_options o;
 } bench_args;
 
@@ -88,12 +88,34 @@ typedef struct {
     double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
 } bench_rep;
 
-/* n tokens, then the greedy next token: from every logit (--logits full) or through the greedy
- * shortcut (g4_session_eval_argmax), as g4 run decodes greedily. */
-static int eval_step(g4_session *s, const bench_args *b, const int32_t *ids, int n, float *logits, int32_t *next) {
-    if (!b->full_logits) return g4_session_eval_argmax(s, ids, n, next);
-    if (g4_session_eval(s, ids, n, logits, 0) != 0) return -1;
-    *next = g4_argmax(logits, g4_model_vocab_size(g4_session_model(s)));
+enum { LOGITS_GREEDY, LOGITS_FULL, LOGITS_TOP };
+static const char *const logits_kinds[] = {"greedy", "full", "top", NULL};
+/* top: the 64 largest logits, E2B's generation_config top-k */
+#define BENCH_TOP_K 64
+#define BENCH_MAX_CAND 4096
+
+/* n tokens, then the greedy next token: through the greedy shortcut (g4_session_eval_argmax), as
+ * g4 run decodes greedily; from every logit (--logits full); or from the candidates of sampling's
+ * shortcut (--logits top, g4_session_eval_top), as g4 run samples with top-k, every logit when it
+ * cannot tell. Each way gives the same tokens. cand, vals: room for BENCH_MAX_CAND. */
+static int eval_step(g4_session *s, const bench_args *b, const int32_t *ids, int n, float *logits, int32_t *cand, float *vals, int32_t *next) {
+    int V = g4_model_vocab_size(g4_session_model(s)), m = -1;
+    float bound;
+    if (b->logits == LOGITS_GREEDY) return g4_session_eval_argmax(s, ids, n, next);
+    if (b->logits == LOGITS_TOP) {
+        if (g4_session_eval_top(s, ids, n, BENCH_TOP_K, NULL, 0, cand, vals, BENCH_MAX_CAND, &bound, &m) != 0) return -1;
+        int best = -1;
+        for (int c = 0; c < m; c++)
+            if (best < 0 || vals[c] > vals[best] || (vals[c] == vals[best] && cand[c] < cand[best])) best = c;
+        if (best >= 0 && vals[best] > bound) {
+            *next = cand[best];
+            return 0;
+        }
+        if (g4_session_last_logits(s, logits) != 0) return -1;
+    } else if (g4_session_eval(s, ids, n, logits, 0) != 0) {
+        return -1;
+    }
+    *next = g4_argmax(logits, V);
     return 0;
 }
 
@@ -103,9 +125,10 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_
     o.ctx = b->prompt + b->gen + 1;
     g4_session *s = g4_session_new(m, &o);
     int32_t *ids = malloc(sizeof *ids * (size_t)(b->prompt > 0 ? b->prompt : 1));
-    float *logits = malloc(sizeof *logits * (size_t)V);
+    float *logits = malloc(sizeof *logits * (size_t)V), *vals = malloc(sizeof *vals * BENCH_MAX_CAND);
+    int32_t *cand = malloc(sizeof *cand * BENCH_MAX_CAND);
     int rc = -1;
-    if (!s || !ids || !logits) {
+    if (!s || !ids || !logits || !vals || !cand) {
         if (s) g4_fail("out of memory");
         goto done;
     }
@@ -113,12 +136,12 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_
     g4_session_set_profiling(s, 1);
     double t0 = now_s();
     int32_t next = 2;
-    if (b->prompt > 0 && eval_step(s, b, ids, b->prompt, logits, &next) != 0) goto done;
+    if (b->prompt > 0 && eval_step(s, b, ids, b->prompt, logits, cand, vals, &next) != 0) goto done;
     double t1 = now_s();
     g4_session_profile(s, r->prof_prefill);
     g4_session_set_profiling(s, 1);
     for (int i = 0; i < b->gen; i++)
-        if (eval_step(s, b, &next, 1, logits, &next) != 0) goto done;
+        if (eval_step(s, b, &next, 1, logits, cand, vals, &next) != 0) goto done;
     double t2 = now_s();
     g4_session_profile(s, r->prof_decode);
     r->prefill_tok_s = b->prompt > 0 ? b->prompt / (t1 - t0) : 0;
@@ -127,6 +150,8 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_
 done:
     free(ids);
     free(logits);
+    free(vals);
+    free(cand);
     g4_session_free(s);
     return rc;
 }
@@ -169,8 +194,7 @@ static int parse_bench(args_t *a, bench_args *b) {
         } else if (flag_is(a, "--bandwidth")) {
             if ((v = flag_value(a, "--bandwidth", &bad)) && parse_choice(a->cmd, "--bandwidth", v, onoff, &b->bandwidth)) bad = 1;
         } else if (flag_is(a, "--logits")) {
-            static const char *const kinds[] = {"greedy", "full", NULL};
-            if ((v = flag_value(a, "--logits", &bad)) && parse_choice(a->cmd, "--logits", v, kinds, &b->full_logits)) bad = 1;
+            if ((v = flag_value(a, "--logits", &bad)) && parse_choice(a->cmd, "--logits", v, logits_kinds, &b->logits)) bad = 1;
         } else if (flag_is(a, "--weights")) {
             static const char *const kinds[] = {"resident", "mapped", NULL};
             if ((v = flag_value(a, "--weights", &bad)) && parse_choice(a->cmd, "--weights", v, kinds, &b->mapped)) bad = 1;
@@ -252,14 +276,14 @@ int cmd_bench(args_t *a) {
                    "\"prefill_tok_s_max\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, "
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
                    "\"roofline_fraction\": %.4f, \"weights\": \"%s\"",
-                   b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), b.full_logits ? "full" : "greedy", b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
+                   b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
                    dmed, dmin, dmax, peak, bytes, bw, roof, fmed, weights_name(m));
             print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
             print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
             printf("}\n");
         } else {
             printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps\n", b.dir, g4_kernels_get()->name,
-                   b.threads, act_name(b.o.act), b.full_logits ? "full" : "greedy", b.reps);
+                   b.threads, act_name(b.o.act), logits_kinds[b.logits], b.reps);
             printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
             printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.prompt, pmed, pmin, pmax);
             printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);

@@ -113,15 +113,8 @@ static void select_top(candidate *c, int n, int k) {
 
 int g4_sampling_is_argmax(const g4_sampling *p) { return p->temperature == 0 && p->repeat_penalty == 1; }
 
-int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
-    memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
-    apply_repeat_penalty(s, s->work, history, n_history);
-    if (s->p.temperature == 0) return g4_argmax(s->work, s->vocab);
-    int n = s->vocab;
-    for (int i = 0; i < n; i++) s->cand[i] = (candidate){i, s->work[i] / s->p.temperature};
-    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
-    select_top(s->cand, n, k);
-    n = k;
+/* Draws from the n best candidates, sorted in s->cand: softmax, top-p, min-p. */
+static int32_t draw(g4_sampler *s, int n) {
     /* probabilities over the survivors, in double */
     double max = s->cand[0].logit, total = 0, *prob = s->prob;
     for (int i = 0; i < n; i++) total += prob[i] = exp((double)s->cand[i].logit - max);
@@ -150,4 +143,70 @@ int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *his
         }
     }
     return pick;
+}
+
+int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
+    memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
+    apply_repeat_penalty(s, s->work, history, n_history);
+    if (s->p.temperature == 0) return g4_argmax(s->work, s->vocab);
+    int n = s->vocab;
+    for (int i = 0; i < n; i++) s->cand[i] = (candidate){i, s->work[i] / s->p.temperature};
+    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    select_top(s->cand, n, k);
+    return draw(s, k);
+}
+
+int g4_sampling_top_needed(const g4_sampling *p, int vocab) {
+    if (p->temperature == 0) return 1;
+    return p->top_k > 0 && p->top_k < vocab ? p->top_k : 0;
+}
+
+int g4_sampling_penalized(const g4_sampling *p, const int32_t *history, int n_history, int32_t *ids) {
+    if (p->repeat_penalty == 1) return 0;
+    int from = p->repeat_last_n && n_history > p->repeat_last_n ? n_history - p->repeat_last_n : 0, n = 0;
+    for (int i = from; i < n_history; i++) {
+        int seen = 0;
+        for (int j = 0; j < n && !seen; j++) seen = ids[j] == history[i];
+        if (!seen) ids[n++] = history[i];
+    }
+    return n;
+}
+
+int32_t g4_sampler_sample_top(g4_sampler *s, const int32_t *ids, const float *logits, int m, float bound, const int32_t *history,
+                              int n_history) {
+    int k = g4_sampling_top_needed(&s->p, s->vocab);
+    if (k == 0 || m < k || m > s->vocab || isnan(bound)) return -1;
+    for (int i = 0; i < m; i++) {
+        if (isnan(logits[i]) || ids[i] < 0 || ids[i] >= s->vocab) return -1;
+        s->work[i] = logits[i];
+    }
+    /* the penalty, each distinct token of the window once, as apply_repeat_penalty does it */
+    if (s->p.repeat_penalty != 1) {
+        int from = s->p.repeat_last_n && n_history > s->p.repeat_last_n ? n_history - s->p.repeat_last_n : 0;
+        for (int h = from; h < n_history; h++) {
+            int32_t t = history[h], seen = 0, at = -1;
+            if (t < 0 || t >= s->vocab) continue;
+            for (int j = from; j < h && !seen; j++) seen = history[j] == t;
+            if (seen) continue;
+            for (int i = 0; i < m && at < 0; i++)
+                if (ids[i] == t) at = i;
+            if (at < 0) return -1; /* a penalized token that is not a candidate */
+            float l = s->work[at];
+            s->work[at] = l > 0 ? l / s->p.repeat_penalty : l * s->p.repeat_penalty;
+        }
+    }
+    if (s->p.temperature == 0) {
+        /* g4_argmax: the first index of the largest; every other token is at most `bound`, so the
+         * best candidate stands only when strictly above it */
+        int best = -1;
+        for (int i = 0; i < m; i++)
+            if (best < 0 || s->work[i] > s->work[best] || (s->work[i] == s->work[best] && ids[i] < ids[best])) best = i;
+        return s->work[best] > bound ? ids[best] : -1;
+    }
+    for (int i = 0; i < m; i++) s->cand[i] = (candidate){ids[i], s->work[i] / s->p.temperature};
+    select_top(s->cand, m, k);
+    /* every other token is at most bound / T after the division (it is monotone), so the k best
+     * candidates are the k best tokens when the k-th lies strictly above that */
+    if (!(s->cand[k - 1].logit > bound / s->p.temperature)) return -1;
+    return draw(s, k);
 }

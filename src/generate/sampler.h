@@ -15,6 +15,19 @@ void g4_sampler_free(g4_sampler *s);
 /* Picks the next token from `logits` (left unchanged); `history` are the tokens so far (prompt
  * and generated) for the repetition penalty. */
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history);
+/* Sampling from a few candidates instead of every logit (g4_session_eval_top): the number of
+ * largest logits a pick depends on (1 at temperature 0, else top-k), or 0 when it depends on all
+ * of them (no top-k). */
+int g4_sampling_top_needed(const g4_sampling *p, int vocab);
+/* The distinct tokens of the repetition-penalty window (none without a penalty) into ids (room
+ * for repeat_last_n, or n_history when that is 0); returns their count. */
+int g4_sampling_penalized(const g4_sampling *p, const int32_t *history, int n_history, int32_t *ids);
+/* The token g4_sampler_sample would pick from the full logits, given candidates ids[0, m) with
+ * their exact logits, the top g4_sampling_top_needed among them and every penalized token, and
+ * `bound`, which no other logit exceeds. -1 when those cannot decide it (then sample from the
+ * full logits); the generator's state moves only when a token is returned. */
+int32_t g4_sampler_sample_top(g4_sampler *s, const int32_t *ids, const float *logits, int m, float bound, const int32_t *history,
+                              int n_history);
 /* 1 when sampling with these parameters is g4_argmax of the logits, whatever the history (greedy
  * without a repetition penalty): a caller may then ask the session for the argmax alone. */
 int g4_sampling_is_argmax(const g4_sampling *p);

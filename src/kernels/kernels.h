@@ -74,6 +74,15 @@ size_t g4_codes_f32_argmax_scratch(const g4_qweight *w, int n);
 void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, int coarse, g4_matmul_i8_fn matmul_i8,
                          int32_t *out, void *scratch);
 
+/* Sampling's lm_head, for one row x: what a top-k sampler needs of softcap(g4_matmul_codes_f32(w,
+ * x)) without most of the outputs. Returns the number of candidates m: cand[0, m) holds every
+ * output among the k largest (k in [1, out]) and every valid id of extra[0, n_extra), vals[c]
+ * the exact softcapped value of output cand[c] (bit for bit the full path's), and *bound a value
+ * no other output exceeds. -1 where it cannot tell that way (as for the argmax above, or more
+ * than max_cand candidates). scratch: g4_codes_f32_argmax_scratch(w, 1) bytes, or NULL. */
+int g4_codes_f32_top(const g4_qweight *w, const float *x, float cap, int k, const int32_t *extra, int n_extra, int coarse,
+                     g4_matmul_i8_fn matmul_i8, int32_t *cand, float *vals, int max_cand, float *bound, void *scratch);
+
 /* y[t][o] = w_scale[o] * dot(x[t], codes[o]) (fixed point, above), or the BF16 dot, for t < n. */
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
 

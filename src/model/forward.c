@@ -57,6 +57,7 @@ struct g4_session {
      * compute for a row reaches nothing but that row's own output. Rows whose outputs are not
      * wanted (a prefill's every row but the last) stop before them. */
     int tail_from;
+    int last_row; /* the row of xn g4_session_eval_top last answered, or -1 */
     g4_trace_fn trace;
     void *trace_user;
     int profiling;
@@ -536,14 +537,46 @@ static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
     }
 }
 
+/* What g4_session_eval_top asks of the last row. */
+typedef struct {
+    int k, n_extra, max_cand;
+    const int32_t *extra;
+    int32_t *cand;
+    float *vals, *bound;
+    int *n_cand;
+} top_request;
+
+/* The candidates of row `row` (see g4_session_eval_top), through the same shortcut and the same
+ * choice of coarse image as lm_head_argmax; *n_cand = -1 when it does not apply or cannot tell. */
+static void lm_head_top(g4_session *s, int row, const top_request *r) {
+    const g4_model *m = s->m;
+    const g4_linear *L = &m->lm_head;
+    *r->n_cand = -1;
+    s->last_row = row;
+    if (s->o.lmhead_dynamic_q8 || L->w.bits == 16 || (s->q_linear && (L->s_in != 0 || L->s_out != 0)) || r->k < 1 || r->k > L->w.out)
+        return;
+    size_t need = g4_codes_f32_argmax_scratch(&L->w, 1);
+    if (need > s->argmax_bytes) {
+        void *p = realloc(s->argmax_scratch, need);
+        if (p) s->argmax_scratch = p, s->argmax_bytes = need;
+    }
+    float cap = m->cfg.final_softcap > 0 ? (float)m->cfg.final_softcap : 0;
+    int coarse = s->argmax_hold > 0 ? 2 : 1; /* as lm_head_argmax chooses */
+    *r->n_cand = g4_codes_f32_top(&L->w, s->xn + (size_t)row * m->cfg.hidden, cap, r->k, r->extra, r->n_extra, coarse, s->k->matmul_i8,
+                                  r->cand, r->vals, r->max_cand, r->bound, need <= s->argmax_bytes ? s->argmax_scratch : NULL);
+    if (coarse == 2) s->argmax_hold--;
+    else if (*r->n_cand < 0) s->argmax_hold = ARGMAX_HOLD;
+}
+
 /* Final norm of every row; then for rows [first, n) the softcapped logits, or only the greedy
- * token of each (next), or nothing. */
-static void output_head(g4_session *s, int n, int first, float *logits, int32_t *next) {
+ * token of each (next), or the last row's sampling candidates (top), or nothing. */
+static void output_head(g4_session *s, int n, int first, float *logits, int32_t *next, const top_request *top) {
     const g4_model *m = s->m;
     rmsnorm_rows(s->xn, s->x, m->final_norm, n, m->cfg.hidden, (float)m->cfg.rms_eps);
     trace(s, "final_norm", n, m->cfg.hidden, 0, s->xn);
     if (logits) lm_head_logits(s, n, first, logits);
     else if (next) lm_head_argmax(s, n, first, next);
+    else if (top) lm_head_top(s, n - 1, top);
 }
 
 /* Moves rows [lo, n) of the chunk to [0, n - lo): the rows that go on through the consumer
@@ -562,9 +595,9 @@ static void keep_rows(g4_session *s, int lo, int n) {
 /* Computes the rows already described by row_seq/row_pos; logits (or the greedy tokens, next) for
  * rows [first, n). Rows before `first` skip the consumer layers (tail_from), unless a trace
  * wants every row of every layer. */
-static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int32_t *next, int first) {
+static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int32_t *next, const top_request *top, int first) {
     double t0 = s->profiling ? clock_s() : 0;
-    int cut = s->trace ? 0 : logits || next ? first : n; /* rows [0, cut) stop at tail_from */
+    int cut = s->trace ? 0 : logits || next || top ? first : n; /* rows [0, cut) stop at tail_from */
     {
         PROF_BEGIN(s);
         embed_tokens(s, ids, n, cut);
@@ -585,7 +618,7 @@ static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits
         /* the lm_head's own time is counted here, not as a layer linear */
         double before = s->prof[G4_PROF_LINEAR];
         PROF_BEGIN(s);
-        output_head(s, n, first, logits, next);
+        output_head(s, n, first, logits, next, top);
         PROF_END(s, G4_PROF_LM_HEAD);
         s->prof[G4_PROF_LINEAR] = before;
     }
@@ -612,8 +645,10 @@ static int ensure_logit_row(g4_session *s) {
 
 /* n tokens of sequence seq, in chunks; the last token's logits or greedy token (next), or every
  * token's logits (all_logits). */
-static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits, int32_t *next) {
+static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits, int32_t *next,
+                    const top_request *top) {
     const g4_config *c = &s->m->cfg;
+    s->last_row = -1;
     if (seq < 0 || seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, s->n_seq);
     if (n <= 0) return g4_fail("no tokens to evaluate");
     int *pos = &s->seq_pos[seq];
@@ -630,7 +665,8 @@ static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *lo
             s->row_seq[t] = seq;
             s->row_pos[t] = *pos + t;
         }
-        forward_rows(s, ids + done, len, out, last ? next : NULL, all_logits || !(out || (last && next)) ? 0 : len - 1);
+        forward_rows(s, ids + done, len, out, last ? next : NULL, last ? top : NULL,
+                     all_logits || !(out || (last && (next || top))) ? 0 : len - 1);
         *pos += len;
         done += len;
     }
@@ -638,19 +674,32 @@ static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *lo
 }
 
 int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits) {
-    return eval_seq(s, seq, ids, n, logits, all_logits, NULL);
+    return eval_seq(s, seq, ids, n, logits, all_logits, NULL, NULL);
 }
 
 int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
-    return eval_seq(s, 0, ids, n, logits, all_logits, NULL);
+    return eval_seq(s, 0, ids, n, logits, all_logits, NULL, NULL);
 }
 
 int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next) {
-    return eval_seq(s, seq, ids, n, NULL, 0, next);
+    return eval_seq(s, seq, ids, n, NULL, 0, next, NULL);
 }
 
 int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next) {
-    return eval_seq(s, 0, ids, n, NULL, 0, next);
+    return eval_seq(s, 0, ids, n, NULL, 0, next, NULL);
+}
+
+int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
+                        int max_cand, float *bound, int *n_cand) {
+    top_request r = {k, n_extra > 0 ? n_extra : 0, max_cand, extra, cand, vals, bound, n_cand};
+    *n_cand = -1;
+    return eval_seq(s, 0, ids, n, NULL, 0, NULL, &r);
+}
+
+int g4_session_last_logits(g4_session *s, float *logits) {
+    if (s->last_row < 0) return g4_fail("no token evaluated by g4_session_eval_top to give the logits of");
+    lm_head_logits(s, s->last_row + 1, s->last_row, logits);
+    return 0;
 }
 
 static int eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits, int32_t *next) {
@@ -666,7 +715,8 @@ static int eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n,
         s->row_seq[t] = q;
         s->row_pos[t] = s->seq_pos[q];
     }
-    forward_rows(s, ids, n, logits, next, 0);
+    s->last_row = -1;
+    forward_rows(s, ids, n, logits, next, NULL, 0);
     for (int t = 0; t < n; t++) s->seq_pos[seqs[t]]++;
     return 0;
 }
@@ -875,6 +925,7 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
         g4_fail("--batch %d: at most %d sequences", o->n_seq, CHUNK);
         return NULL;
     }
+    s->last_row = -1;
     for (s->tail_from = c->n_layers; s->tail_from > 0 && !g4_layer_is_producer(m, s->tail_from - 1);) s->tail_from--;
     s->seq_pos = calloc((size_t)s->n_seq, sizeof *s->seq_pos);
     if (!s->seq_pos) {
@@ -932,6 +983,7 @@ const char *g4_prof_op_name(g4_prof_op op) {
 
 void g4_session_reset(g4_session *s) {
     for (int i = 0; i < s->n_seq; i++) s->seq_pos[i] = 0;
+    s->last_row = -1;
 }
 void g4_session_reset_seq(g4_session *s, int seq) {
     if (seq >= 0 && seq < s->n_seq) s->seq_pos[seq] = 0;
