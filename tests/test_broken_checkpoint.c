@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "eval/harness.h"
 #include "testutil.h"
 #include "util/err.h"
 
@@ -260,6 +261,24 @@ static void sharded_case(void) {
     }
     g4_model_free(a);
     g4_model_free(b);
+    /* g4 eval's fingerprint follows the shards: both counted, and a changed byte in the second
+     * one's header changes it */
+    write_in(dir, "tokenizer.json", "{}", 2);
+    char fp1[65], fp2[65], fp3[65];
+    long long bytes = 0, b2 = 0;
+    CHECK(g4_model_fingerprint(dir, fp1, &bytes) == 0 && g4_model_fingerprint(dir, fp2, &b2) == 0 && strcmp(fp1, fp2) == 0,
+          "sharded fingerprint: %s", g4_last_error());
+    struct stat s1, s2;
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+    int st1 = stat(path, &s1);
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
+    int st2 = stat(path, &s2);
+    CHECK(st1 == 0 && st2 == 0 && bytes == (long long)(s1.st_size + s2.st_size), "sharded fingerprint counts %lld bytes", bytes);
+    FILE *f = fopen(path, "r+b");
+    int ch = f && fseek(f, 12, SEEK_SET) == 0 ? fgetc(f) : EOF;
+    if (ch != EOF && fseek(f, 12, SEEK_SET) == 0) fputc(ch == ' ' ? '\t' : ' ', f);
+    if (f) fclose(f);
+    CHECK(ch != EOF && g4_model_fingerprint(dir, fp3, &b2) == 0 && strcmp(fp1, fp3) != 0, "a changed shard keeps the fingerprint");
     /* an index naming a shard that is not there */
     cJSON_ReplaceItemInObject(wm, NORM, cJSON_CreateString("model-00009-of-00009.safetensors"));
     idx = cJSON_Print(index);

@@ -137,8 +137,8 @@ static cJSON *header_json(const eval_args *e, const g4_gsm8k_data *d, const gen_
     cJSON_AddStringToObject(model, "dir", e->dir);
     cJSON_AddStringToObject(model, "fingerprint", fp);
     cJSON_AddStringToObject(model, "fingerprint_method",
-                            "sha256 of config.json, generation_config.json, tokenizer.json, and model.safetensors' size, "
-                            "header and 16 sampled 64 KiB blocks");
+                            "sha256 of config.json, generation_config.json, tokenizer.json, and of model.safetensors (or "
+                            "the index and each shard) the size, header and 16 sampled 64 KiB blocks");
     cJSON_AddNumberToObject(model, "safetensors_bytes", (double)st_bytes);
     cJSON_AddItemToObject(h, "model", model);
     cJSON_AddStringToObject(data, "path", e->data);

@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "eval/harness.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,10 +219,12 @@ static int sha_small_file(g4_sha256 *c, const char *dir, const char *name, int o
 
 enum { SAMPLE_BLOCKS = 16, SAMPLE_BYTES = 65536 };
 
-static int sha_safetensors(g4_sha256 *c, const char *dir, long long *bytes) {
+/* One safetensors file: its size, header and sampled data blocks (what a single-file checkpoint's
+ * fingerprint has always held, so records made before shards were handled still resume). */
+static int sha_safetensors(g4_sha256 *c, const char *dir, const char *name, long long *bytes) {
     char path[4096];
     g4_mapped_file f;
-    if (g4_path_join(path, sizeof path, dir, "model.safetensors") != 0 || g4_map_file(path, &f) != 0) return -1;
+    if (g4_path_join(path, sizeof path, dir, name) != 0 || g4_map_file(path, &f) != 0) return -1;
     uint64_t header = 0;
     for (int i = 0; i < 8 && f.size >= 8; i++) header |= (uint64_t)f.data[i] << (8 * i);
     if (f.size < 8 || header > f.size - 8) {
@@ -237,16 +240,49 @@ static int sha_safetensors(g4_sha256 *c, const char *dir, long long *bytes) {
         for (size_t j = 0; j < SAMPLE_BLOCKS; j++)
             g4_sha256_update(c, f.data + start + (len - SAMPLE_BYTES) / (SAMPLE_BLOCKS - 1) * j, SAMPLE_BYTES);
     }
-    *bytes = (long long)f.size;
+    *bytes += (long long)f.size;
     g4_unmap_file(&f);
     return 0;
+}
+
+/* A sharded checkpoint (the loader's rule: model.safetensors.index.json present): the index, then
+ * each shard its weight_map names, once, in order of first mention. */
+static int sha_shards(g4_sha256 *c, const char *dir, long long *bytes) {
+    char path[4096], *text = NULL;
+    size_t size;
+    if (g4_path_join(path, sizeof path, dir, "model.safetensors.index.json") != 0 || g4_read_file(path, &text, &size) != 0) return -1;
+    cJSON *j = cJSON_ParseWithLength(text, size);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    int rc = cJSON_IsObject(wm) && wm->child ? 0 : g4_fail("%s: no weight_map object", path);
+    if (rc == 0) {
+        sha_small_file(c, dir, "model.safetensors.index.json", 0);
+        for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
+            if (!cJSON_IsString(e)) {
+                rc = g4_fail("%s: weight_map value of %s is not a file name", path, e->string);
+                break;
+            }
+            int seen = 0;
+            for (const cJSON *p = wm->child; p != e && !seen; p = p->next) seen = strcmp(p->valuestring, e->valuestring) == 0;
+            if (seen) continue;
+            g4_sha256_update(c, e->valuestring, strlen(e->valuestring) + 1);
+            rc = sha_safetensors(c, dir, e->valuestring, bytes);
+        }
+    }
+    cJSON_Delete(j);
+    free(text);
+    return rc;
 }
 
 int g4_model_fingerprint(const char *dir, char hex[65], long long *safetensors_bytes) {
     g4_sha256 c;
     g4_sha256_init(&c);
+    char index[4096];
+    *safetensors_bytes = 0;
+    if (g4_path_join(index, sizeof index, dir, "model.safetensors.index.json") != 0) return -1;
+    int sharded = g4_file_exists(index);
     if (sha_small_file(&c, dir, "config.json", 0) || sha_small_file(&c, dir, "generation_config.json", 1) ||
-        sha_small_file(&c, dir, "tokenizer.json", 0) || sha_safetensors(&c, dir, safetensors_bytes))
+        sha_small_file(&c, dir, "tokenizer.json", 0) ||
+        (sharded ? sha_shards(&c, dir, safetensors_bytes) : sha_safetensors(&c, dir, "model.safetensors", safetensors_bytes)))
         return -1;
     g4_sha256_hex(&c, hex);
     return 0;

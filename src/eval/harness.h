@@ -68,8 +68,10 @@ void g4_gsm8k_data_free(g4_gsm8k_data *d);
 
 /* A content fingerprint of a checkpoint folder that is cheap even for multi-GB weights:
  * SHA-256 over config.json, generation_config.json (if any), tokenizer.json, and of
- * model.safetensors its size, its JSON header and 16 blocks of 64 KiB spread evenly over the
- * tensor data. Copies of a checkpoint match; a retrained or requantized one does not. */
+ * model.safetensors (or, sharded, of model.safetensors.index.json and each shard it names) the
+ * size, the JSON header and 16 blocks of 64 KiB spread evenly over the tensor data. Copies of a
+ * checkpoint match; a retrained or requantized one does not. *safetensors_bytes: the weight
+ * files' total size. */
 int g4_model_fingerprint(const char *dir, char hex[65], long long *safetensors_bytes);
 
 /* ---- batched greedy decoding ---- */
