@@ -1,11 +1,10 @@
 /* Streaming read bandwidth, shared by `g4 bench` (tools/bench_cmd.c) and bench/bench_kernels.c:
- * `threads` threads each sum their slice of a large buffer with four independent sums, so the
- * loop is bound by loads rather than by one add chain. Each pass is run twice, once with 8-byte
- * and once with 16-byte loads (GCC vectors, SSE2 or NEON), and the faster counts: wider loads
- * keep more cache lines in flight per load-queue entry, and on the 2-core development machine
- * they read 10-20 % faster, which is about what the AVX2 matmuls themselves reach. A roofline
- * that the engine's own kernels can beat would flatter them. Header-only: both programs are built
- * from it, the library does not carry it. */
+ * `threads` threads each sum their slice of a large buffer with 16-byte loads (GCC vectors: SSE2
+ * or NEON) into four independent sums, so the loop is bound by loads rather than by one add
+ * chain. Earlier versions used 8-byte loads, which on the 2-core development machine read 10-20 %
+ * slower, slower than the AVX2 matmuls themselves stream their weights: a roofline that the
+ * engine's own kernels can beat would flatter them. Header-only: both programs are built from it,
+ * the library does not carry it. */
 #ifndef G4_BENCH_STREAM_BW_H
 #define G4_BENCH_STREAM_BW_H
 
@@ -21,21 +20,9 @@ typedef struct {
 } g4_bw_slice;
 typedef uint64_t g4_bw_v2 __attribute__((vector_size(16)));
 
+/* One thread's slice: the buffer is at least 16-byte aligned (malloc, mmap) and each slice starts
+ * a multiple of 64 bytes into it, so every load is aligned. */
 static void *g4_bw_sum_slice(void *p) {
-    g4_bw_slice *s = p;
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i + 4 <= s->n; i += 4) {
-        a += s->data[i];
-        b += s->data[i + 1];
-        c += s->data[i + 2];
-        d += s->data[i + 3];
-    }
-    s->sum = a + b + c + d;
-    return NULL;
-}
-/* The same with 16-byte loads: the buffer comes from malloc and each slice starts a multiple of
- * 64 bytes into it, so every load is aligned. */
-static void *g4_bw_sum_slice_v2(void *p) {
     g4_bw_slice *s = p;
     const g4_bw_v2 *v = (const g4_bw_v2 *)(const void *)s->data;
     g4_bw_v2 a = {0, 0}, b = a, c = a, d = a;
@@ -50,21 +37,19 @@ static void *g4_bw_sum_slice_v2(void *p) {
     return NULL;
 }
 
-/* Bytes per second read by `threads` threads (at most 64) over buf: the best of `passes` passes of
- * each loop. */
+/* Bytes per second read by `threads` threads (at most 64) over buf: the best of `passes`. */
 static double g4_stream_bandwidth(const uint64_t *buf, size_t bytes, int threads, int passes) {
     int t_n = threads < 1 ? 1 : threads < 64 ? threads : 64;
     size_t per = bytes / 8 / (size_t)t_n & ~(size_t)7; /* words per thread: slices stay 64-byte multiples */
     double best = 0;
-    for (int pass = 0; pass < 2 * passes; pass++) {
-        void *(*loop)(void *) = pass & 1 ? g4_bw_sum_slice_v2 : g4_bw_sum_slice;
+    for (int pass = 0; pass < passes; pass++) {
         pthread_t th[64];
         g4_bw_slice sl[64];
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
         for (int t = 0; t < t_n; t++) {
             sl[t] = (g4_bw_slice){buf + per * (size_t)t, per, 0};
-            pthread_create(&th[t], NULL, loop, &sl[t]);
+            pthread_create(&th[t], NULL, g4_bw_sum_slice, &sl[t]);
         }
         uint64_t total = 0;
         for (int t = 0; t < t_n; t++) {
