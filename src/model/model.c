@@ -329,11 +329,12 @@ static int bind_all(g4_model *m) {
  * Every decoded token streams each linear's weights once (model.md §11). Read through the file
  * mapping they sit on 4 KiB pages; copied into one anonymous block that asks for transparent huge
  * pages (2 MiB) they decode 7-9 % faster on E2B on the development machine (decode steps
- * alternating between the two copies in one process; fewer TLB misses and page walks on every
- * stream). The copy takes the mapping's place in the resident set, since each tensor's file pages
- * are released once it is copied, so memory use stays about the same; loading takes longer
- * (0.2-3 s for E2B's 790 MB, most of it the kernel assembling huge pages). Where transparent
- * huge pages are off, the weights stay mapped: a copy on 4 KiB pages gained 0-4 %. */
+ * alternating between the two copies in one process; 15 % in alternating whole runs), with fewer
+ * TLB misses and page walks on every stream. The copy takes the mapping's place in the resident
+ * set, since each tensor's file pages are released once it is copied, so memory use stays about
+ * the same; loading takes longer (0.3-3 s for E2B's 790 MB, most of it the kernel clearing the new
+ * pages). Where transparent huge pages are off, the weights stay mapped: a copy on 4 KiB pages
+ * gained 0-4 %. */
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static int huge_pages_available(void) {
