@@ -1,6 +1,6 @@
 # The library sources, one list for the build (Makefile) and the fuzz targets (fuzz/Makefile).
 LIB_SRC = \
-  src/util/err.c src/util/file.c src/util/npy.c \
+  src/util/err.c src/util/file.c src/util/npy.c src/util/select.c \
   src/format/safetensors.c src/format/safetensors_write.c src/format/config.c \
   src/quant/pack.c src/quant/int8.c src/quant/dynamic.c \
   src/kernels/ref.c src/kernels/dispatch.c src/kernels/attention.c src/kernels/avx2.c src/kernels/neon.c src/kernels/pool.c \

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "util/err.h"
+#include "util/select.h"
 
 typedef struct {
     int32_t id;
@@ -89,25 +90,9 @@ static void apply_repeat_penalty(const g4_sampler *s, float *logits, const int32
     }
 }
 
-/* Moves the k best candidates to the front, sorted (partial quickselect then sort). */
+/* Moves the k best candidates to the front, sorted. */
 static void select_top(candidate *c, int n, int k) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        candidate pivot = c[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (by_logit_desc(&c[i], &pivot) < 0) i++;
-            while (by_logit_desc(&c[j], &pivot) > 0) j--;
-            if (i <= j) {
-                candidate t = c[i];
-                c[i++] = c[j];
-                c[j--] = t;
-            }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
+    g4_select_first(c, (size_t)n, sizeof *c, (size_t)k, by_logit_desc);
     qsort(c, (size_t)k, sizeof *c, by_logit_desc);
 }
 

@@ -8,6 +8,7 @@
 #include "pool.h"
 #include "quant/int8.h"
 #include "quant/pack.h"
+#include "util/select.h"
 
 float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n) {
     float acc[8] = {0};
@@ -424,25 +425,14 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
     free(own);
 }
 
-/* The k-th largest of v[0, n) (1 <= k <= n, no NaN), found by partial quickselect; reorders v. */
+static int by_value_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x > y ? -1 : x < y;
+}
+
+/* The k-th largest of v[0, n) (1 <= k <= n, no NaN); reorders v. */
 static float kth_largest(float *v, int n, int k) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        float pivot = v[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (v[i] > pivot) i++;
-            while (v[j] < pivot) j--;
-            if (i <= j) {
-                float t = v[i];
-                v[i++] = v[j];
-                v[j--] = t;
-            }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
+    g4_select_first(v, (size_t)n, sizeof *v, (size_t)k, by_value_desc);
     return v[k - 1];
 }
 
