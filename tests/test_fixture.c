@@ -194,6 +194,15 @@ static void check_incremental(const mode_spec *ms, const bounds *bd, const g4_mo
     free(step);
 }
 
+/* The default options with activation mode `act` and a context of ctx tokens. */
+static g4_options act_options(int act, int ctx) {
+    g4_options o;
+    g4_options_default(&o);
+    o.act = (g4_act_mode)act;
+    o.ctx = ctx;
+    return o;
+}
+
 /* A prompt longer than one prefill chunk (64) and many sliding windows: one prefill gives the
  * same logits as feeding it token by token, in every activation mode. Asked for the last
  * token's logits only, the prefill takes every other row through the producer layers alone
@@ -206,10 +215,7 @@ static void check_long_prompt(const g4_model *m) {
     for (int i = 0; i < T; i++) ids[i] = (int32_t)((r = r * 1103515245u + 12345u) >> 8) % V;
     float *one = malloc(sizeof *one * (size_t)T * V), *step = malloc(sizeof *step * (size_t)T * V);
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
-        g4_options o;
-        g4_options_default(&o);
-        o.act = (g4_act_mode)act;
-        o.ctx = T;
+        g4_options o = act_options(act, T);
         g4_session *s = g4_session_new(m, &o);
         CHECK(g4_session_eval(s, ids, T, one, 1) == 0, "%s", g4_last_error());
         g4_session_reset(s);
@@ -247,10 +253,7 @@ static void check_weight_placement(const char *dir, const g4_model *m) {
     for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919 + 3) % V);
     float *a = malloc(sizeof *a * (size_t)T * V), *b = malloc(sizeof *b * (size_t)T * V);
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
-        g4_options o;
-        g4_options_default(&o);
-        o.act = (g4_act_mode)act;
-        o.ctx = T;
+        g4_options o = act_options(act, T);
         g4_session *s = g4_session_new(m, &o), *t = g4_session_new(mapped, &o);
         CHECK(g4_session_eval(s, ids, T, a, 1) == 0 && g4_session_eval(t, ids, T, b, 1) == 0, "%s", g4_last_error());
         CHECK(memcmp(a, b, sizeof *a * (size_t)T * V) == 0, "act %d: %s weights give other logits than mapped ones", act,
