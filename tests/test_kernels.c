@@ -447,6 +447,32 @@ static void probe_fn(void *ctx, int b, int e) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* g4_pool_memcpy: every byte copied, none beyond, whatever the slices and threads. */
+static void pool_memcpy_cases(void) {
+    static const size_t sizes[] = {0, 1, 1000, 4095, 4096, 4097, 3 * 4096 + 17, (5u << 20) + 3};
+    const size_t cap = (5u << 20) + 64;
+    unsigned char *from = malloc(cap), *to = malloc(cap);
+    for (size_t i = 0; i < cap; i++) from[i] = (unsigned char)(i * 131 + (i >> 9));
+    int bad = 0;
+    g4_pool_set_min_work(0); /* split even the small copies */
+    for (int threads = 1; threads <= 3; threads++) {
+        g4_kernels_set_threads(threads);
+        for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
+            size_t slice = sizes[c] > (1u << 20) ? (size_t)2 << 20 : 4096;
+            memset(to, 0xEE, cap);
+            g4_pool_memcpy(to, from, sizes[c], slice);
+            int ok = memcmp(to, from, sizes[c]) == 0;
+            for (size_t i = sizes[c]; i < sizes[c] + 64 && i < cap; i++) ok &= to[i] == 0xEE;
+            bad += !ok;
+        }
+    }
+    g4_kernels_set_threads(0);
+    g4_pool_set_min_work(65536);
+    free(from);
+    free(to);
+    CHECK(bad == 0, "g4_pool_memcpy: %d of %d copies wrong", bad, (int)(3 * sizeof sizes / sizeof *sizes));
+}
+
 static void pool_exactly_once(void) {
     static const int sizes[] = {1, 2, 3, 5, 17, 64, 1000, 70001};
     /* 1, 2, 3 threads; 8 for a long guided split; 40, beyond the guided splits' limit */
@@ -792,6 +818,7 @@ int main(void) {
     check_codes_argmax();
     check_codes_top();
     pool_exactly_once();
+    pool_memcpy_cases();
     g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */
     for (int threads = 1; threads <= 3; threads++) {
         g4_kernels_set_threads(threads);

@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -239,6 +240,26 @@ void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&mu);
     }
     pthread_mutex_unlock(&run_mu);
+}
+
+typedef struct {
+    unsigned char *to;
+    const unsigned char *from;
+    size_t bytes, slice;
+} copy_job;
+
+static void copy_slices(void *ctx, int b, int e) {
+    const copy_job *j = ctx;
+    size_t lo = (size_t)b * j->slice, hi = (size_t)e * j->slice < j->bytes ? (size_t)e * j->slice : j->bytes;
+    memcpy(j->to + lo, j->from + lo, hi - lo);
+}
+
+void g4_pool_memcpy(void *to, const void *from, size_t bytes, size_t slice) {
+    if (!slice) slice = 1;
+    size_t slices = (bytes + slice - 1) / slice;
+    if (slices > 0x7FFFFFFF) slices = 0, slice = bytes; /* one item */
+    copy_job j = {to, from, bytes, slice};
+    if (bytes) g4_pool_for(slices ? (int)slices : 1, 1, (double)bytes, copy_slices, &j);
 }
 
 void g4_pool_set_min_work(double work) {

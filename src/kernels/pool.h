@@ -2,6 +2,8 @@
 #ifndef G4_KERNELS_POOL_H
 #define G4_KERNELS_POOL_H
 
+#include <stddef.h>
+
 /* Processes items [begin, end) of a job. */
 typedef void (*g4_pool_fn)(void *ctx, int begin, int end);
 
@@ -10,6 +12,10 @@ typedef void (*g4_pool_fn)(void *ctx, int begin, int end);
  * the pool's minimum the caller runs everything itself, since waking threads would cost more.
  * The caller also runs everything when another thread is using the pool. Returns when done. */
 void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx);
+
+/* memcpy of `bytes` split over the pool in slices of `slice` bytes (copies large enough to be
+ * bound by page faults on fresh memory: each thread takes its own). */
+void g4_pool_memcpy(void *to, const void *from, size_t bytes, size_t slice);
 
 /* Minimum work worth splitting (default 65536 multiply-adds); tests set 0 to split everything. */
 void g4_pool_set_min_work(double work);
