@@ -19,7 +19,6 @@
 typedef struct {
     const char *dir;
     int threads, prompt, gen, reps, json, bandwidth;
-    int mapped; /* --weights mapped: g4_model_load_mapped */
     int logits; /* LOGITS_GREEDY, LOGITS_FULL (every logit of every step) or LOGITS_TOP (what top-k sampling needs) */
     g4_options o;
 } bench_args;
@@ -195,9 +194,6 @@ static int parse_bench(args_t *a, bench_args *b) {
             if ((v = flag_value(a, "--bandwidth", &bad)) && parse_choice(a->cmd, "--bandwidth", v, onoff, &b->bandwidth)) bad = 1;
         } else if (flag_is(a, "--logits")) {
             if ((v = flag_value(a, "--logits", &bad)) && parse_choice(a->cmd, "--logits", v, logits_kinds, &b->logits)) bad = 1;
-        } else if (flag_is(a, "--weights")) {
-            static const char *const kinds[] = {"resident", "mapped", NULL};
-            if ((v = flag_value(a, "--weights", &bad)) && parse_choice(a->cmd, "--weights", v, kinds, &b->mapped)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
         else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
     }
@@ -231,7 +227,7 @@ int cmd_bench(args_t *a) {
     int probing = b.bandwidth && bw_probe_start(&probe, b.threads) == 0;
     g4_kernels_set_threads(b.threads);
     double t0 = now_s();
-    g4_model *m = b.mapped ? g4_model_load_mapped(b.dir) : g4_model_load(b.dir);
+    g4_model *m = load_model(b.dir);
     if (!m) return die_lib();
     double load_s = now_s() - t0;
     bench_rep *reps = calloc((size_t)b.reps, sizeof *reps);

@@ -136,6 +136,11 @@ int parse_ids(const char *cmd, const char *v, int32_t **ids, int *n) {
 }
 
 /* Engine options shared by every command that runs the model. Returns 1 if argv[i] was one. */
+/* --weights mapped: g4_model_load_mapped (process-wide, like -t). */
+static int weights_mapped;
+
+g4_model *load_model(const char *dir) { return weights_mapped ? g4_model_load_mapped(dir) : g4_model_load(dir); }
+
 int engine_flag(args_t *a, g4_options *o, int *bad) {
     static const char *const acts[] = {"float", "fake", "int", NULL}, *const onoff[] = {"off", "on", NULL},
                              *const profiles[] = {"hf", "litert", NULL}, *const kv[] = {"f32", "int8", NULL},
@@ -186,6 +191,9 @@ int engine_flag(args_t *a, g4_options *o, int *bad) {
     } else if (flag_is(a, "--lmhead-dynamic-q8")) {
         if (!(v = flag_value(a, "--lmhead-dynamic-q8", bad)) || parse_choice(a->cmd, "--lmhead-dynamic-q8", v, onoff, &o->lmhead_dynamic_q8))
             return *bad = 1;
+    } else if (flag_is(a, "--weights")) {
+        static const char *const placements_w[] = {"resident", "mapped", NULL};
+        if (!(v = flag_value(a, "--weights", bad)) || parse_choice(a->cmd, "--weights", v, placements_w, &weights_mapped)) return *bad = 1;
     } else if (flag_is(a, "-t") || flag_is(a, "--threads")) {
         int t;
         if (!(v = flag_value(a, "--threads", bad)) || parse_int(a->cmd, "--threads", v, 1, 256, &t)) return *bad = 1;

@@ -189,7 +189,7 @@ static void eval_run_free(eval_run *r) {
 
 static int open_model(eval_run *r) {
     char path[4096];
-    if (!(r->m = g4_model_load(r->e->dir))) return -1;
+    if (!(r->m = load_model(r->e->dir))) return -1;
     if (g4_path_join(path, sizeof path, r->e->dir, "tokenizer.json") != 0 || !(r->tok = g4_tokenizer_load(path))) return -1;
     if (g4_gsm8k_extractor_open(&r->ex) != 0) return -1;
     /* E2B/E4B (per-layer embeddings) and 26B/31B render "thinking off" differently, as in run -p */

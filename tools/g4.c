@@ -27,7 +27,7 @@ static int cmd_inspect(args_t *a) {
     if (bad) return 1;
     if (!dir) return die("g4 inspect needs -m DIR%s", "");
     double t0 = now_s();
-    g4_model *m = g4_model_load(dir);
+    g4_model *m = load_model(dir);
     if (!m) return die_lib();
     double load_s = now_s() - t0;
     g4_model_describe(m, stdout);
@@ -104,7 +104,7 @@ static int cmd_run(args_t *a) {
         free(ids);
         return die("--dump-dir %s: cannot create the folder", r.dump_dir);
     }
-    g4_model *m = g4_model_load(r.dir);
+    g4_model *m = load_model(r.dir);
     g4_session *s = m ? g4_session_new(m, &r.o) : NULL;
     int rc = 1, printed = 0;
     if (!s) goto done;
@@ -148,12 +148,11 @@ static void usage(FILE *f) {
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
             "  g4 synth --preset e2b|tiny -o DIR      write a random checkpoint in the real layout\n"
             "  g4 bench -m DIR [-t N] [-p 512] [-n 128] [-r 3] [--json] [--bandwidth on|off] [--logits greedy|full|top]\n"
-            "           [--weights resident|mapped] [engine options]\n"
+            "           [engine options]\n"
             "                                         load, prefill and decode speed, memory, per-operation time;\n"
             "                                         --logits full computes every logit (sampling without top-k),\n"
             "                                         top only what top-k sampling needs (g4 run's default)\n"
-            "                                         --weights mapped reads the weights through the file mapping\n"
-            "                                         (default: copied into huge-page memory where the system has it)\n"
+
             "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
             "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
             "engine options (run):\n"
@@ -170,6 +169,8 @@ static void usage(FILE *f) {
             "  --lmhead-dynamic-q8 on|off  quantize the lm_head input per token at run time, as XNNPACK (default off)\n"
             "  --ctx N                 context length (default 4096)\n"
             "  -t, --threads N         worker threads for the matmuls (default: all cores)\n"
+            "  --weights resident|mapped  copy the streamed weights into huge-page memory at load (default, where\n"
+            "                          the system has transparent huge pages; faster decode) or read them mapped\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
             "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
             G4_VERSION);
