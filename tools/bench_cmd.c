@@ -13,6 +13,7 @@
 
 #include "../bench/stream_bw.h"
 #include "cli.h"
+#include "generate/sampler.h"
 #include "kernels/kernels.h"
 #include "util/err.h"
 
@@ -96,18 +97,18 @@ static const char *const logits_kinds[] = {"greedy", "full", "top", NULL};
 /* n tokens, then the greedy next token: through the greedy shortcut (g4_session_eval_argmax), as
  * g4 run decodes greedily; from every logit (--logits full); or from the candidates of sampling's
  * shortcut (--logits top, g4_session_eval_top), as g4 run samples with top-k, every logit when it
- * cannot tell. Each way gives the same tokens. cand, vals: room for BENCH_MAX_CAND. */
-static int eval_step(g4_session *s, const bench_args *b, const int32_t *ids, int n, float *logits, int32_t *cand, float *vals, int32_t *next) {
+ * cannot tell. Each way gives the same tokens. greedy: a temperature-0 sampler; cand, vals: room
+ * for BENCH_MAX_CAND. */
+static int eval_step(g4_session *s, const bench_args *b, g4_sampler *greedy, const int32_t *ids, int n, float *logits, int32_t *cand,
+                     float *vals, int32_t *next) {
     int V = g4_model_vocab_size(g4_session_model(s)), m = -1;
     float bound;
     if (b->logits == LOGITS_GREEDY) return g4_session_eval_argmax(s, ids, n, next);
     if (b->logits == LOGITS_TOP) {
         if (g4_session_eval_top(s, ids, n, BENCH_TOP_K, NULL, 0, cand, vals, BENCH_MAX_CAND, &bound, &m) != 0) return -1;
-        int best = -1;
-        for (int c = 0; c < m; c++)
-            if (best < 0 || vals[c] > vals[best] || (vals[c] == vals[best] && cand[c] < cand[best])) best = c;
-        if (best >= 0 && vals[best] > bound) {
-            *next = cand[best];
+        int32_t pick = m >= 0 ? g4_sampler_sample_top(greedy, cand, vals, m, bound, NULL, 0) : -1;
+        if (pick >= 0) {
+            *next = pick;
             return 0;
         }
         if (g4_session_last_logits(s, logits) != 0) return -1;
@@ -126,8 +127,11 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_
     int32_t *ids = malloc(sizeof *ids * (size_t)(b->prompt > 0 ? b->prompt : 1));
     float *logits = malloc(sizeof *logits * (size_t)V), *vals = malloc(sizeof *vals * BENCH_MAX_CAND);
     int32_t *cand = malloc(sizeof *cand * BENCH_MAX_CAND);
+    g4_sampling greedy_params;
+    g4_sampling_default(&greedy_params); /* temperature 0, no penalty */
+    g4_sampler *greedy = g4_sampler_new(&greedy_params, V);
     int rc = -1;
-    if (!s || !ids || !logits || !vals || !cand) {
+    if (!s || !ids || !logits || !vals || !cand || !greedy) {
         if (s) g4_fail("out of memory");
         goto done;
     }
@@ -135,12 +139,12 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_
     g4_session_set_profiling(s, 1);
     double t0 = now_s();
     int32_t next = 2;
-    if (b->prompt > 0 && eval_step(s, b, ids, b->prompt, logits, cand, vals, &next) != 0) goto done;
+    if (b->prompt > 0 && eval_step(s, b, greedy, ids, b->prompt, logits, cand, vals, &next) != 0) goto done;
     double t1 = now_s();
     g4_session_profile(s, r->prof_prefill);
     g4_session_set_profiling(s, 1);
     for (int i = 0; i < b->gen; i++)
-        if (eval_step(s, b, &next, 1, logits, cand, vals, &next) != 0) goto done;
+        if (eval_step(s, b, greedy, &next, 1, logits, cand, vals, &next) != 0) goto done;
     double t2 = now_s();
     g4_session_profile(s, r->prof_decode);
     r->prefill_tok_s = b->prompt > 0 ? b->prompt / (t1 - t0) : 0;
@@ -151,6 +155,7 @@ done:
     free(logits);
     free(vals);
     free(cand);
+    g4_sampler_free(greedy);
     g4_session_free(s);
     return rc;
 }

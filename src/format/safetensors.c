@@ -105,11 +105,7 @@ void g4_st_advise_random(const g4_safetensors *st, const g4_tensor *t) {
     if (tensor_pages(st, t, &p, &len) == 0) madvise(p, len, MADV_RANDOM);
 }
 
-void g4_st_release(const g4_safetensors *st, const g4_tensor *t) {
-    void *p;
-    size_t len;
-    if (tensor_pages(st, t, &p, &len) == 0) madvise(p, len, MADV_DONTNEED);
-}
+void g4_st_release(const g4_safetensors *st, const g4_tensor *t) { g4_st_release_bytes(st, t->data, t->nbytes); }
 
 void g4_st_release_bytes(const g4_safetensors *st, const void *p, size_t len) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;

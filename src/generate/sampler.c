@@ -75,18 +75,24 @@ static int by_logit_desc(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* The repetition penalty's window: history[window_start(p, n), n). Each distinct token in it is
+ * penalised once, as in HF (it gathers, then scatters): at its first occurrence in the window. */
+static int window_start(const g4_sampling *p, int n) { return p->repeat_last_n && n > p->repeat_last_n ? n - p->repeat_last_n : 0; }
+
+static int first_in_window(const int32_t *history, int from, int i) {
+    for (int j = from; j < i; j++)
+        if (history[j] == history[i]) return 0;
+    return 1;
+}
+
+static float penalize(const g4_sampler *s, float l) { return l > 0 ? l / s->p.repeat_penalty : l * s->p.repeat_penalty; }
+
 static void apply_repeat_penalty(const g4_sampler *s, float *logits, const int32_t *history, int n) {
     if (s->p.repeat_penalty == 1) return;
-    int from = s->p.repeat_last_n && n > s->p.repeat_last_n ? n - s->p.repeat_last_n : 0;
-    /* each distinct token is penalised once, as in HF (it gathers, then scatters) */
+    int from = window_start(&s->p, n);
     for (int i = from; i < n; i++) {
         int32_t t = history[i];
-        if (t < 0 || t >= s->vocab) continue;
-        int seen = 0;
-        for (int j = from; j < i && !seen; j++) seen = history[j] == t;
-        if (seen) continue;
-        float l = logits[t];
-        logits[t] = l > 0 ? l / s->p.repeat_penalty : l * s->p.repeat_penalty;
+        if (t >= 0 && t < s->vocab && first_in_window(history, from, i)) logits[t] = penalize(s, logits[t]);
     }
 }
 
@@ -148,12 +154,9 @@ int g4_sampling_top_needed(const g4_sampling *p, int vocab) {
 
 int g4_sampling_penalized(const g4_sampling *p, const int32_t *history, int n_history, int32_t *ids) {
     if (p->repeat_penalty == 1) return 0;
-    int from = p->repeat_last_n && n_history > p->repeat_last_n ? n_history - p->repeat_last_n : 0, n = 0;
-    for (int i = from; i < n_history; i++) {
-        int seen = 0;
-        for (int j = 0; j < n && !seen; j++) seen = ids[j] == history[i];
-        if (!seen) ids[n++] = history[i];
-    }
+    int from = window_start(p, n_history), n = 0;
+    for (int i = from; i < n_history; i++)
+        if (first_in_window(history, from, i)) ids[n++] = history[i];
     return n;
 }
 
@@ -165,19 +168,16 @@ int32_t g4_sampler_sample_top(g4_sampler *s, const int32_t *ids, const float *lo
         if (isnan(logits[i]) || ids[i] < 0 || ids[i] >= s->vocab) return -1;
         s->work[i] = logits[i];
     }
-    /* the penalty, each distinct token of the window once, as apply_repeat_penalty does it */
+    /* the penalty, on the candidates, as apply_repeat_penalty applies it to every logit */
     if (s->p.repeat_penalty != 1) {
-        int from = s->p.repeat_last_n && n_history > s->p.repeat_last_n ? n_history - s->p.repeat_last_n : 0;
+        int from = window_start(&s->p, n_history);
         for (int h = from; h < n_history; h++) {
-            int32_t t = history[h], seen = 0, at = -1;
-            if (t < 0 || t >= s->vocab) continue;
-            for (int j = from; j < h && !seen; j++) seen = history[j] == t;
-            if (seen) continue;
+            int32_t t = history[h], at = -1;
+            if (t < 0 || t >= s->vocab || !first_in_window(history, from, h)) continue;
             for (int i = 0; i < m && at < 0; i++)
                 if (ids[i] == t) at = i;
             if (at < 0) return -1; /* a penalized token that is not a candidate */
-            float l = s->work[at];
-            s->work[at] = l > 0 ? l / s->p.repeat_penalty : l * s->p.repeat_penalty;
+            s->work[at] = penalize(s, s->work[at]);
         }
     }
     if (s->p.temperature == 0) {

@@ -16,6 +16,7 @@
  * for that chunk and cannot rewrite them. Locking: run_mu serializes jobs and reconfiguration; mu
  * only guards the sleep/wake handshakes. */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -255,11 +256,10 @@ static void copy_slices(void *ctx, int b, int e) {
 }
 
 void g4_pool_memcpy(void *to, const void *from, size_t bytes, size_t slice) {
-    if (!slice) slice = 1;
-    size_t slices = (bytes + slice - 1) / slice;
-    if (slices > 0x7FFFFFFF) slices = 0, slice = bytes; /* one item */
+    if (!bytes) return;
+    if (slice < bytes / INT_MAX + 1) slice = bytes / INT_MAX + 1; /* item counts are ints */
     copy_job j = {to, from, bytes, slice};
-    if (bytes) g4_pool_for(slices ? (int)slices : 1, 1, (double)bytes, copy_slices, &j);
+    g4_pool_for((int)((bytes + slice - 1) / slice), 1, (double)bytes, copy_slices, &j);
 }
 
 void g4_pool_set_min_work(double work) {

@@ -499,8 +499,39 @@ static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
     }
 }
 
-/* Greedy lm_head calls that use the two digit rows after the one-row image leaves a row unsettled. */
+/* Shortcut calls (greedy or top-k) that take the two digit rows after the one-row image left a
+ * call unsettled. */
 #define ARGMAX_HOLD 64
+
+/* The shortcuts below apply to a float lm_head input against packed codes (the checkpoint's), as
+ * the full path computes it (no run-time input quantization, no activation scales). */
+static int lm_head_shortcut_applies(const g4_session *s) {
+    const g4_linear *L = &s->m->lm_head;
+    return !s->o.lmhead_dynamic_q8 && L->w.bits != 16 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
+}
+
+/* The shortcut's scratch for `rows` rows, kept for the session (decode would otherwise map ~1 MB
+ * a token); NULL when it cannot grow (the kernel then allocates its own). */
+static void *lm_head_scratch(g4_session *s, int rows) {
+    size_t need = g4_codes_f32_argmax_scratch(&s->m->lm_head.w, rows);
+    if (need > s->argmax_bytes) {
+        void *p = realloc(s->argmax_scratch, need);
+        if (p) s->argmax_scratch = p, s->argmax_bytes = need;
+    }
+    return need <= s->argmax_bytes ? s->argmax_scratch : NULL;
+}
+
+static float lm_head_cap(const g4_session *s) { return s->m->cfg.final_softcap > 0 ? (float)s->m->cfg.final_softcap : 0; }
+
+/* The one-row image is the cheaper coarse image; when it leaves a call unsettled (an outlier in
+ * the activations can widen its bounds past any use), the next ARGMAX_HOLD calls take the two
+ * digit rows, whose bounds stay tight, before the cheaper one is tried again. */
+static int lm_head_coarse(const g4_session *s) { return s->argmax_hold > 0 ? 2 : 1; }
+
+static void lm_head_coarse_done(g4_session *s, int coarse, int unsettled) {
+    if (coarse == 2) s->argmax_hold--;
+    else if (unsettled) s->argmax_hold = ARGMAX_HOLD;
+}
 
 /* The greedy token of rows [first, n) into next, as g4_argmax over their logits would pick it.
  * When the lm_head takes float rows against packed codes (the checkpoint's), most logits are
@@ -508,27 +539,15 @@ static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
  * the full logits in s->logit_row. */
 static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
     const g4_model *m = s->m;
-    const g4_linear *L = &m->lm_head;
     int H = m->cfg.hidden, V = m->cfg.vocab;
-    int shortcut = !s->o.lmhead_dynamic_q8 && L->w.bits != 16 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
     for (int t = 0; t < n - first; t++) next[t] = -1;
-    if (shortcut) {
-        float cap = m->cfg.final_softcap > 0 ? (float)m->cfg.final_softcap : 0;
-        size_t need = g4_codes_f32_argmax_scratch(&L->w, n - first);
-        if (need > s->argmax_bytes) { /* kept for the session: decode would otherwise map ~1 MB a token */
-            void *p = realloc(s->argmax_scratch, need);
-            if (p) s->argmax_scratch = p, s->argmax_bytes = need;
-        }
-        /* The one-row image is the cheaper; when it leaves a row unsettled (an outlier in the
-         * activations can widen its bounds past any use), the next ARGMAX_HOLD calls take the
-         * two digit rows, whose bounds stay tight, before the cheaper one is tried again. */
-        int coarse = s->argmax_hold > 0 ? 2 : 1;
-        g4_codes_f32_argmax(&L->w, s->xn + (size_t)first * H, n - first, cap, coarse, s->k->matmul_i8, next,
-                            need <= s->argmax_bytes ? s->argmax_scratch : NULL);
+    if (lm_head_shortcut_applies(s)) {
+        int coarse = lm_head_coarse(s);
+        g4_codes_f32_argmax(&m->lm_head.w, s->xn + (size_t)first * H, n - first, lm_head_cap(s), coarse, s->k->matmul_i8, next,
+                            lm_head_scratch(s, n - first));
         int unsettled = 0;
         for (int t = 0; t < n - first; t++) unsettled |= next[t] < 0;
-        if (coarse == 2) s->argmax_hold--;
-        else if (unsettled) s->argmax_hold = ARGMAX_HOLD;
+        lm_head_coarse_done(s, coarse, unsettled);
     }
     for (int t = first; t < n; t++) {
         if (next[t - first] >= 0) continue;
@@ -553,19 +572,11 @@ static void lm_head_top(g4_session *s, int row, const top_request *r) {
     const g4_linear *L = &m->lm_head;
     *r->n_cand = -1;
     s->last_row = row;
-    if (s->o.lmhead_dynamic_q8 || L->w.bits == 16 || (s->q_linear && (L->s_in != 0 || L->s_out != 0)) || r->k < 1 || r->k > L->w.out)
-        return;
-    size_t need = g4_codes_f32_argmax_scratch(&L->w, 1);
-    if (need > s->argmax_bytes) {
-        void *p = realloc(s->argmax_scratch, need);
-        if (p) s->argmax_scratch = p, s->argmax_bytes = need;
-    }
-    float cap = m->cfg.final_softcap > 0 ? (float)m->cfg.final_softcap : 0;
-    int coarse = s->argmax_hold > 0 ? 2 : 1; /* as lm_head_argmax chooses */
-    *r->n_cand = g4_codes_f32_top(&L->w, s->xn + (size_t)row * m->cfg.hidden, cap, r->k, r->extra, r->n_extra, coarse, s->k->matmul_i8,
-                                  r->cand, r->vals, r->max_cand, r->bound, need <= s->argmax_bytes ? s->argmax_scratch : NULL);
-    if (coarse == 2) s->argmax_hold--;
-    else if (*r->n_cand < 0) s->argmax_hold = ARGMAX_HOLD;
+    if (!lm_head_shortcut_applies(s) || r->k < 1 || r->k > L->w.out) return;
+    int coarse = lm_head_coarse(s);
+    *r->n_cand = g4_codes_f32_top(&L->w, s->xn + (size_t)row * m->cfg.hidden, lm_head_cap(s), r->k, r->extra, r->n_extra, coarse,
+                                  s->k->matmul_i8, r->cand, r->vals, r->max_cand, r->bound, lm_head_scratch(s, 1));
+    lm_head_coarse_done(s, coarse, *r->n_cand < 0);
 }
 
 /* Final norm of every row; then for rows [first, n) the softcapped logits, or only the greedy

@@ -333,9 +333,10 @@ static int bind_all(g4_model *m) {
  * alternating between the two copies in one process; 15 % in alternating whole runs), with fewer
  * TLB misses and page walks on every stream. The copy takes the mapping's place in the resident
  * set, since each tensor's file pages are released once it is copied, so memory use stays about
- * the same; loading takes longer (0.2-3 s for E2B's 790 MB, most of it the kernel clearing the new
- * pages; the copy runs on the pool, which took the usual 0.32-0.35 s to 0.22-0.27 s). Where transparent huge pages are off, the weights stay mapped: a copy on 4 KiB pages
- * gained 0-4 %. */
+ * the same. Loading takes longer: 0.22-0.27 s for E2B's 790 MB with the copy on the pool (0.32-0.35 s
+ * on one thread), most of it the kernel clearing the new pages, and up to 3 s on a VM whose host
+ * has not backed that memory yet. Where transparent huge pages are off, the weights stay mapped:
+ * a copy on 4 KiB pages gained 0-4 %. */
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static int huge_pages_available(void) {
