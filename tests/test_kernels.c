@@ -155,6 +155,7 @@ static void fixed_shapes(void) {
         }
     shape big[] = {
         {.bits = 2, .in = 12288, .out = 9, .n = 2},
+        {.bits = 2, .in = 1000, .out = 7, .n = 1}, /* decode rows: whole groups of 4 blocks, then 3 and a tail */
         {.bits = 4, .in = 6144, .out = 11, .n = 5},
         {.bits = 8, .in = 256, .out = 70, .n = 64},
         {.bits = 4, .in = 200, .out = 33, .n = 64},

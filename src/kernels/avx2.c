@@ -248,8 +248,8 @@ static void i8_rows(void *ctx, int o0, int o1) {
 }
 
 /* One activation row (decode): each weight row is streamed on its own, front to back, so a
- * thread reads one contiguous run of memory; two int16 sums (even and odd blocks) keep two add
- * chains in flight, and a prefetch runs I8_PREFETCH bytes ahead of the loads. Interleaving
+ * thread reads one contiguous run of memory; for 4-bit codes two int16 sums (even and odd blocks)
+ * keep two add chains in flight (2-bit codes have their own form, q2_row1, with two as well), and a prefetch runs I8_PREFETCH bytes ahead of the loads. Interleaving
  * several rows instead (RO > 1) turns one stream into several and measured slower from DRAM. */
 #define I8_PREFETCH 2048
 /* A prefetch hint some way past p (never faults, so it may run past the end of the weights; the
@@ -265,6 +265,52 @@ INLINE __m256i i8_row1_pair(const uint8_t *p, const uint8_t *x, __m256i s, const
     return s;
 }
 
+/* The 2-bit row's own form, with one shift per block instead of three: fields 0 and 1 are masked
+ * in place, and so are fields 2 and 3 after one shift by 4, so the odd fields come out as 4 raw.
+ * Their products go to a second int16 sum, which holds a group of 4 blocks (a pair sum of 4 raw x
+ * lies within +-3072, and a block adds two to each lane); each group's int32 lanes are then exact
+ * multiples of 4, divided back by a shift. The group is written out straight: the decode rows of
+ * E2B's gate, up and lm_head are 12 blocks long, too short for a loop of a few steps to pay.
+ * Fewer vector operations per block (14 instead of 15.5, which the vector ports are bound by)
+ * decoded 4 % faster per token on E2B. */
+INLINE void q2_block(const uint8_t *p, const uint8_t *x, __m256i *s1, __m256i *s4) {
+    const __m256i lo = _mm256_set1_epi8(3), hi = _mm256_set1_epi8(12);
+    __m256i v = _mm256_loadu_si256((const __m256i *)p), v4 = _mm256_srli_epi16(v, 4);
+    __m256i a = _mm256_maddubs_epi16(_mm256_and_si256(v, lo), _mm256_load_si256((const __m256i *)x));
+    __m256i b = _mm256_maddubs_epi16(_mm256_and_si256(v, hi), _mm256_load_si256((const __m256i *)(x + 32)));
+    __m256i c = _mm256_maddubs_epi16(_mm256_and_si256(v4, lo), _mm256_load_si256((const __m256i *)(x + 64)));
+    __m256i d = _mm256_maddubs_epi16(_mm256_and_si256(v4, hi), _mm256_load_si256((const __m256i *)(x + 96)));
+    *s1 = _mm256_add_epi16(*s1, _mm256_add_epi16(a, c));
+    *s4 = _mm256_add_epi16(*s4, _mm256_add_epi16(b, d));
+}
+
+INLINE __m256i q2_group_sum(__m256i acc, __m256i s1, __m256i s4) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(s1, ones), _mm256_srai_epi32(_mm256_madd_epi16(s4, ones), 2)));
+}
+
+INLINE __m256i q2_row1(const uint8_t *w, const uint8_t *x, int nb) {
+    __m256i acc = _mm256_setzero_si256();
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *p = w + (size_t)b * I8_BLOCK, *xb = x + (size_t)b * 128;
+        __m256i s1 = _mm256_setzero_si256(), s4 = _mm256_setzero_si256();
+        prefetch_ahead(p, I8_PREFETCH);
+        q2_block(p, xb, &s1, &s4);
+        q2_block(p + 32, xb + 128, &s1, &s4);
+        prefetch_ahead(p + 64, I8_PREFETCH);
+        q2_block(p + 64, xb + 256, &s1, &s4);
+        q2_block(p + 96, xb + 384, &s1, &s4);
+        acc = q2_group_sum(acc, s1, s4);
+    }
+    if (b < nb) {
+        __m256i s1 = _mm256_setzero_si256(), s4 = _mm256_setzero_si256();
+        for (; b < nb; b++) q2_block(w + (size_t)b * I8_BLOCK, x + (size_t)b * 128, &s1, &s4);
+        acc = q2_group_sum(acc, s1, s4);
+    }
+    return acc;
+}
+
 /* s + the dot of 16 8-bit codes at p and 16 prepared (int16) activations at x. */
 INLINE __m256i i8_row1_half8(const uint8_t *p, const uint8_t *x, __m256i s) {
     __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
@@ -273,6 +319,7 @@ INLINE __m256i i8_row1_half8(const uint8_t *p, const uint8_t *x, __m256i s) {
 
 /* Sum over blocks [0, nb) of one weight row against one prepared activation row. */
 INLINE __m256i i8_row1(const uint8_t *w, const uint8_t *x, int nb, const int BITS) {
+    if (BITS == 2) return q2_row1(w, x, nb);
     const size_t xb = i8_block_xbytes(BITS);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc = _mm256_setzero_si256();
