@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -448,6 +449,82 @@ static void probe_fn(void *ctx, int b, int e) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Background items: each runs exactly once, every item below `upto` is done when
+ * g4_pool_background_wait(upto) returns, a nested g4_pool_for inside an item completes, and a
+ * second set (another thread's, or too many items) is refused while one is active. */
+typedef struct {
+    pool_probe p;
+    int nested_bad;
+} bg_probe;
+
+static void bg_item(void *ctx, int b, int e) {
+    bg_probe *q = ctx;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do /* long enough that a waiter may well find an item in flight */
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 20000);
+    int hits[4] = {0};
+    pool_probe inner = {.hits = hits};
+    pthread_mutex_init(&inner.mu, NULL);
+    g4_pool_for(4, 1, 1e12, probe_fn, &inner); /* from a worker: runs inline */
+    pthread_mutex_destroy(&inner.mu);
+    for (int i = 0; i < 4; i++)
+        if (hits[i] != 1) {
+            pthread_mutex_lock(&q->p.mu);
+            q->nested_bad++;
+            pthread_mutex_unlock(&q->p.mu);
+        }
+    probe_fn(&q->p, b, e); /* counted once it is done */
+}
+
+static void *bg_intruder(void *arg) {
+    int *got = arg;
+    *got = g4_pool_background(3, bg_item, NULL);
+    return NULL;
+}
+
+static void pool_background_cases(void) {
+    static const int sizes[] = {1, 7, 500, 2048};
+    int bad = 0, early = 0, nested = 0, refused = 1;
+    for (int threads = 1; threads <= 3; threads++) {
+        g4_kernels_set_threads(threads);
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            int items = sizes[k], job_hits[64] = {0};
+            bg_probe q = {.p = {.hits = calloc((size_t)items, sizeof(int))}};
+            pool_probe job = {.hits = job_hits};
+            pthread_mutex_init(&q.p.mu, NULL);
+            pthread_mutex_init(&job.mu, NULL);
+            CHECK(g4_pool_background(items, bg_item, &q) == 1, "a background set of %d items refused", items);
+            pthread_t th;
+            int got = -1;
+            if (pthread_create(&th, NULL, bg_intruder, &got) == 0) {
+                pthread_join(th, NULL);
+                refused &= got == 0;
+            }
+            refused &= g4_pool_background(1, bg_item, &q) == 0; /* one set at a time, even its owner's */
+            for (int upto = 1; upto <= items; upto += 1 + upto / 3) {
+                g4_pool_for(64, 1, 1e12, probe_fn, &job); /* jobs between waits: idle workers pick items up */
+                g4_pool_background_wait(upto);
+                pthread_mutex_lock(&q.p.mu);
+                for (int i = 0; i < upto; i++) early += q.p.hits[i] != 1;
+                pthread_mutex_unlock(&q.p.mu);
+            }
+            g4_pool_background_end();
+            for (int i = 0; i < items; i++) bad += q.p.hits[i] != 1;
+            nested += q.nested_bad;
+            pthread_mutex_destroy(&q.p.mu);
+            pthread_mutex_destroy(&job.mu);
+            free(q.p.hits);
+        }
+    }
+    CHECK(g4_pool_background(0, bg_item, NULL) == 0 && g4_pool_background(2049, bg_item, NULL) == 0, "empty or oversized sets accepted");
+    CHECK(bad == 0, "%d background items not run exactly once", bad);
+    CHECK(early == 0, "%d background items not done when waited for", early);
+    CHECK(nested == 0, "%d nested pool jobs inside background items went wrong", nested);
+    CHECK(refused, "a second background set was accepted while one was active");
+}
+
 /* g4_pool_memcpy: every byte copied, none beyond, whatever the slices and threads. */
 static void pool_memcpy_cases(void) {
     static const size_t sizes[] = {0, 1, 1000, 4095, 4096, 4097, 3 * 4096 + 17, (5u << 20) + 3};
@@ -819,6 +896,7 @@ int main(void) {
     check_codes_argmax();
     check_codes_top();
     pool_exactly_once();
+    pool_background_cases();
     pool_memcpy_cases();
     g4_pool_set_min_work(0); /* split even the tiny test shapes across threads */
     for (int threads = 1; threads <= 3; threads++) {

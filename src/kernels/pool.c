@@ -63,6 +63,21 @@ static int job_items, job_chunk;
 #define GUIDED_MAX 256
 static int job_start[GUIDED_MAX + 1];
 
+/* Background items (g4_pool_background): bg_word packs [generation:32][items:16][next item:16]
+ * like the job word; bg_done[k] holds the generation whose item k has finished. The set's owner
+ * holds bg_mu from g4_pool_background to g4_pool_background_end. */
+#define BG_MAX 2048
+static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint64_t bg_word;
+static atomic_uint bg_done[BG_MAX];
+static g4_pool_fn bg_fn;
+static void *bg_ctx;
+static uint32_t bg_generation; /* under bg_mu */
+
+/* Pool workers run every g4_pool_for of their own inline (a background item's kernels call it):
+ * only the caller's thread hands out jobs. */
+static _Thread_local int is_pool_worker;
+
 static uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 32); }
 static int word_chunks(uint64_t w) { return (int)((w >> 16) & 0xFFFF); }
 static int word_next(uint64_t w) { return (int)(w & 0xFFFF); }
@@ -100,11 +115,30 @@ static void work_on(uint32_t gen) {
     }
 }
 
-/* Polls until the job word leaves generation `gen`; 0 when the time is up (then sleep). */
+/* Claims the next background item of generation `gen` if it lies below `upto`, runs it and marks
+ * it done; 0 when there was none to claim. */
+static int run_background_item(uint32_t gen, int upto) {
+    uint64_t w = atomic_load_explicit(&bg_word, memory_order_acquire);
+    while (word_gen(w) == gen && word_next(w) < word_chunks(w) && word_next(w) < upto) {
+        if (!atomic_compare_exchange_weak_explicit(&bg_word, &w, w + 1, memory_order_acq_rel, memory_order_acquire)) continue;
+        int k = word_next(w);
+        bg_fn(bg_ctx, k, k + 1);
+        atomic_store_explicit(&bg_done[k], gen, memory_order_release);
+        return 1;
+    }
+    return 0;
+}
+
+/* Polls until the job word leaves generation `gen`, running background items meanwhile; 0 when
+ * the time is up with nothing to do (then sleep). */
 static int spin_new_job(uint32_t gen) {
     long start = now_ns();
     for (unsigned i = 1;; i++) {
         if (word_gen(atomic_load_explicit(&job_word, memory_order_acquire)) != gen) return 1;
+        if (run_background_item(word_gen(atomic_load_explicit(&bg_word, memory_order_acquire)), INT_MAX)) {
+            start = now_ns();
+            continue;
+        }
         cpu_relax();
         if ((i & 255) == 0 && now_ns() - start > SPIN_NS) return 0;
     }
@@ -121,6 +155,7 @@ static int spin_done(int chunks) {
 
 static void *worker(void *arg) {
     uint32_t seen = (uint32_t)(uintptr_t)arg;
+    is_pool_worker = 1;
     for (;;) {
         if (!spin_new_job(seen)) {
             pthread_mutex_lock(&mu);
@@ -198,7 +233,7 @@ static int plan_guided(int items, int grain, int nt) {
 
 void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx) {
     if (items <= 0) return;
-    if (pthread_mutex_trylock(&run_mu) != 0) {
+    if (is_pool_worker || pthread_mutex_trylock(&run_mu) != 0) {
         fn(ctx, 0, items); /* another thread's job holds the pool */
         return;
     }
@@ -241,6 +276,30 @@ void g4_pool_for(int items, int grain, double work, g4_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&mu);
     }
     pthread_mutex_unlock(&run_mu);
+}
+
+int g4_pool_background(int items, g4_pool_fn fn, void *ctx) {
+    if (items <= 0 || items > BG_MAX || is_pool_worker || pthread_mutex_trylock(&bg_mu) != 0) return 0;
+    bg_fn = fn;
+    bg_ctx = ctx;
+    if (++bg_generation == 0) ++bg_generation; /* 0 is what bg_done starts as */
+    atomic_store_explicit(&bg_word, (uint64_t)bg_generation << 32 | (uint64_t)items << 16, memory_order_release);
+    return 1;
+}
+
+void g4_pool_background_wait(int upto) {
+    uint32_t gen = bg_generation;
+    int items = word_chunks(atomic_load_explicit(&bg_word, memory_order_acquire));
+    if (upto > items) upto = items;
+    while (run_background_item(gen, upto)) {
+    }
+    for (int k = 0; k < upto; k++)
+        while (atomic_load_explicit(&bg_done[k], memory_order_acquire) != gen) cpu_relax();
+}
+
+void g4_pool_background_end(void) {
+    g4_pool_background_wait(INT_MAX);
+    pthread_mutex_unlock(&bg_mu);
 }
 
 typedef struct {
