@@ -1,5 +1,7 @@
 /* The generation loop on the tiny fixture: greedy output equals the golden ids, and each stop
  * reason (stop id, budget, callback, context) ends generation where it should. */
+#include <pthread.h>
+
 #include "testutil.h"
 #include "generate/sampler.h"
 
@@ -200,6 +202,55 @@ static void check_sampling_shortcut(const g4_model *m, const int32_t *ids, int n
     free(in_set);
 }
 
+/* Sessions decoding in several threads at once give each the logits it gets alone, bit for bit
+ * (the pool, and its background items, serve one caller at a time; the others compute
+ * everything themselves). */
+enum { THREAD_STEPS = 12 };
+typedef struct {
+    const g4_model *m;
+    const int32_t *ids;
+    int n, rc;
+    float *logits; /* [THREAD_STEPS][vocab] */
+} thread_run;
+
+static void *decode_steps(void *arg) {
+    thread_run *t = arg;
+    int V = g4_model_vocab_size(t->m);
+    g4_session *s = session_for(t->m, G4_ACT_INT, 1);
+    t->rc = s ? g4_session_eval(s, t->ids, t->n, t->logits, 0) : -1;
+    for (int i = 1; i < THREAD_STEPS && t->rc == 0; i++) {
+        int32_t next = (int32_t)g4_argmax(t->logits + (size_t)(i - 1) * V, V);
+        t->rc = g4_session_eval(s, &next, 1, t->logits + (size_t)i * V, 0);
+    }
+    g4_session_free(s);
+    return NULL;
+}
+
+static void check_threads(const g4_model *m, const int32_t *ids, int n) {
+    enum { T = 3 };
+    size_t len = (size_t)THREAD_STEPS * (size_t)g4_model_vocab_size(m);
+    if (n > 24) n = 24;
+    thread_run alone = {m, ids, n, 0, malloc(sizeof(float) * len)}, runs[T];
+    decode_steps(&alone);
+    CHECK(alone.rc == 0, "%s", g4_last_error());
+    int differ = 0, failed = 0;
+    for (int rep = 0; rep < 12; rep++) {
+        pthread_t th[T];
+        for (int i = 0; i < T; i++) {
+            runs[i] = (thread_run){m, ids, n, 0, malloc(sizeof(float) * len)};
+            if (pthread_create(&th[i], NULL, decode_steps, &runs[i]) != 0) runs[i].rc = -2, th[i] = 0;
+        }
+        for (int i = 0; i < T; i++) {
+            if (runs[i].rc != -2) pthread_join(th[i], NULL);
+            failed += runs[i].rc != 0;
+            differ += runs[i].rc == 0 && memcmp(runs[i].logits, alone.logits, sizeof(float) * len) != 0;
+            free(runs[i].logits);
+        }
+    }
+    CHECK(failed == 0 && differ == 0, "decoding in %d threads at once: %d runs failed, %d got other logits", T, failed, differ);
+    free(alone.logits);
+}
+
 int main(void) {
     char path[8192];
     snprintf(path, sizeof path, "%s/golden.json", tiny_dir());
@@ -257,6 +308,7 @@ int main(void) {
     check_batch(m, ids, n);
     check_argmax_api(m, ids, n);
     check_sampling_shortcut(m, ids, n);
+    check_threads(m, ids, n);
     g4_model_free(m);
     free(ids);
     free(gold);
