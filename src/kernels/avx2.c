@@ -248,9 +248,10 @@ static void i8_rows(void *ctx, int o0, int o1) {
 }
 
 /* One activation row (decode): each weight row is streamed on its own, front to back, so a
- * thread reads one contiguous run of memory; for 4-bit codes two int16 sums (even and odd blocks)
- * keep two add chains in flight (2-bit codes have their own form, q2_row1, with two as well), and a prefetch runs I8_PREFETCH bytes ahead of the loads. Interleaving
- * several rows instead (RO > 1) turns one stream into several and measured slower from DRAM. */
+ * thread reads one contiguous run of memory; for 4-bit codes two int16 sums (even and odd
+ * blocks) keep two add chains in flight (short 2-bit rows have their own form, q2_row1, with two
+ * as well), and a prefetch runs I8_PREFETCH bytes ahead of the loads. Interleaving several rows
+ * instead (RO > 1) turns one stream into several and measured slower from DRAM. */
 #define I8_PREFETCH 2048
 /* A prefetch hint some way past p (never faults, so it may run past the end of the weights; the
  * address is formed as an integer since it may lie outside the object). */
@@ -293,22 +294,23 @@ INLINE __m256i q2_group_sum(__m256i acc, __m256i s1, __m256i s4) {
 }
 
 INLINE __m256i q2_row1(const uint8_t *w, const uint8_t *x, int nb) {
+    const size_t Q2_XB = i8_block_xbytes(2);
     __m256i acc = _mm256_setzero_si256();
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
-        const uint8_t *p = w + (size_t)b * I8_BLOCK, *xb = x + (size_t)b * 128;
+        const uint8_t *p = w + (size_t)b * I8_BLOCK, *xb = x + (size_t)b * Q2_XB;
         __m256i s1 = _mm256_setzero_si256(), s4 = _mm256_setzero_si256();
         prefetch_ahead(p, I8_PREFETCH);
         q2_block(p, xb, &s1, &s4);
-        q2_block(p + 32, xb + 128, &s1, &s4);
+        q2_block(p + 32, xb + Q2_XB, &s1, &s4);
         prefetch_ahead(p + 64, I8_PREFETCH);
-        q2_block(p + 64, xb + 256, &s1, &s4);
-        q2_block(p + 96, xb + 384, &s1, &s4);
+        q2_block(p + 64, xb + 2 * Q2_XB, &s1, &s4);
+        q2_block(p + 96, xb + 3 * Q2_XB, &s1, &s4);
         acc = q2_group_sum(acc, s1, s4);
     }
     if (b < nb) {
         __m256i s1 = _mm256_setzero_si256(), s4 = _mm256_setzero_si256();
-        for (; b < nb; b++) q2_block(w + (size_t)b * I8_BLOCK, x + (size_t)b * 128, &s1, &s4);
+        for (; b < nb; b++) q2_block(w + (size_t)b * I8_BLOCK, x + (size_t)b * Q2_XB, &s1, &s4);
         acc = q2_group_sum(acc, s1, s4);
     }
     return acc;

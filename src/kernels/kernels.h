@@ -33,6 +33,15 @@ typedef struct {
     const float *w_scale;
 } g4_qweight;
 
+/* Rows [o0, o0 + n) of w as a weight of their own (a view: nothing is copied). */
+static inline g4_qweight g4_qweight_rows(const g4_qweight *w, int o0, int n) {
+    g4_qweight sub = *w;
+    sub.out = n;
+    sub.w = w->w + (size_t)o0 * w->row_bytes;
+    if (w->w_scale) sub.w_scale = w->w_scale + o0;
+    return sub;
+}
+
 /* Sum of x[i] * bf16[i] over one BF16 row (little-endian, possibly unaligned), in the fixed 8-lane
  * order. */
 float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n);

@@ -73,6 +73,7 @@ static atomic_uint bg_done[BG_MAX];
 static g4_pool_fn bg_fn;
 static void *bg_ctx;
 static uint32_t bg_generation; /* under bg_mu */
+static int bg_waited;          /* under bg_mu: the items below it are known to be done */
 
 /* Pool workers run every g4_pool_for of their own inline (a background item's kernels call it):
  * only the caller's thread hands out jobs. */
@@ -283,6 +284,7 @@ int g4_pool_background(int items, g4_pool_fn fn, void *ctx) {
     bg_fn = fn;
     bg_ctx = ctx;
     if (++bg_generation == 0) ++bg_generation; /* 0 is what bg_done starts as */
+    bg_waited = 0;
     atomic_store_explicit(&bg_word, (uint64_t)bg_generation << 32 | (uint64_t)items << 16, memory_order_release);
     return 1;
 }
@@ -293,8 +295,9 @@ void g4_pool_background_wait(int upto) {
     if (upto > items) upto = items;
     while (run_background_item(gen, upto)) {
     }
-    for (int k = 0; k < upto; k++)
-        while (atomic_load_explicit(&bg_done[k], memory_order_acquire) != gen) cpu_relax();
+    /* each wait checks only the items the previous ones did not: a decode step waits once a layer */
+    for (; bg_waited < upto; bg_waited++)
+        while (atomic_load_explicit(&bg_done[bg_waited], memory_order_acquire) != gen) cpu_relax();
 }
 
 void g4_pool_background_end(void) {

@@ -124,9 +124,7 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
         int nt = n - t0 < rows ? n - t0 : rows;
         for (int t = 0; t < nt; t++) S[t] = g4_fix_split_row(x + (size_t)(t0 + t) * in, in, digits + (size_t)t * D * in);
         for (int o0 = 0; o0 < w->out; o0 += chunk) {
-            g4_qweight sub = *w;
-            sub.out = w->out - o0 < chunk ? w->out - o0 : chunk;
-            sub.w = w->w + (size_t)o0 * w->row_bytes;
+            g4_qweight sub = g4_qweight_rows(w, o0, w->out - o0 < chunk ? w->out - o0 : chunk);
             matmul_i8(&sub, digits, D * nt, acc);
             fix_combine_job j = {acc, S, w->w_scale + o0, y + (size_t)t0 * w->out + o0, (size_t)w->out, nt, sub.out};
             g4_pool_for(sub.out, 64, 8.0 * nt * sub.out, fix_combine, &j);
@@ -388,9 +386,7 @@ static int bounds_pass(const g4_qweight *w, const float *x, int t0, int nt, int 
         E[2 * t + 1] = code_lo * up + code_hi * down;
     }
     for (int o0 = 0; o0 < V; o0 += b->chunk) {
-        g4_qweight sub = *w;
-        sub.out = V - o0 < b->chunk ? V - o0 : b->chunk;
-        sub.w = w->w + (size_t)o0 * w->row_bytes;
+        g4_qweight sub = g4_qweight_rows(w, o0, V - o0 < b->chunk ? V - o0 : b->chunk);
         matmul_i8(&sub, b->coarse, R * nt, b->acc);
         argmax_bound_job j = {b->acc, w->w_scale, two_neg_s, coef, E, nt, R, sub.out, o0, V, nblk, b->ub, lb, b->blk, b->blk + (size_t)b->rows * nblk};
         g4_pool_for((sub.out + ARGMAX_BLOCK - 1) / ARGMAX_BLOCK, 1, 8.0 * nt * sub.out, argmax_bounds, &j);

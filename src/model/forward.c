@@ -306,10 +306,7 @@ static void ple_item(void *ctx, int b, int e) {
     g4_session *s = ctx;
     const g4_qweight *w = &s->m->pmp.w;
     for (int k = b; k < e; k++) {
-        g4_qweight sub = *w;
-        sub.out = PLE_ITEM_ROWS;
-        sub.w = w->w + (size_t)k * PLE_ITEM_ROWS * w->row_bytes;
-        if (w->w_scale) sub.w_scale = w->w_scale + (size_t)k * PLE_ITEM_ROWS;
+        g4_qweight sub = g4_qweight_rows(w, k * PLE_ITEM_ROWS, PLE_ITEM_ROWS);
         s->k->matmul_f32(&sub, s->pmp_in, 1, s->pli + (size_t)k * PLE_ITEM_ROWS);
     }
 }
@@ -324,15 +321,12 @@ static void ple_layer_ready(g4_session *s, int l) {
     g4_pool_background_wait((l + 1) * ple_items_per_layer(s));
     size_t at = (size_t)l * c->ple_dim;
     ple_combine(s, s->pli + at, s->ple_tok + at, 1);
-    if (l == c->n_layers - 1) {
-        g4_pool_background_end();
-        s->ple_pending = 0;
-    }
     PROF_END(s, G4_PROF_EMBED);
 }
 
-/* Ends a pending projection early (a step that stops before its last layer). */
-static void ple_abandon(g4_session *s) {
+/* Ends a pending projection once the step's layers are done (every item has been waited for by
+ * then), handing the background set back. */
+static void ple_end(g4_session *s) {
     if (!s->ple_pending) return;
     g4_pool_background_end();
     s->ple_pending = 0;
@@ -368,8 +362,7 @@ static void embed_tokens(g4_session *s, const int32_t *ids, int n, int cut) {
     }
     int LPp = s->tail_from * P; /* the producers' inputs, which every row needs */
     if (cut > 0 && LPp < LP) {
-        g4_qweight head = m->pmp.w;
-        head.out = LPp;
+        g4_qweight head = g4_qweight_rows(&m->pmp.w, 0, LPp);
         s->k->matmul_f32(&head, in, cut, s->pli); /* rows LPp apart, spread out below */
         for (int t = cut - 1; t >= 0; t--) {
             memmove(s->pli + (size_t)t * LP, s->pli + (size_t)t * LPp, sizeof *s->pli * (size_t)LPp);
@@ -689,7 +682,7 @@ static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits
         if (n == 0) break;
         decoder_layer(s, l, n);
     }
-    ple_abandon(s);
+    ple_end(s);
     if (n > 0) {
         /* the lm_head's own time is counted here, not as a layer linear */
         double before = s->prof[G4_PROF_LINEAR];
