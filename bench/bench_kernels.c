@@ -203,7 +203,11 @@ int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     print_load("at start");
     size_t words = ((size_t)1 << 30) / 8;
-    uint64_t *buf = malloc(words * 8);
+    uint64_t *buf = aligned_alloc(64, words * 8);
+    if (!buf) {
+        fprintf(stderr, "bench_kernels: out of memory for the 1 GB bandwidth buffer\n");
+        return 1;
+    }
     for (size_t i = 0; i < words; i++) buf[i] = i;
     for (int t = 1; t <= 2; t++) printf("stream read 1 GB, %d thread(s): %.2f GB/s -> decode roofline %.1f tok/s\n", t,
                                         g4_stream_bandwidth(buf, words * 8, t, 5) / 1e9, g4_stream_bandwidth(buf, words * 8, t, 5) / MODEL_BYTES);
