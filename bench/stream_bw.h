@@ -71,14 +71,23 @@ static void *g4_bw_sum_slice(void *p) {
     return NULL;
 }
 
+/* Whether the probe reads with 32-byte AVX2 loads on this CPU (else 16-byte vectors). */
+static int g4_bw_avx2(void) {
+#ifdef G4_BW_X86
+    return __builtin_cpu_supports("avx2") != 0;
+#else
+    return 0;
+#endif
+}
+
+/* The probe's loads, as `g4 bench` reports them: "avx2-32" or "vec-16". */
+static const char *g4_stream_loads(void) { return g4_bw_avx2() ? "avx2-32" : "vec-16"; }
+
 /* Bytes per second read by `threads` threads (at most 64) over buf: the best of `passes`. */
 static double g4_stream_bandwidth(const uint64_t *buf, size_t bytes, int threads, int passes) {
     int t_n = threads < 1 ? 1 : threads < 64 ? threads : 64;
     size_t per = bytes / 8 / (size_t)t_n & ~(size_t)31; /* words per thread: slices stay 256-byte multiples */
-    int avx2 = 0;
-#ifdef G4_BW_X86
-    avx2 = __builtin_cpu_supports("avx2");
-#endif
+    int avx2 = g4_bw_avx2();
     double best = 0;
     for (int pass = 0; pass < passes; pass++) {
         pthread_t th[64];

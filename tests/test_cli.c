@@ -145,6 +145,15 @@ static void test_bench(void) {
         CHECK(v[10] > 1e8 && v[11] > 0, "bench: bandwidth %g B/s, roofline fraction %g", v[10], v[11]);
         const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "act");
         CHECK(cJSON_IsString(act) && strcmp(act->valuestring, "fake") == 0, "bench: act");
+        /* the probe reads with the widest loads this CPU has */
+        const cJSON *loads = cJSON_GetObjectItemCaseSensitive(j, "read_bw_loads");
+#if defined(__x86_64__)
+        const char *want_loads = __builtin_cpu_supports("avx2") ? "avx2-32" : "vec-16";
+#else
+        const char *want_loads = "vec-16";
+#endif
+        CHECK(cJSON_IsString(loads) && strcmp(loads->valuestring, want_loads) == 0, "bench: read_bw_loads %s, want %s",
+              cJSON_IsString(loads) ? loads->valuestring : "(missing)", want_loads);
         const cJSON *ops = cJSON_GetObjectItemCaseSensitive(j, "ops_decode_s");
         double total = 0;
         for (const cJSON *o = ops ? ops->child : NULL; o; o = o->next) total += o->valuedouble;

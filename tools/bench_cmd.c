@@ -276,9 +276,9 @@ int cmd_bench(args_t *a) {
                    "\"gen_tokens\": %d, \"reps\": %d, \"load_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, "
                    "\"prefill_tok_s_max\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, "
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
-                   "\"roofline_fraction\": %.4f, \"weights\": \"%s\"",
+                   "\"roofline_fraction\": %.4f, \"read_bw_loads\": \"%s\", \"weights\": \"%s\"",
                    b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
-                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed, weights_name(m));
+                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed, b.bandwidth ? g4_stream_loads() : "off", weights_name(m));
             print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
             print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
             printf("}\n");
@@ -290,9 +290,9 @@ int cmd_bench(args_t *a) {
             printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);
             printf("  peak resident   %.1f MiB\n", peak / 1048576);
             if (bw > 0)
-                printf("  read bandwidth  %.2f GB/s median, measured beside each rep -> roofline %.2f tok/s at %.2f MB/token;\n"
+                printf("  read bandwidth  %.2f GB/s median (%s loads), measured beside each rep -> roofline %.2f tok/s at %.2f MB/token;\n"
                        "                  decode at %.2f of it (median of the reps' own ratios)\n",
-                       bw / 1e9, roof, bytes / 1e6, fmed);
+                       bw / 1e9, g4_stream_loads(), roof, bytes / 1e6, fmed);
             printf("time per operation and token (last rep):\n");
             print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 0);
             print_ops(stdout, "decode", last->prof_decode, b.gen, 0);
