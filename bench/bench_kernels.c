@@ -209,8 +209,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     for (size_t i = 0; i < words; i++) buf[i] = i;
-    for (int t = 1; t <= 2; t++) printf("stream read 1 GB (%s loads), %d thread(s): %.2f GB/s -> decode roofline %.1f tok/s\n", g4_stream_loads(), t,
-                                        g4_stream_bandwidth(buf, words * 8, t, 5) / 1e9, g4_stream_bandwidth(buf, words * 8, t, 5) / MODEL_BYTES);
+    for (int t = 1; t <= 2; t++) {
+        double bw = g4_stream_bandwidth(buf, words * 8, t, 5); /* one measurement for both figures */
+        printf("stream read 1 GB (%s loads), %d thread(s): %.2f GB/s -> decode roofline %.1f tok/s\n", g4_stream_loads(), t, bw / 1e9,
+               bw / MODEL_BYTES);
+    }
     free(buf);
     static const bshape shapes[] = {
         {"gate/up 1536x6144 q4", 1536, 6144, 4},

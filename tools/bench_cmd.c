@@ -278,7 +278,7 @@ int cmd_bench(args_t *a) {
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
                    "\"roofline_fraction\": %.4f, \"read_bw_loads\": \"%s\", \"weights\": \"%s\"",
                    b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
-                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed, b.bandwidth ? g4_stream_loads() : "off", weights_name(m));
+                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed, bw > 0 ? g4_stream_loads() : "off", weights_name(m));
             print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
             print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
             printf("}\n");
