@@ -24,10 +24,11 @@ typedef struct {
     g4_options o;
 } bench_args;
 
-/* The bandwidth is measured beside every repetition, since this machine's memory speed drifts
- * from minute to minute. A child process forked before the model loads (so before any pool
- * thread exists) owns the 1 GiB buffer, so it never counts in the bench's peak resident memory;
- * it measures whenever it reads a byte from `req` and answers on `resp`. */
+/* The bandwidth is measured just before and just after every repetition's decode, since this
+ * machine's memory speed drifts from second to second (a 512-token prompt takes a few). A child
+ * process forked before the model loads (so before any pool thread exists) owns the 1 GiB
+ * buffer, so it never counts in the bench's peak resident memory; it measures whenever it reads
+ * a byte from `req` and answers on `resp`. */
 typedef struct {
     int req, resp;
     pid_t pid;
@@ -85,6 +86,7 @@ static void bw_probe_stop(bw_probe *p) {
 
 typedef struct {
     double prefill_tok_s, decode_tok_s;
+    double bw_before, bw_after; /* read bandwidth just before and after the decode (0: not measured) */
     double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
 } bench_rep;
 
@@ -119,7 +121,9 @@ static int eval_step(g4_session *s, const bench_args *b, g4_sampler *greedy, con
     return 0;
 }
 
-static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_rep *r) {
+/* probe: measures the read bandwidth just before and just after the decode (bw_before, bw_after),
+ * so that it brackets the phase the roofline is about; NULL for none. */
+static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, bench_rep *r) {
     int V = g4_model_vocab_size(m);
     g4_options o = b->o;
     o.ctx = b->prompt + b->gen + 1;
@@ -142,13 +146,16 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, bench_
     if (b->prompt > 0 && eval_step(s, b, greedy, ids, b->prompt, logits, cand, vals, &next) != 0) goto done;
     double t1 = now_s();
     g4_session_profile(s, r->prof_prefill);
+    r->bw_before = probe ? bw_probe_measure(probe) : 0;
     g4_session_set_profiling(s, 1);
+    double t2 = now_s();
     for (int i = 0; i < b->gen; i++)
         if (eval_step(s, b, greedy, &next, 1, logits, cand, vals, &next) != 0) goto done;
-    double t2 = now_s();
+    double t3 = now_s();
     g4_session_profile(s, r->prof_decode);
+    r->bw_after = probe ? bw_probe_measure(probe) : 0;
     r->prefill_tok_s = b->prompt > 0 ? b->prompt / (t1 - t0) : 0;
-    r->decode_tok_s = b->gen > 0 ? b->gen / (t2 - t1) : 0;
+    r->decode_tok_s = b->gen > 0 ? b->gen / (t3 - t2) : 0;
     rc = 0;
 done:
     free(ids);
@@ -241,10 +248,8 @@ int cmd_bench(args_t *a) {
     double bytes = (double)g4_model_decode_bytes(m);
     int rc = 0;
     for (int i = 0; i < b.reps && rc == 0; i++) {
-        /* bandwidth just before and just after the repetition, averaged */
-        double bw0 = probing ? bw_probe_measure(&probe) : 0;
-        if (run_rep(m, &b, 1234u + (unsigned)i, &reps[i]) != 0) rc = die_lib();
-        double bw1 = probing ? bw_probe_measure(&probe) : 0;
+        if (run_rep(m, &b, 1234u + (unsigned)i, probing ? &probe : NULL, &reps[i]) != 0) rc = die_lib();
+        double bw0 = reps[i].bw_before, bw1 = reps[i].bw_after;
         bws[i] = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : 0;
         pf[i] = reps[i].prefill_tok_s;
         dc[i] = reps[i].decode_tok_s;
@@ -290,7 +295,7 @@ int cmd_bench(args_t *a) {
             printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);
             printf("  peak resident   %.1f MiB\n", peak / 1048576);
             if (bw > 0)
-                printf("  read bandwidth  %.2f GB/s median (%s loads), measured beside each rep -> roofline %.2f tok/s at %.2f MB/token;\n"
+                printf("  read bandwidth  %.2f GB/s median (%s loads), measured around each decode -> roofline %.2f tok/s at %.2f MB/token;\n"
                        "                  decode at %.2f of it (median of the reps' own ratios)\n",
                        bw / 1e9, g4_stream_loads(), roof, bytes / 1e6, fmed);
             printf("time per operation and token (last rep):\n");
