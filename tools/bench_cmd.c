@@ -86,7 +86,7 @@ static void bw_probe_stop(bw_probe *p) {
 
 typedef struct {
     double prefill_tok_s, decode_tok_s;
-    double bw_before, bw_after; /* read bandwidth just before and after the decode (0: not measured) */
+    double read_bw; /* bytes/s around the decode (0: not measured) */
     double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
 } bench_rep;
 
@@ -121,8 +121,7 @@ static int eval_step(g4_session *s, const bench_args *b, g4_sampler *greedy, con
     return 0;
 }
 
-/* probe: measures the read bandwidth just before and just after the decode (bw_before, bw_after),
- * so that it brackets the phase the roofline is about; NULL for none. */
+/* probe: NULL, or the bandwidth probe to run around the decode (into r->read_bw). */
 static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, bench_rep *r) {
     int V = g4_model_vocab_size(m);
     g4_options o = b->o;
@@ -146,14 +145,15 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
     if (b->prompt > 0 && eval_step(s, b, greedy, ids, b->prompt, logits, cand, vals, &next) != 0) goto done;
     double t1 = now_s();
     g4_session_profile(s, r->prof_prefill);
-    r->bw_before = probe ? bw_probe_measure(probe) : 0;
+    double bw0 = probe ? bw_probe_measure(probe) : 0;
     g4_session_set_profiling(s, 1);
     double t2 = now_s();
     for (int i = 0; i < b->gen; i++)
         if (eval_step(s, b, greedy, &next, 1, logits, cand, vals, &next) != 0) goto done;
     double t3 = now_s();
     g4_session_profile(s, r->prof_decode);
-    r->bw_after = probe ? bw_probe_measure(probe) : 0;
+    double bw1 = probe ? bw_probe_measure(probe) : 0;
+    r->read_bw = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : 0;
     r->prefill_tok_s = b->prompt > 0 ? b->prompt / (t1 - t0) : 0;
     r->decode_tok_s = b->gen > 0 ? b->gen / (t3 - t2) : 0;
     rc = 0;
@@ -249,8 +249,7 @@ int cmd_bench(args_t *a) {
     int rc = 0;
     for (int i = 0; i < b.reps && rc == 0; i++) {
         if (run_rep(m, &b, 1234u + (unsigned)i, probing ? &probe : NULL, &reps[i]) != 0) rc = die_lib();
-        double bw0 = reps[i].bw_before, bw1 = reps[i].bw_after;
-        bws[i] = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : 0;
+        bws[i] = reps[i].read_bw;
         pf[i] = reps[i].prefill_tok_s;
         dc[i] = reps[i].decode_tok_s;
         frac[i] = bws[i] > 0 ? dc[i] * bytes / bws[i] : 0;
