@@ -11,6 +11,7 @@
 
 #include "kernels/pool.h"
 #include "model.h"
+#include "probe.h"
 #include "quant/dynamic.h"
 #include "quant/int8.h"
 #include "quant/pack.h"
@@ -43,6 +44,7 @@ struct g4_session {
     g4_qdiv_rule qdiv;
     g4_requant **rq; /* [n_linears] per-row requantization (int mode, rules other than f32) */
     float **rq_f32;  /* [n_linears] per-row f32 multipliers (int mode, requant f32: XNNPACK's rule) */
+    long long *rows_int, *rows_float; /* [n_linears] token rows each linear ran through either path (probe.h) */
     kv_cache *kv;    /* [n_seq][n_layers]; empty for consumers */
     /* Per-chunk scratch. */
     float *x, *xn, *xq, *q, *kk, *vv, *att, *proj, *gate, *up, *pli, *ple_tok, *plg;
@@ -211,6 +213,7 @@ static void requant_run(const rows_job *j, int t0, int t1) {
 
 /* y = dequant(requant(W codes)) for n rows whose input codes are already in `codes`. */
 static void linear_from_codes(g4_session *s, const g4_linear *L, const int8_t *codes, int n, float *y) {
+    s->rows_int[L->id] += n;
     s->k->matmul_i8(&L->w, codes, n, s->acc);
     rows_job j = {.run = requant_run, .s = s, .L = L, .y = y, .width = L->w.out};
     for_rows(&j, n, 2);
@@ -229,6 +232,7 @@ static void linear_body(g4_session *s, const g4_linear *L, const float *x, int n
         fake_quant(s, s->xq, len, L->s_in);
         x = s->xq;
     }
+    s->rows_float[L->id] += n;
     s->k->matmul_f32(&L->w, x, n, y);
     if (s->q_linear) fake_quant(s, y, (size_t)n * L->w.out, L->s_out);
 }
@@ -879,6 +883,14 @@ static int build_requant_tables(g4_session *s) {
     return 0;
 }
 
+/* The per-linear row counts of probe.h (g4_session_linear_rows). */
+static int alloc_linear_counts(g4_session *s) {
+    size_t n = (size_t)(s->m->n_linears > 0 ? s->m->n_linears : 1);
+    s->rows_int = calloc(n, sizeof *s->rows_int);
+    s->rows_float = calloc(n, sizeof *s->rows_float);
+    return s->rows_int && s->rows_float ? 0 : g4_fail("out of memory for the session");
+}
+
 /* Bytes of memory the system can still give (MemAvailable), or 0 when unknown; the environment
  * variable G4_MEMORY_LIMIT_MB caps it (to keep g4 within a budget on a shared machine). */
 static double available_memory(void) {
@@ -1003,7 +1015,7 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
         g4_fail("out of memory for the session");
         return NULL;
     }
-    if (resolve_options(s) || build_requant_tables(s) || alloc_kv(s) || alloc_scratch(s)) {
+    if (resolve_options(s) || build_requant_tables(s) || alloc_linear_counts(s) || alloc_kv(s) || alloc_scratch(s)) {
         g4_session_free(s);
         return NULL;
     }
@@ -1025,6 +1037,8 @@ void g4_session_free(g4_session *s) {
     for (int i = 0; s->rq_f32 && i < s->m->n_linears; i++) free(s->rq_f32[i]);
     free(s->rq);
     free(s->rq_f32);
+    free(s->rows_int);
+    free(s->rows_float);
     void *bufs[] = {s->logit_row, s->argmax_scratch, s->x, s->xn, s->xq, s->xcodes, s->acc, s->q, s->kk, s->vv, s->att, s->proj, s->gate, s->up, s->pli,
                     s->ple_tok, s->plg, s->pmp_in, s->rope_cos[0], s->rope_cos[1], s->rope_sin[0], s->rope_sin[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -1066,4 +1080,49 @@ const g4_model *g4_session_model(const g4_session *s) { return s->m; }
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user) {
     s->trace = fn;
     s->trace_user = user;
+}
+
+/* ---- probes for the tests (probe.h) ---- */
+
+/* The decoder-layer linear named `module`, or NULL. */
+static const g4_linear *find_layer_linear(const g4_model *m, const char *module) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const g4_linear *lins[9];
+        int count = g4_layer_linears(&m->layers[l], g4_layer_is_producer(m, l), lins);
+        for (int i = 0; i < count; i++)
+            if (strcmp(lins[i]->name, module) == 0) return lins[i];
+    }
+    return NULL;
+}
+
+int g4_session_linear_rows(const g4_session *s, const char *module, long long *int_rows, long long *float_rows) {
+    const g4_model *m = s->m;
+    const g4_linear *L = find_layer_linear(m, module);
+    if (!L && strcmp(m->lm_head.name, module) == 0) L = &m->lm_head;
+    if (!L && strcmp(m->pmp.name, module) == 0) L = &m->pmp;
+    if (!L) return g4_fail("no linear named %s", module);
+    *int_rows = s->rows_int[L->id];
+    *float_rows = s->rows_float[L->id];
+    return 0;
+}
+
+int g4_session_run_linear(g4_session *s, const char *module, const float *x, int n, float *y, int8_t *codes, int32_t *acc) {
+    const g4_linear *L = find_layer_linear(s->m, module);
+    if (!L) return g4_fail("no decoder-layer linear named %s", module);
+    if (n < 1 || n > CHUNK) return g4_fail("%d rows: a linear takes 1 to %d", n, CHUNK);
+    long long before = s->rows_int[L->id];
+    linear(s, L, x, n, y);
+    int ran_int = s->rows_int[L->id] != before;
+    if (ran_int && codes) memcpy(codes, s->xcodes, sizeof *codes * (size_t)n * L->w.in);
+    if (ran_int && acc) memcpy(acc, s->acc, sizeof *acc * (size_t)n * L->w.out);
+    return ran_int;
+}
+
+const int8_t *g4_session_kv_codes(const g4_session *s, int seq, int layer, int v, float *scale, int *width) {
+    const g4_model *m = s->m;
+    if (seq < 0 || seq >= s->n_seq || layer < 0 || layer >= m->cfg.n_layers || !g4_layer_is_producer(m, layer)) return NULL;
+    const kv_cache *c = kv_of(s, seq, layer);
+    *scale = v ? c->v_scale : c->k_scale;
+    *width = m->layers[layer].n_kv_heads * m->layers[layer].head_dim;
+    return v ? c->vq : c->kq;
 }

@@ -277,6 +277,7 @@ static int bind_lm_head(g4_model *m) {
     if (!scale) return g4_fail("%s: out of memory", m->dir);
     for (int r = 0; r < c->vocab; r++) scale[r] = g4_load_f32(m->embed.scale->data + 4 * (size_t)r);
     snprintf(m->lm_head.name, sizeof m->lm_head.name, "lm_head (tied to embed_tokens)");
+    m->lm_head.id = m->n_linears++; /* its own slot in the per-session tables, not linear 0's */
     m->lm_head.w = (g4_qweight){.bits = m->embed.bits, .in = c->hidden, .out = c->vocab, .row_bytes = m->embed.row_bytes,
                                 .w = m->embed.codes, .w_scale = scale};
     return 0;
