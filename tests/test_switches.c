@@ -1,6 +1,7 @@
 /* Each quantization switch changes what it claims and nothing else: tensors upstream of the
  * point it controls stay bit-identical, the point itself changes as specified. Runs on the
  * tiny-mobile fixture with every intermediate tensor captured. */
+#include "model/probe.h"
 #include "quant/int8.h"
 #include "testutil.h"
 
@@ -216,6 +217,100 @@ static void test_lmhead_dynamic(void) {
     g4_capture_free(&b);
 }
 
+/* The checkpoint's linears as the fixture describes them, not as the engine binds them: every
+ * module of manifest.json with an input_activation_scale and role "text" (transformers'
+ * QuantizedLinear modules of the text model; a KV-shared layer's unused k_proj/v_proj carry another
+ * role), quantized where that scale in model.safetensors is not 0. */
+typedef struct {
+    char module[128];
+    int quantized;
+    int unused; /* a KV-shared layer's k_proj/v_proj: present in the file, no linear of the model */
+} fixture_linear;
+
+static int fixture_linears(fixture_linear *out, int max) {
+    char path[8192];
+    snprintf(path, sizeof path, "%s/manifest.json", tiny_dir());
+    cJSON *manifest = read_json(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", tiny_dir());
+    g4_safetensors st;
+    if (g4_st_open_file(&st, path) != 0) exit(2);
+    static const char suffix[] = ".input_activation_scale";
+    int n = 0;
+    for (const cJSON *e = manifest->child; e && n < max; e = e->next) {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(e, "name")), *role = cJSON_GetStringValue(cJSON_GetObjectItem(e, "role"));
+        size_t len = name ? strlen(name) : 0;
+        if (!role || len <= strlen(suffix) || strcmp(name + len - strlen(suffix), suffix) != 0) continue;
+        if (strncmp(name, "model.language_model.", 21) != 0 && strncmp(name, "lm_head.", 8) != 0) continue;
+        fixture_linear *f = &out[n++];
+        snprintf(f->module, sizeof f->module, "%.*s", (int)(len - strlen(suffix)), name);
+        f->unused = strcmp(role, "text") != 0;
+        const g4_tensor *t = g4_st_find(&st, name);
+        f->quantized = t && g4_load_f32(t->data) != 0;
+    }
+    g4_st_close(&st);
+    cJSON_Delete(manifest);
+    return n;
+}
+
+/* The kind of a layer linear: its name after "layers.<L>." ("per_layer_input_gate",
+ * "mlp.down_proj", ...), or the whole name (lm_head). */
+static const char *linear_kind(const char *module) {
+    const char *p = strstr(module, "layers.");
+    if (!p) return module;
+    p += strlen("layers.");
+    while (*p >= '0' && *p <= '9') p++;
+    return *p == '.' ? p + 1 : module;
+}
+
+/* Every quantized linear runs in integers in int mode, for every token row, and none does in float
+ * or fake mode: the counts of probe.h after a prefill (every row's logits, so every row passes every
+ * layer) and a few decode steps equal the fixture's linears x tokens. A linear sent down the float
+ * path in int mode gives nearly the same logits (the 8-bit per-layer-input gate and projection: the
+ * fixture's unit_linear shows their integer and fake-quant codes equal), so only its path shows it. */
+static void test_every_linear_path(void) {
+    enum { MAX_LINEARS = 256, DECODE_STEPS = 3 };
+    static fixture_linear lins[MAX_LINEARS];
+    int n_lins = fixture_linears(lins, MAX_LINEARS), V = g4_model_vocab_size(model);
+    const long long rows = N_PROMPT + DECODE_STEPS;
+    float *logits = malloc(sizeof *logits * (size_t)N_PROMPT * V);
+    static const char *must_cover[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                                       "mlp.up_proj", "mlp.down_proj", "per_layer_input_gate", "per_layer_projection"};
+    for (size_t k = 0; k < sizeof must_cover / sizeof *must_cover; k++) {
+        int found = 0;
+        for (int i = 0; i < n_lins; i++) found += lins[i].quantized && !lins[i].unused && !strcmp(linear_kind(lins[i].module), must_cover[k]);
+        CHECK(found > 0, "the fixture has no quantized %s", must_cover[k]);
+    }
+    for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
+        g4_options o = base((g4_act_mode)act, 1, 1, 1);
+        g4_session *s = g4_session_new(model, &o);
+        CHECK(g4_session_eval(s, prompt, N_PROMPT, logits, 1) == 0, "%s", g4_last_error());
+        for (int t = 0; t < DECODE_STEPS; t++) CHECK(g4_session_eval(s, &prompt[t], 1, logits, 0) == 0, "%s", g4_last_error());
+        int n_int = 0, n_float = 0;
+        for (int i = 0; i < n_lins; i++) {
+            const fixture_linear *f = &lins[i];
+            long long ri = -1, rf = -1;
+            int bound = g4_session_linear_rows(s, f->module, &ri, &rf) == 0;
+            if (f->unused) {
+                CHECK(!bound, "%s (unused by a KV-shared layer) is a linear of the model", f->module);
+                continue;
+            }
+            CHECK(bound, "%s", g4_last_error());
+            int want_int = act == G4_ACT_INT && f->quantized;
+            CHECK(ri == (want_int ? rows : 0) && rf == (want_int ? 0 : rows), "act %d: %s ran %lld rows in integers and %lld in float, not %lld in %s",
+                  act, f->module, ri, rf, rows, want_int ? "integers" : "float");
+            *(want_int ? &n_int : &n_float) += 1;
+        }
+        printf("ok act %d: %d linears x %lld rows in integers, %d in float\n", act, n_int, rows, n_float);
+        for (size_t k = 0; act == G4_ACT_INT && k < sizeof must_cover / sizeof *must_cover; k++) {
+            int count = 0;
+            for (int i = 0; i < n_lins; i++) count += lins[i].quantized && !lins[i].unused && !strcmp(linear_kind(lins[i].module), must_cover[k]);
+            printf("ok   int: %d %s linears among them\n", count, must_cover[k]);
+        }
+        g4_session_free(s);
+    }
+    free(logits);
+}
+
 int main(void) {
     model = g4_model_load(tiny_dir());
     CHECK(model != NULL, "%s", g4_last_error());
@@ -228,6 +323,7 @@ int main(void) {
     test_qdiv();
     test_requant();
     test_lmhead_dynamic();
+    test_every_linear_path();
     g4_model_free(model);
     return check_report("switches");
 }
