@@ -3,6 +3,7 @@
  * requant rule. Its y_codes are the exact float64 requantization; the other rules may differ
  * only where the exact value sits next to a rounding boundary (y_tie_dist). */
 #include "kernels/kernels.h"
+#include "model/probe.h"
 #include "quant/int8.h"
 #include "quant/pack.h"
 #include "testutil.h"
@@ -104,16 +105,127 @@ static void check_case(const char *c, int bits) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
 }
 
-int main(void) {
+/* The input code of x under a tie rule and a division rule, computed in double from the
+ * definitions, not with the engine's quantizer: the product of two floats is exact in double, so
+ * rounding it to float gives the f32 product x * (1/s); and double has more than 2 * 24 + 2 bits,
+ * so the quotients 1 / s and x / s rounded from double are the f32 ones. */
+static int8_t reference_code(float x, float s, int ties_away, int divide) {
+    float inv = (float)(1.0 / (double)s);
+    double v = divide ? (double)(float)((double)x / (double)s) : (double)(float)((double)x * (double)inv);
+    double r = floor(v), frac = v - r;
+    if (frac > 0.5 || (frac == 0.5 && (ties_away ? v > 0 : fmod(r, 2.0) != 0))) r += 1;
+    return (int8_t)(r > 127 ? 127 : r < -128 ? -128 : r);
+}
+
+/* What one unit case's rows tell apart: input codes where int mode's rules (ties to even,
+ * x * (1/s)) and x / s differ, and where they and ties away differ. */
+typedef struct {
+    int div_differs, away_differs;
+} rule_spread;
+
+/* One case's rows through the engine's own int-mode path: the module, in a session with the
+ * engine's default options (g4_options_default, as the CLI and g4 eval start from; the test names
+ * no tie or division rule), run by the forward pass's linear step (probe.h). Its int8 input codes
+ * must be int mode's reference codes (README: --round even, --qdiv recip in int mode, as XNNPACK):
+ * the fixture's x_codes (x / s) everywhere but at exact ties, which the reference decides. Its
+ * int32 accumulators must be the exact dot products of those codes with the fixture's weight
+ * codes, and where a row's codes are the fixture's, its acc and its y_int too (y_codes: exact f64;
+ * int mode requantizes in f32, which may differ next to a rounding boundary, y_tie_dist). */
+static rule_spread check_engine_case(const g4_model *m, const char *c, const char *module) {
+    int64_t nx, nw;
+    float *x = field(c, "x", G4_DT_F32, &nx), *s_in = field(c, "input_activation_scale", G4_DT_F32, NULL);
+    float *w_scale = field(c, "weight_scale", G4_DT_F32, &nw), *y_int = field(c, "y_int", G4_DT_F32, NULL);
+    float *tie_dist = field(c, "y_tie_dist", G4_DT_F32, NULL);
+    int8_t *x_codes = field(c, "x_codes", G4_DT_I8, NULL), *w_codes = field(c, "weight_codes", G4_DT_I8, NULL);
+    uint8_t *tie = field(c, "x_is_exact_tie", G4_DT_U8, NULL);
+    int32_t *acc_fix = field(c, "acc", G4_DT_I32, NULL);
+    int out = (int)nw, rows = 6, in = (int)(nx / rows);
+    rule_spread spread = {0, 0};
+    int8_t *want = malloc((size_t)nx), *codes = malloc((size_t)nx);
+    int div_bad = 0, off_tie = 0;
+    for (int64_t i = 0; i < nx; i++) {
+        want[i] = reference_code(x[i], *s_in, 0, 0);
+        int8_t div = reference_code(x[i], *s_in, 0, 1);
+        div_bad += div != x_codes[i]; /* the reference's x / s is the fixture's */
+        off_tie += !tie[i] && want[i] != x_codes[i];
+        spread.div_differs += want[i] != div;
+        spread.away_differs += want[i] != reference_code(x[i], *s_in, 1, 0);
+    }
+    CHECK(div_bad == 0 && off_tie == 0, "%s: reference codes: %d differ from x_codes with x / s, %d away from ties with x * (1/s)", c, div_bad,
+          off_tie);
+
+    g4_options o;
+    g4_options_default(&o);
+    o.ctx = 8;
+    g4_session *s = g4_session_new(m, &o);
+    float *y = malloc(sizeof *y * (size_t)rows * out);
+    int32_t *acc = malloc(sizeof *acc * (size_t)rows * out);
+    int path = s ? g4_session_run_linear(s, module, x, rows, y, codes, acc) : -1;
+    CHECK(path == 1, "%s: %s did not run in integers with the default options (%d: %s)", c, module, path, g4_last_error());
+    if (path == 1) {
+        int code_bad = 0, acc_bad = 0, y_bad = 0;
+        for (int64_t i = 0; i < nx; i++) code_bad += codes[i] != want[i];
+        for (int t = 0; t < rows; t++) {
+            int as_fixture = memcmp(want + (size_t)t * in, x_codes + (size_t)t * in, (size_t)in) == 0;
+            for (int o2 = 0; o2 < out; o2++) {
+                int64_t dot = 0;
+                for (int i = 0; i < in; i++) dot += (int64_t)want[(size_t)t * in + i] * w_codes[(size_t)o2 * in + i];
+                size_t k = (size_t)t * out + o2;
+                acc_bad += acc[k] != dot || (as_fixture && acc[k] != acc_fix[k]);
+                y_bad += as_fixture && y[k] != y_int[k] && !(tie_dist[k] < 1e-4f);
+            }
+        }
+        CHECK(code_bad == 0, "%s: %d of %lld input codes of the engine's default int path are not the reference's", c, code_bad, (long long)nx);
+        CHECK(acc_bad == 0, "%s: %d int32 accumulators of the engine's default int path are wrong", c, acc_bad);
+        CHECK(y_bad == 0, "%s: %d outputs of the engine's default int path differ from y_int", c, y_bad);
+        printf("ok %s (%s): the default int path gives the reference input codes, accumulators and outputs; tie rules matter on %d "
+               "codes (x / s) and %d (ties away)\n",
+               c, module, spread.div_differs, spread.away_differs);
+    }
+    g4_session_free(s);
+    void *bufs[] = {x, s_in, w_scale, y_int, tie_dist, x_codes, w_codes, tie, acc_fix, want, codes, y, acc};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    return spread;
+}
+
+/* Every case of one fixture's unit_linear: the kernels and requant rules (check_case), then the
+ * engine's default int path (check_engine_case), whose tie rows must tell both rules apart
+ * somewhere, or a wrong default rule could not fail it. */
+static void check_fixture_cases(const char *dir) {
     char path[8192];
-    snprintf(path, sizeof path, "%s/unit_linear.safetensors", tiny_dir());
+    snprintf(path, sizeof path, "%s/unit_linear.safetensors", dir);
     if (g4_st_open_file(&st, path) != 0) {
         fprintf(stderr, "%s\n", g4_last_error());
-        return 2;
+        exit(2);
     }
-    check_case("w4", 4);
-    check_case("w2", 2);
-    check_case("w8", 8);
+    snprintf(path, sizeof path, "%s/unit_linear.json", dir);
+    cJSON *desc = read_json(path);
+    g4_model *m = g4_model_load(dir);
+    CHECK(m != NULL, "%s", g4_last_error());
+    static const struct {
+        const char *name;
+        int bits;
+    } cases[] = {{"w4", 4}, {"w2", 2}, {"w8", 8}};
+    rule_spread total = {0, 0};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        check_case(cases[i].name, cases[i].bits);
+        const cJSON *cj = cJSON_GetObjectItem(cJSON_GetObjectItem(desc, "cases"), cases[i].name);
+        const char *module = cJSON_GetStringValue(cJSON_GetObjectItem(cj, "module"));
+        CHECK(module != NULL, "%s: no module for case %s", path, cases[i].name);
+        if (!m || !module) continue;
+        rule_spread sp = check_engine_case(m, cases[i].name, module);
+        total.div_differs += sp.div_differs;
+        total.away_differs += sp.away_differs;
+    }
+    CHECK(total.div_differs > 0 && total.away_differs > 0, "%s: the tie rows cannot tell x / s (%d) or ties away (%d) from int mode's rules", dir,
+          total.div_differs, total.away_differs);
+    g4_model_free(m);
+    cJSON_Delete(desc);
     g4_st_close(&st);
+}
+
+int main(void) {
+    check_fixture_cases(tiny_dir());
+    check_fixture_cases("tests/fixtures/tiny-b");
     return check_report("unit_linear");
 }
