@@ -12,6 +12,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 #include "check.h"
 #include "g4.h"
@@ -605,6 +608,95 @@ static void dispatch_env(void) {
     printf("ok dispatch: best level %s\n", best->name);
 }
 
+/* Whether the CPU has `feature` as the kernel reports it, read independently of the dispatcher
+ * (which asks __builtin_cpu_supports): on x86 a word of /proc/cpuinfo's "flags" line, on aarch64 a
+ * HWCAP bit from getauxval (qemu-user passes its own there, while its /proc/cpuinfo may be the
+ * host's). -1 when this cannot be read. */
+static int cpu_has(const char *feature) {
+#if defined(__aarch64__)
+    static const struct {
+        const char *name;
+        unsigned long bit;
+    } hwcaps[] = {{"asimd", 1ul << 1} /* HWCAP_ASIMD */};
+    for (size_t i = 0; i < sizeof hwcaps / sizeof *hwcaps; i++)
+        if (!strcmp(hwcaps[i].name, feature)) return (getauxval(AT_HWCAP) & hwcaps[i].bit) != 0;
+    return -1;
+#else
+    static char flags[8192];
+    if (!flags[0]) {
+        FILE *f = fopen("/proc/cpuinfo", "r");
+        char line[sizeof flags - 2];
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "flags", 5)) {
+                line[strcspn(line, "\n")] = 0;
+                snprintf(flags, sizeof flags, " %s ", strchr(line, ':') ? strchr(line, ':') + 1 : "");
+                break;
+            }
+        if (f) fclose(f);
+        if (!flags[0]) return -1;
+    }
+    char word[64];
+    snprintf(word, sizeof word, " %s ", feature);
+    return strstr(flags, word) != NULL;
+#endif
+}
+
+/* The levels, best first, with the CPU features each needs; each is compiled in on its own
+ * architecture only. A later level (AVX-VNNI, AVX512-VNNI, NEON dot product) goes above the levels
+ * it beats, with its own features. */
+typedef struct {
+    const char *level;
+    const char *features[4]; /* NULL-terminated */
+} level_need;
+
+static const level_need level_needs[] = {
+#if defined(__x86_64__) || defined(__i386__)
+    {"avx2", {"avx2", "fma", NULL}},
+#endif
+#if defined(__aarch64__)
+    {"neon", {"asimd", NULL}},
+#endif
+    {"portable", {NULL}},
+};
+
+/* A CPU with a level's features gets that level, and the dispatcher picks the best such level
+ * (G4_DISPATCH unset); a level whose features the CPU lacks is not offered. Tests of the levels
+ * skip those that are not available, so without this a dispatcher that never offered AVX2 would
+ * pass every other test on the portable kernels. */
+static void dispatch_matches_cpu(void) {
+    const char *outer = getenv("G4_DISPATCH");
+    char *saved_env = outer ? strdup(outer) : NULL;
+    unsetenv("G4_DISPATCH");
+    const char *want_best = NULL;
+    for (size_t i = 0; i < sizeof level_needs / sizeof *level_needs; i++) {
+        const level_need *ln = &level_needs[i];
+        int has = 1;
+        char list[128] = "";
+        for (int f = 0; ln->features[f]; f++) {
+            int h = cpu_has(ln->features[f]);
+            CHECK(h >= 0, "cannot read whether the CPU has %s", ln->features[f]);
+            has = has && h == 1;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", f ? "+" : "", ln->features[f]);
+        }
+        const g4_kernels *k = g4_kernels_level(ln->level);
+        if (has) {
+            CHECK(k != NULL, "the CPU has %s but the %s level is not available", list[0] ? list : "(nothing needed)", ln->level);
+            if (!want_best) want_best = ln->level;
+        } else {
+            CHECK(k == NULL, "the %s level is offered on a CPU without %s", ln->level, list);
+        }
+        if (has == (k != NULL))
+            printf("ok cpu %s %s: level %s %s\n", list[0] ? (has ? "has" : "lacks") : "needs", list[0] ? list : "nothing", ln->level,
+                   k ? "available" : "not available");
+    }
+    const char *best = g4_kernels_get()->name;
+    int right = want_best && !strcmp(best, want_best);
+    CHECK(right, "the dispatcher chose %s, the CPU's best level is %s", best, want_best ? want_best : "?");
+    if (right) printf("ok cpu: the dispatcher chooses %s, the best level the CPU has\n", best);
+    if (saved_env) setenv("G4_DISPATCH", saved_env, 1);
+    free(saved_env);
+}
+
 /* The float x codes matmul against an independent long double dot product: within the error the
  * fixed-point image allows (half a step 2^-S per element, S from the row's largest |x|) plus the
  * two f32 roundings; NaN/infinity rows give NaN; the digits rebuild each fixed-point value. */
@@ -889,6 +981,7 @@ int main(void) {
     for (int l = 0; l < N_LEVELS; l++)
         if (g4_kernels_level(level_names[l])) printf("ok level %s available\n", level_names[l]);
     dispatch_env();
+    dispatch_matches_cpu();
     CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());
     fixed_point_accuracy();
     check_tanhf();
