@@ -43,7 +43,10 @@ static int ids_line(const char *text, const char *what, int nth, int32_t *ids, i
     return n;
 }
 
+/* The shared tokenizer.json is reference data: the CLI must not leave its cache beside it, even
+ * where the folder is writable (test_tokenize_cache_switch checks that this switch works). */
 static void test_tokenize(void) {
+    setenv("G4_TOKENIZER_CACHE", "off", 1);
     char in[600], out[600], cmd[4096], golden[4096];
     snprintf(golden, sizeof golden, "%s/data/tokenizers/gemma4/golden-gsm8k-test.jsonl", check_shared_dir());
     snprintf(in, sizeof in, "%s/in.jsonl", tmp);
@@ -96,6 +99,22 @@ static void test_tokenize(void) {
     free(err);
     free(line);
     cJSON_Delete(want);
+    unsetenv("G4_TOKENIZER_CACHE");
+}
+
+/* `g4 tokenize` on a private tokenizer.json: G4_TOKENIZER_CACHE=off leaves no cache beside it,
+ * without the switch the cache appears (so the check above is not vacuous). */
+static void test_tokenize_cache_switch(void) {
+    char cmd[4096], tok[700], cache[800];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", model);
+    snprintf(cache, sizeof cache, "%s.g4cache", tok);
+    unlink(cache);
+    snprintf(cmd, sizeof cmd, "printf '\"abc\"\\n' | G4_TOKENIZER_CACHE=off %s tokenize --tokenizer %s > /dev/null", bin, tok);
+    CHECK(sh(cmd) == 0, "tokenize with G4_TOKENIZER_CACHE=off failed");
+    CHECK(access(cache, F_OK) != 0, "G4_TOKENIZER_CACHE=off: %s was written", cache);
+    snprintf(cmd, sizeof cmd, "printf '\"abc\"\\n' | %s tokenize --tokenizer %s > /dev/null", bin, tok);
+    CHECK(sh(cmd) == 0, "tokenize failed");
+    CHECK(access(cache, F_OK) == 0, "no %s without G4_TOKENIZER_CACHE=off", cache);
 }
 
 /* Two turns, /reset, then the first turn again; greedy, so everything is reproducible. */
@@ -214,6 +233,7 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s synth --preset tiny -o %s > /dev/null", bin, model);
     if (sh(cmd) != 0) return 2;
     test_tokenize();
+    test_tokenize_cache_switch();
     test_chat_pipe();
     test_chat_interrupt();
     test_run_prompt_sources();
