@@ -57,14 +57,21 @@ $(OUT)/bench_kernels: $(OUT)/bench/bench_kernels.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # Runs every test program; each prints "name: N passed, N failed". G4_BIN lets tests run the CLI.
+# The shared fixtures are reference data: a program that leaves a new entry under them, or
+# changes one, fails (listing and timestamps compared around each program).
+SHARED_DIR = $(or $(G4_SHARED),../shared)
 test: $(OUT)/g4 $(TEST_BIN) $(OUT)/bench_kernels
 	@fail=0; total_p=0; total_f=0; \
 	for t in $(TEST_BIN); do \
+	  find $(SHARED_DIR) 2>/dev/null | LC_ALL=C sort > $$t.shared; \
 	  G4_BIN=$(OUT)/g4 $$t > $$t.log 2>&1; rc=$$?; cat $$t.log | grep -v '^ok ' ; \
 	  line=$$(grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' $$t.log | tail -1); \
 	  p=$$(echo "$$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/'); f=$$(echo "$$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); \
 	  [ -n "$$line" ] || { p=0; f=1; echo "$$t: no result line (exit $$rc)"; }; \
 	  [ $$rc -eq 0 ] || [ $$f -gt 0 ] || f=1; \
+	  wrote=$$({ find $(SHARED_DIR) 2>/dev/null | LC_ALL=C sort | comm -13 $$t.shared -; \
+	            find $(SHARED_DIR) -newer $$t.shared 2>/dev/null; } | LC_ALL=C sort -u); \
+	  if [ -n "$$wrote" ]; then echo "$$t wrote under $(SHARED_DIR):" $$wrote; f=$$((f + 1)); fi; \
 	  total_p=$$((total_p + p)); total_f=$$((total_f + f)); \
 	done; \
 	echo "$(BUILD): $$total_p passed, $$total_f failed"; [ $$total_f -eq 0 ]
