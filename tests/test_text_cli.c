@@ -224,8 +224,7 @@ static void test_run_prompt_sources(void) {
 }
 
 int main(void) {
-    bin = getenv("G4_BIN");
-    if (!bin) return 2;
+    if (!(bin = check_bin())) return check_report("text_cli");
     snprintf(tmp, sizeof tmp, "/tmp/g4-text-XXXXXX");
     if (!mkdtemp(tmp)) return 2;
     snprintf(model, sizeof model, "%s/tiny", tmp);
