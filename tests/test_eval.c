@@ -431,33 +431,85 @@ static void test_resume(const char *full) {
     expect_same_run(full, cut, "resumed inside the header");
 }
 
-/* A real kill: SIGKILL once a few records are in the file (if the run is faster than the
- * poll, the rerun simply has nothing left to do). */
-/* A real kill: SIGKILL once a few records are in the file (if the run is faster than the
- * poll, the rerun simply has nothing left to do). */
-static void test_kill(const char *full) {
-    char out[700];
+/* The kill test's answers are long (KILL_TOKENS each, the tiny model never stops earlier), so
+ * that the run is still busy for a long stretch after its first records: a SIGKILL sent as
+ * soon as they appear lands mid-run. */
+#define KILL_FLAGS "--max-tokens 800 --batch 2"
+#define KILL_DEADLINE_S 120.0
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Complete lines ("\n"-terminated) of a file, and of those the question and summary records. */
+static void count_lines(const char *path, int *lines, int *questions, int *summaries) {
+    char *text = slurp(path);
+    *lines = *questions = *summaries = 0;
+    for (char *p = text, *nl; (nl = strchr(p, '\n')); p = nl + 1) {
+        (*lines)++;
+        *questions += !strncmp(p, "{\"type\":\"question\"", 18);
+        *summaries += !strncmp(p, "{\"type\":\"summary\"", 17);
+    }
+    free(text);
+}
+
+/* Waits until `path` holds the header and at least one whole question record, the child
+ * exits, or the deadline passes. Returns 1 on the first. */
+static int wait_first_record(const char *path, pid_t pid, int *exited) {
+    double deadline = now_s() + KILL_DEADLINE_S;
+    *exited = 0;
+    while (now_s() < deadline) {
+        int lines, questions, summaries;
+        count_lines(path, &lines, &questions, &summaries);
+        if (questions >= 1) return 1;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            *exited = 1;
+            return 0;
+        }
+        nanosleep(&(struct timespec){0, 1000000}, NULL); /* a poll period, not a guess at timing */
+    }
+    return 0;
+}
+
+/* A real kill: SIGKILL as soon as the first record is in the file. The file then holds fewer
+ * records than questions and no summary (the kill landed mid-run); the rerun says how many it
+ * kept, runs the rest and ends with the records of an uninterrupted run. */
+static void test_kill(void) {
+    char ref[700], out[700];
+    path_in_tmp(ref, sizeof ref, "kill-ref.jsonl");
     path_in_tmp(out, sizeof out, "killed.jsonl");
+    CHECK(eval_cmd(ref, KILL_FLAGS) == 0, "uninterrupted run for the kill test failed: %s.err", ref);
     pid_t pid = fork();
     if (pid == 0) {
         FILE *null = freopen("/dev/null", "w", stderr);
         (void)null;
-        execl(bin, bin, "eval", "gsm8k", "-m", model, "--data", data, "--n", "6", "--max-tokens", "24", "--out", out, "--batch", "2",
+        execl(bin, bin, "eval", "gsm8k", "-m", model, "--data", data, "--n", "6", "--out", out, "--max-tokens", "800", "--batch", "2",
               (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; i < 4000; i++) {
-        char *text = slurp(out);
-        int lines = 0;
-        for (char *p = text; (p = strchr(p, '\n')); p++) lines++;
-        free(text);
-        if (lines >= 3) break;
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    int exited, seen = wait_first_record(out, pid, &exited), st = 0;
+    CHECK(seen || exited, "no record within %.0f s", KILL_DEADLINE_S);
+    CHECK(!exited, "g4 eval finished before its first record was seen");
+    if (!exited) { /* once reaped, its pid may be another process's */
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "g4 eval ended otherwise than by the kill (status %d)", st);
     }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    CHECK(eval_cmd(out, "--batch 2") == 0, "resume after a kill failed");
-    expect_same_run(full, out, "resumed after a kill");
+    int lines, kept, summaries;
+    count_lines(out, &lines, &kept, &summaries);
+    printf("ok kill: %d of 6 records in the file when killed\n", kept);
+    CHECK(kept >= 1 && kept < 6 && summaries == 0, "killed run: %d of 6 records, %d summaries: the kill did not land mid-run", kept,
+          summaries);
+    CHECK(eval_cmd(out, KILL_FLAGS) == 0, "resume after a kill failed");
+    char *err = err_of(out), said[64];
+    snprintf(said, sizeof said, "%d already in", kept);
+    CHECK(strstr(err, said) != NULL, "the resumed run did not keep the %d records: %s", kept, err);
+    snprintf(said, sizeof said, "%d to run", 6 - kept);
+    CHECK(strstr(err, said) != NULL, "the resumed run did not run the other %d: %s", 6 - kept, err);
+    free(err);
+    expect_same_run(ref, out, "resumed after a kill");
 }
 
 static void test_refusals(const char *full) {
@@ -563,7 +615,7 @@ int main(void) {
         test_compare_cli();
         test_eval_run(full);
         test_resume(full);
-        test_kill(full);
+        test_kill();
         test_refusals(full);
         test_batch(full);
         test_bad_flags();
