@@ -56,18 +56,23 @@ $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a
 $(OUT)/bench_kernels: $(OUT)/bench/bench_kernels.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# Runs every test program; each prints "name: N passed, N failed". G4_BIN lets tests run the CLI.
+# Runs every test program; each prints "name: N passed, N failed, N skipped", judged by
+# tests/result.sh (no closing line, a bad exit or no passed check fails the program). G4_BIN lets
+# tests run the CLI. The shared fixtures are reference data: a program that leaves a new entry
+# under them, or changes one, fails (listing and timestamps compared around each program).
+SHARED_DIR = $(or $(G4_SHARED),../shared)
 test: $(OUT)/g4 $(TEST_BIN) $(OUT)/bench_kernels
-	@fail=0; total_p=0; total_f=0; \
+	@total_p=0; total_f=0; total_s=0; \
 	for t in $(TEST_BIN); do \
-	  G4_BIN=$(OUT)/g4 $$t > $$t.log 2>&1; rc=$$?; cat $$t.log | grep -v '^ok ' ; \
-	  line=$$(grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' $$t.log | tail -1); \
-	  p=$$(echo "$$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/'); f=$$(echo "$$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); \
-	  [ -n "$$line" ] || { p=0; f=1; echo "$$t: no result line (exit $$rc)"; }; \
-	  [ $$rc -eq 0 ] || [ $$f -gt 0 ] || f=1; \
-	  total_p=$$((total_p + p)); total_f=$$((total_f + f)); \
+	  find $(SHARED_DIR) 2>/dev/null | LC_ALL=C sort > $$t.shared; \
+	  G4_BIN=$(OUT)/g4 $$t > $$t.log 2>&1; rc=$$?; grep -v '^ok ' $$t.log; \
+	  set -- $$(sh tests/result.sh $$t $$t.log $$rc); p=$$1; f=$$2; s=$$3; \
+	  wrote=$$({ find $(SHARED_DIR) 2>/dev/null | LC_ALL=C sort | comm -13 $$t.shared -; \
+	            find $(SHARED_DIR) -newer $$t.shared 2>/dev/null; } | LC_ALL=C sort -u); \
+	  if [ -n "$$wrote" ]; then echo "$$t wrote under $(SHARED_DIR):" $$wrote; f=$$((f + 1)); fi; \
+	  total_p=$$((total_p + p)); total_f=$$((total_f + f)); total_s=$$((total_s + s)); \
 	done; \
-	echo "$(BUILD): $$total_p passed, $$total_f failed"; [ $$total_f -eq 0 ]
+	echo "$(BUILD): $$total_p passed, $$total_f failed, $$total_s skipped"; [ $$total_f -eq 0 ]
 
 asan-test:
 	$(MAKE) BUILD=asan test
@@ -76,8 +81,14 @@ asan-test:
 # the same tokens (and, by construction, the same bits) on the fixtures.
 DISPATCH_TESTS = test_fixture test_generate test_switches test_unit_linear
 dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
-	@for t in $^; do G4_DISPATCH=portable $$t > $$t.portable.log 2>&1 || { tail -5 $$t.portable.log; echo "$$t failed with G4_DISPATCH=portable"; exit 1; }; done
-	@echo "dispatch-portable: $$(cat $(DISPATCH_TESTS:%=$(OUT)/tests/%.portable.log) | grep -E '^[a-z_]+: [0-9]+ passed' | awk '{p+=$$2; f+=$$4} END {print p " passed, " f " failed"}')"
+	@total_p=0; total_f=0; total_s=0; \
+	for t in $^; do \
+	  G4_DISPATCH=portable $$t > $$t.portable.log 2>&1; rc=$$?; \
+	  set -- $$(sh tests/result.sh $$t $$t.portable.log $$rc); \
+	  [ $$2 -eq 0 ] || { grep -v '^ok ' $$t.portable.log | tail -5; echo "$$t failed with G4_DISPATCH=portable"; }; \
+	  total_p=$$((total_p + $$1)); total_f=$$((total_f + $$2)); total_s=$$((total_s + $$3)); \
+	done; \
+	echo "dispatch-portable: $$total_p passed, $$total_f failed, $$total_s skipped"; [ $$total_f -eq 0 ]
 
 # The NEON kernels (src/kernels/neon.c), which only an aarch64 build compiles, under qemu-user:
 # the library and NEON_TESTS cross-compiled into build/aarch64, test_kernels run as is (every level
@@ -111,23 +122,20 @@ $(A64_OUT)/tests/%: $(A64_OUT)/tests/%.o $(A64_OUT)/libg4.a
 	@$(A64_CC) $(LDFLAGS) -o $@ $^ -L$(A64_LIBDIR) -Wl,-rpath,$(A64_LIBDIR) $(LDLIBS)
 
 neon-test: $(NEON_TESTS:%=$(A64_OUT)/tests/%)
-	@total_p=0; total_f=0; \
+	@total_p=0; total_f=0; total_s=0; \
 	for t in $(NEON_TESTS); do \
 	  b=$(A64_OUT)/tests/$$t; \
 	  if [ $$t = test_kernels ]; then env -u G4_DISPATCH $(QEMU_AARCH64) $$b > $$b.log 2>&1; rc=$$?; \
 	  else G4_DISPATCH=neon $(QEMU_AARCH64) $$b > $$b.log 2>&1; rc=$$?; fi; \
-	  line=$$(grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' $$b.log | tail -1); \
-	  p=$$(echo "$$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/'); f=$$(echo "$$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); \
-	  [ -n "$$line" ] || { p=0; f=1; echo "$$b: no result line (exit $$rc)"; }; \
-	  [ $$rc -eq 0 ] || [ $$f -gt 0 ] || f=1; \
+	  set -- $$(sh tests/result.sh $$b $$b.log $$rc); p=$$1; f=$$2; s=$$3; \
 	  if grep -q 'G4_DISPATCH=neon' $$b.log; then echo "$$b: NEON level not used under qemu"; f=$$((f + 1)); fi; \
 	  if [ $$t = test_kernels ] && ! { grep -qx 'ok level neon available' $$b.log && grep -qx 'ok dispatch: best level neon' $$b.log; }; then \
 	    echo "$$b: the neon level is not available under qemu"; f=$$((f + 1)); fi; \
 	  [ $$f -eq 0 ] || { grep -v '^ok ' $$b.log | tail -20; echo "$$b failed under qemu-aarch64 (log: $$b.log)"; }; \
-	  echo "  $$t (aarch64): $$p passed, $$f failed"; \
-	  total_p=$$((total_p + p)); total_f=$$((total_f + f)); \
+	  echo "  $$t (aarch64): $$p passed, $$f failed, $$s skipped"; \
+	  total_p=$$((total_p + p)); total_f=$$((total_f + f)); total_s=$$((total_s + s)); \
 	done; \
-	echo "neon-qemu: $$total_p passed, $$total_f failed"; [ $$total_f -eq 0 ]
+	echo "neon-qemu: $$total_p passed, $$total_f failed, $$total_s skipped"; [ $$total_f -eq 0 ]
 
 # The end-to-end quality gate on the built-in trained model (release build only: a few minutes).
 quality: $(OUT)/g4 $(OUT)/tests/test_quality

@@ -12,6 +12,7 @@
 #include "util/err.h"
 
 static char base_tmp[256];
+static const char *bin; /* G4_BIN; NULL after check_bin has failed the run */
 static unsigned char *orig_st;
 static size_t orig_st_len;
 static char *orig_config;
@@ -67,7 +68,6 @@ static void write_in(const char *dir, const char *file, const void *data, size_t
 
 /* Runs `g4 inspect -m dir`: must exit 1 with exactly one line on stderr starting "g4: error: ". */
 static void check_cli_fails(const char *dir, const char *expect) {
-    const char *bin = getenv("G4_BIN");
     if (!bin) return;
     char cmd[2048], errpath[600];
     snprintf(errpath, sizeof errpath, "%s/stderr.txt", base_tmp);
@@ -292,6 +292,7 @@ static void sharded_case(void) {
 }
 
 int main(void) {
+    bin = check_bin();
     snprintf(base_tmp, sizeof base_tmp, "/tmp/g4-broken-XXXXXX");
     if (!mkdtemp(base_tmp)) return 2;
     char path[8192];

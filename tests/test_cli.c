@@ -218,11 +218,7 @@ static void test_errors(void) {
 }
 
 int main(void) {
-    bin = getenv("G4_BIN");
-    if (!bin) {
-        fprintf(stderr, "G4_BIN is not set (make test sets it)\n");
-        return 2;
-    }
+    if (!(bin = check_bin())) return check_report("cli");
     snprintf(tmp, sizeof tmp, "/tmp/g4-cli-XXXXXX");
     if (!mkdtemp(tmp)) return 2;
     snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);

@@ -1,6 +1,8 @@
 /* The GSM8K harness: Wilson interval and exact McNemar p-value against worked examples,
  * SHA-256 against the FIPS 180-2 examples, the results reader on damaged files, `g4 eval
- * compare` on hand-made runs (tests/eval/a.jsonl, b.jsonl), and `g4 eval gsm8k` on a tiny
+ * compare` on hand-made runs (tests/eval/a.jsonl, b.jsonl), the records' scoring (each
+ * record's answer, status and correct flag recomputed from its output and gold as the protocol
+ * says, and g4_gsm8k_record on the protocol's extractor cases), and `g4 eval gsm8k` on a tiny
  * random checkpoint: resume after a kill, refusal of changed settings, and --batch giving
  * the records of a batch of one. */
 #define _POSIX_C_SOURCE 200809L
@@ -13,6 +15,7 @@
 
 #include "eval/harness.h"
 #include "eval/results.h"
+#include "model/synth.h"
 #include "testutil.h"
 #include "util/err.h"
 
@@ -386,6 +389,140 @@ static void cut_after(const char *src, const char *dst, int lines) {
     free(text);
 }
 
+/* ---------------------------------------------------------------- scoring */
+
+/* The protocol's verdict (gsm8k-protocol.md §5; extractor_ref.py: pred is not None and
+ * Decimal(pred) == Decimal(gold)), recomputed here rather than read from a record. The extracted
+ * answer and the gold are both in the normaliser's canonical form (an integer when integral,
+ * else a minimal decimal, "-0" as "0"; test_gsm8k checks it against the fixture), so equal
+ * values are equal strings and the engine's own g4_gsm8k_is_correct is not needed. */
+static int protocol_verdict(const char *answer, const char *gold) { return answer && gold && !strcmp(answer, gold); }
+
+static g4_gsm8k_extractor *extractor;
+
+/* Tally of the question records of one results file, as the protocol scores them. */
+typedef struct {
+    int questions, right, wrong_number; /* wrong_number: an answer, but not the gold */
+} verdicts;
+
+/* Every question record's answer, status and correct flag must be what the extractor and the
+ * protocol's verdict give for its own output and gold; the summary must count those verdicts. */
+static verdicts expect_scored_by_protocol(const char *path) {
+    verdicts v = {0};
+    int summary_correct = -1;
+    char *text = slurp(path), *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *r = cJSON_Parse(line);
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(r, "type"));
+        if (type && !strcmp(type, "summary")) summary_correct = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "correct"));
+        if (!type || strcmp(type, "question")) {
+            cJSON_Delete(r);
+            continue;
+        }
+        int q = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "index"));
+        const char *output = cJSON_GetStringValue(cJSON_GetObjectItem(r, "output"));
+        const char *gold = cJSON_GetStringValue(cJSON_GetObjectItem(r, "gold"));
+        const cJSON *answer = cJSON_GetObjectItem(r, "answer"), *correct = cJSON_GetObjectItem(r, "correct");
+        g4_gsm8k_answer a = {0};
+        int ok = output && gold && g4_gsm8k_extract(extractor, output, strlen(output), &a) == 0;
+        CHECK(ok, "%s q%d: no output or gold, or the extractor failed", path, q);
+        if (ok) {
+            int verdict = protocol_verdict(a.value, gold);
+            CHECK(a.value ? cJSON_IsString(answer) && !strcmp(answer->valuestring, a.value) : cJSON_IsNull(answer),
+                  "%s q%d: answer %s, the extractor finds %s", path, q, cJSON_IsString(answer) ? answer->valuestring : "null",
+                  a.value ? a.value : "none");
+            const char *status = cJSON_GetStringValue(cJSON_GetObjectItem(r, "status"));
+            CHECK(status && !strcmp(status, g4_gsm8k_status_name(a.status)), "%s q%d: status %s, the extractor says %s", path, q,
+                  status ? status : "?", g4_gsm8k_status_name(a.status));
+            CHECK(cJSON_IsBool(correct) && cJSON_IsTrue(correct) == verdict, "%s q%d: correct is %s, the protocol says %s (answer %s, gold %s)",
+                  path, q, cJSON_IsTrue(correct) ? "true" : "false", verdict ? "right" : "wrong", a.value ? a.value : "none", gold);
+            v.questions++;
+            v.right += verdict;
+            v.wrong_number += a.value && !verdict;
+        }
+        g4_gsm8k_answer_free(&a);
+        cJSON_Delete(r);
+    }
+    free(text);
+    CHECK(summary_correct == v.right, "%s: the summary counts %d correct, the protocol %d", path, summary_correct, v.right);
+    return v;
+}
+
+/* The record of `output` (as ids, then cut by the budget or ended by the stop id 1) against
+ * `gold`: its output is the text, its answer and status the case's, its correct flag `right`. */
+static void expect_record(const g4_tokenizer *tok, const int32_t *ids, int n, const char *output, const char *gold, const char *expected,
+                          const char *how, int right, int no) {
+    g4_gsm8k_item item = {.index = no, .question = "q", .gold = (char *)gold};
+    for (int eos = 0; eos < 2; eos++) {
+        g4_eval_finished f = {.ids = ids, .n_generated = n + eos, .stop = eos ? G4_STOP_EOS : G4_STOP_BUDGET};
+        cJSON *r = g4_gsm8k_record(extractor, tok, &item, 7, &f);
+        CHECK(r != NULL, "case %d: %s", no, g4_last_error());
+        if (!r) continue;
+        const cJSON *answer = cJSON_GetObjectItem(r, "answer");
+        const char *got_output = cJSON_GetStringValue(cJSON_GetObjectItem(r, "output"));
+        const char *status = cJSON_GetStringValue(cJSON_GetObjectItem(r, "status"));
+        CHECK(got_output && !strcmp(got_output, output), "case %d: output \"%s\", not the reply", no, got_output ? got_output : "?");
+        CHECK(expected ? cJSON_IsString(answer) && !strcmp(answer->valuestring, expected) : cJSON_IsNull(answer), "case %d: answer %s, expected %s",
+              no, cJSON_IsString(answer) ? answer->valuestring : "null", expected ? expected : "null");
+        CHECK(status && !strcmp(status, how), "case %d: status %s, expected %s", no, status ? status : "?", how);
+        CHECK(cJSON_IsBool(cJSON_GetObjectItem(r, "correct")) && cJSON_IsTrue(cJSON_GetObjectItem(r, "correct")) == right,
+              "case %d (\"%s\", gold %s): correct should be %s", no, output, gold, right ? "true" : "false");
+        cJSON_Delete(r);
+    }
+}
+
+static void record_case(const g4_tokenizer *tok, const char *output, const char *expected, const char *how, int no) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char *back = NULL;
+    size_t back_len = 0;
+    /* the ids must stand for exactly this text, or the record's output could not be the reply */
+    int ok = g4_tokenizer_encode(tok, output, strlen(output), 1, &ids, &n) == 0 &&
+             g4_tokenizer_decode(tok, ids, n, &back, &back_len) == 0 && back_len == strlen(output) && !memcmp(back, output, back_len);
+    CHECK(ok, "case %d: \"%s\" does not round-trip through the tokenizer", no, output);
+    if (ok) {
+        int32_t *with_stop = malloc(sizeof *with_stop * (n + 1));
+        memcpy(with_stop, ids, sizeof *ids * n);
+        with_stop[n] = 1;
+        char other[64];
+        snprintf(other, sizeof other, "%s1", expected ? expected : "0");
+        if (expected) expect_record(tok, with_stop, (int)n, output, expected, expected, how, 1, no);
+        expect_record(tok, with_stop, (int)n, output, other, expected, how, 0, no);
+        free(with_stop);
+    }
+    free(ids);
+    free(back);
+}
+
+/* g4_gsm8k_record on each reply of the protocol's extractor cases (output -> expected answer,
+ * from the reference implementation): with the expected answer as gold the record is right,
+ * with another number (a digit appended: another value) it is wrong, as it is for a reply with
+ * no answer. The reply goes in as token ids, once cut by the budget and once ended by a stop id
+ * (left out of the output). */
+static void test_record_verdicts(void) {
+    char path[700], tok_path[700];
+    snprintf(path, sizeof path, "%s/fixtures/gsm8k/extractor_cases.jsonl", check_shared_dir());
+    path_in_tmp(tok_path, sizeof tok_path, "tokenizer.json");
+    g4_tokenizer *tok = NULL;
+    CHECK(g4_synth_write_tokenizer(tok_path, 512) == 0 && (tok = g4_tokenizer_load_ex(tok_path, G4_TOKENIZER_NO_CACHE)), "%s",
+          g4_last_error());
+    char *text = slurp(path), *save = NULL;
+    int cases = 0;
+    for (char *line = strtok_r(text, "\n", &save); tok && line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *c = cJSON_Parse(line);
+        const char *output = cJSON_GetStringValue(cJSON_GetObjectItem(c, "output"));
+        const char *expected = cJSON_GetStringValue(cJSON_GetObjectItem(c, "expected"));
+        const char *how = cJSON_GetStringValue(cJSON_GetObjectItem(c, "how"));
+        CHECK(output && how, "%s: a case without output or how: %s", path, line);
+        if (output && how) record_case(tok, output, expected, how, ++cases);
+        cJSON_Delete(c);
+    }
+    free(text);
+    CHECK(cases >= 20, "%d extractor cases in %s", cases, path);
+    printf("ok record verdicts: %d extractor cases\n", cases);
+    g4_tokenizer_free(tok);
+}
+
 static void test_eval_run(const char *full) {
     CHECK(eval_cmd(full, "") == 0, "g4 eval gsm8k failed: %s.err", full);
     cJSON *r[8];
@@ -402,11 +539,56 @@ static void test_eval_run(const char *full) {
     const char *golds[6] = {"7", "180", "1000", "3", "-3", "70"};
     for (int i = 0; i < 6; i++) CHECK_STREQ(r[i] ? cJSON_GetStringValue(cJSON_GetObjectItem(r[i], "gold")) : "", golds[i]);
     free_records(r);
+    /* the protocol's scoring of every record; a reply with a number that is not the gold is what
+     * a scorer taking any number as right would get wrong, so there must be one */
+    verdicts v = expect_scored_by_protocol(full);
+    CHECK(v.questions == 6 && v.wrong_number >= 1, "%d records scored, %d with a wrong number", v.questions, v.wrong_number);
+    printf("ok eval run: %d of 6 replies with a number other than the gold\n", v.wrong_number);
     char *text = slurp(full);
     CHECK(strstr(text, "\"act\":\"int\"") && strstr(text, "\"max_tokens\":24") && strstr(text, "\"think\":\"off\"") &&
               strstr(text, "\"n\":6") && strstr(text, "\"fingerprint\":\"") && strstr(text, "\"sha256\":\""),
           "header lacks options");
     free(text);
+}
+
+/* The same questions with each gold replaced by the answer the run extracted (where it found
+ * one): those records must now be right, the others still wrong, and the summary count them. */
+static void test_eval_right_answers(const char *full) {
+    char right_data[700], out[700];
+    path_in_tmp(right_data, sizeof right_data, "right-data.jsonl");
+    path_in_tmp(out, sizeof out, "right.jsonl");
+    cJSON *r[8];
+    int h, s, answered = 0;
+    if (load_records(full, r, &h, &s) != 6) {
+        CHECK(0, "%s: not 6 records", full);
+        free_records(r);
+        return;
+    }
+    char *qs = slurp(data), *save = NULL;
+    FILE *f = fopen(right_data, "w");
+    if (!f) exit(2);
+    int i = 0;
+    for (char *line = strtok_r(qs, "\n", &save); line && i < 6; line = strtok_r(NULL, "\n", &save), i++) {
+        cJSON *q = cJSON_Parse(line);
+        const char *answer = cJSON_GetStringValue(cJSON_GetObjectItem(r[i], "answer"));
+        char solution[128];
+        snprintf(solution, sizeof solution, "#### %s", answer ? answer : cJSON_GetStringValue(cJSON_GetObjectItem(r[i], "gold")));
+        answered += answer != NULL;
+        cJSON_ReplaceItemInObject(q, "answer", cJSON_CreateString(solution));
+        char *row = cJSON_PrintUnformatted(q);
+        fprintf(f, "%s\n", row);
+        free(row);
+        cJSON_Delete(q);
+    }
+    fclose(f);
+    free(qs);
+    free_records(r);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s --data %s --n 6 --max-tokens 24 --out %s 2> %s.err", bin, model, right_data, out, out);
+    CHECK(sh(cmd) == 0, "g4 eval gsm8k on the answers as golds failed: %s.err", out);
+    verdicts v = expect_scored_by_protocol(out);
+    CHECK(v.questions == 6 && v.right == answered && answered >= 1, "%d of 6 right, %d answered", v.right, answered);
+    printf("ok eval run with the answers as golds: %d of 6 right\n", v.right);
 }
 
 static void test_resume(const char *full) {
@@ -431,33 +613,85 @@ static void test_resume(const char *full) {
     expect_same_run(full, cut, "resumed inside the header");
 }
 
-/* A real kill: SIGKILL once a few records are in the file (if the run is faster than the
- * poll, the rerun simply has nothing left to do). */
-/* A real kill: SIGKILL once a few records are in the file (if the run is faster than the
- * poll, the rerun simply has nothing left to do). */
-static void test_kill(const char *full) {
-    char out[700];
+/* The kill test's answers are long (KILL_TOKENS each, the tiny model never stops earlier), so
+ * that the run is still busy for a long stretch after its first records: a SIGKILL sent as
+ * soon as they appear lands mid-run. */
+#define KILL_FLAGS "--max-tokens 800 --batch 2"
+#define KILL_DEADLINE_S 120.0
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Complete lines ("\n"-terminated) of a file, and of those the question and summary records. */
+static void count_lines(const char *path, int *lines, int *questions, int *summaries) {
+    char *text = slurp(path);
+    *lines = *questions = *summaries = 0;
+    for (char *p = text, *nl; (nl = strchr(p, '\n')); p = nl + 1) {
+        (*lines)++;
+        *questions += !strncmp(p, "{\"type\":\"question\"", 18);
+        *summaries += !strncmp(p, "{\"type\":\"summary\"", 17);
+    }
+    free(text);
+}
+
+/* Waits until `path` holds the header and at least one whole question record, the child
+ * exits, or the deadline passes. Returns 1 on the first. */
+static int wait_first_record(const char *path, pid_t pid, int *exited) {
+    double deadline = now_s() + KILL_DEADLINE_S;
+    *exited = 0;
+    while (now_s() < deadline) {
+        int lines, questions, summaries;
+        count_lines(path, &lines, &questions, &summaries);
+        if (questions >= 1) return 1;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            *exited = 1;
+            return 0;
+        }
+        nanosleep(&(struct timespec){0, 1000000}, NULL); /* a poll period, not a guess at timing */
+    }
+    return 0;
+}
+
+/* A real kill: SIGKILL as soon as the first record is in the file. The file then holds fewer
+ * records than questions and no summary (the kill landed mid-run); the rerun says how many it
+ * kept, runs the rest and ends with the records of an uninterrupted run. */
+static void test_kill(void) {
+    char ref[700], out[700];
+    path_in_tmp(ref, sizeof ref, "kill-ref.jsonl");
     path_in_tmp(out, sizeof out, "killed.jsonl");
+    CHECK(eval_cmd(ref, KILL_FLAGS) == 0, "uninterrupted run for the kill test failed: %s.err", ref);
     pid_t pid = fork();
     if (pid == 0) {
         FILE *null = freopen("/dev/null", "w", stderr);
         (void)null;
-        execl(bin, bin, "eval", "gsm8k", "-m", model, "--data", data, "--n", "6", "--max-tokens", "24", "--out", out, "--batch", "2",
+        execl(bin, bin, "eval", "gsm8k", "-m", model, "--data", data, "--n", "6", "--out", out, "--max-tokens", "800", "--batch", "2",
               (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; i < 4000; i++) {
-        char *text = slurp(out);
-        int lines = 0;
-        for (char *p = text; (p = strchr(p, '\n')); p++) lines++;
-        free(text);
-        if (lines >= 3) break;
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    int exited, seen = wait_first_record(out, pid, &exited), st = 0;
+    CHECK(seen || exited, "no record within %.0f s", KILL_DEADLINE_S);
+    CHECK(!exited, "g4 eval finished before its first record was seen");
+    if (!exited) { /* once reaped, its pid may be another process's */
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "g4 eval ended otherwise than by the kill (status %d)", st);
     }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    CHECK(eval_cmd(out, "--batch 2") == 0, "resume after a kill failed");
-    expect_same_run(full, out, "resumed after a kill");
+    int lines, kept, summaries;
+    count_lines(out, &lines, &kept, &summaries);
+    printf("ok kill: %d of 6 records in the file when killed\n", kept);
+    CHECK(kept >= 1 && kept < 6 && summaries == 0, "killed run: %d of 6 records, %d summaries: the kill did not land mid-run", kept,
+          summaries);
+    CHECK(eval_cmd(out, KILL_FLAGS) == 0, "resume after a kill failed");
+    char *err = err_of(out), said[64];
+    snprintf(said, sizeof said, "%d already in", kept);
+    CHECK(strstr(err, said) != NULL, "the resumed run did not keep the %d records: %s", kept, err);
+    snprintf(said, sizeof said, "%d to run", 6 - kept);
+    CHECK(strstr(err, said) != NULL, "the resumed run did not run the other %d: %s", 6 - kept, err);
+    free(err);
+    expect_same_run(ref, out, "resumed after a kill");
 }
 
 static void test_refusals(const char *full) {
@@ -542,7 +776,7 @@ static void test_bad_flags(void) {
 }
 
 int main(void) {
-    bin = getenv("G4_BIN");
+    bin = check_bin();
     snprintf(tmp, sizeof tmp, "/tmp/g4-eval-XXXXXX");
     if (!mkdtemp(tmp)) return 2;
     test_wilson();
@@ -552,6 +786,8 @@ int main(void) {
     test_reader_errors();
     test_reader_tail();
     test_compare_lib();
+    if (g4_gsm8k_extractor_open(&extractor) != 0) return 2;
+    test_record_verdicts();
     if (bin) {
         char cmd[2048], full[700];
         snprintf(model, sizeof model, "%s/tiny", tmp);
@@ -562,16 +798,16 @@ int main(void) {
         path_in_tmp(full, sizeof full, "full.jsonl");
         test_compare_cli();
         test_eval_run(full);
+        test_eval_right_answers(full);
         test_resume(full);
-        test_kill(full);
+        test_kill();
         test_refusals(full);
         test_batch(full);
         test_bad_flags();
-    } else {
-        CHECK(0, "G4_BIN is not set: the command-line tests did not run");
     }
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    g4_gsm8k_extractor_close(extractor);
     return check_report("eval");
 }

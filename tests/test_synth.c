@@ -362,7 +362,7 @@ static void check_manifest_vs_fixture(const char *dir) {
     char fx_dir[4096];
     snprintf(fx_dir, sizeof fx_dir, "%s", tiny_dir());
     if (g4_st_open_dir(&fx, fx_dir) != 0) {
-        printf("skip: fixture manifest comparison (%s)\n", g4_last_error());
+        CHECK(0, "the shared tiny fixture, which the manifest is compared with: %s", g4_last_error());
         return;
     }
     if (g4_st_open_dir(&sy, dir) != 0) {
@@ -479,7 +479,7 @@ static void test_tiny(void) {
         compare_configs(&mine, &fixture);
         g4_config_free(&fixture);
     } else if (ok) {
-        printf("skip: fixture config comparison (%s)\n", g4_last_error());
+        CHECK(0, "the shared tiny fixture, which the config is compared with: %s", g4_last_error());
     }
     if (ok) {
         int want_stop[] = {1, 106, 50}, found = 0;
@@ -560,7 +560,7 @@ static double describe_value(const char *text, const char *key) {
 static void test_e2b_full(void) {
     const char *env = getenv("G4_TEST_E2B");
     if (!env || strcmp(env, "1") != 0) {
-        printf("skip: full-size E2B synth (set G4_TEST_E2B=1; writes 2.1 GB)\n");
+        SKIP_OPT_IN("full-size E2B synth (set G4_TEST_E2B=1; writes 2.1 GB)");
         return;
     }
     const char *dir = tmp_path("e2b");

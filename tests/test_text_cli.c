@@ -1,6 +1,10 @@
 /* Text in, text out, driven as a user would: `g4 tokenize` against the golden encodings, and
- * `g4 chat` through a pipe (two turns that share the KV cache, /reset, Ctrl-C, end of input). */
+ * `g4 chat` through a pipe (two turns that share the KV cache, /reset, Ctrl-C, end of input),
+ * Ctrl-C in `g4 run`. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -43,7 +47,10 @@ static int ids_line(const char *text, const char *what, int nth, int32_t *ids, i
     return n;
 }
 
+/* The shared tokenizer.json is reference data: the CLI must not leave its cache beside it, even
+ * where the folder is writable (test_tokenize_cache_switch checks that this switch works). */
 static void test_tokenize(void) {
+    setenv("G4_TOKENIZER_CACHE", "off", 1);
     char in[600], out[600], cmd[4096], golden[4096];
     snprintf(golden, sizeof golden, "%s/data/tokenizers/gemma4/golden-gsm8k-test.jsonl", check_shared_dir());
     snprintf(in, sizeof in, "%s/in.jsonl", tmp);
@@ -96,6 +103,22 @@ static void test_tokenize(void) {
     free(err);
     free(line);
     cJSON_Delete(want);
+    unsetenv("G4_TOKENIZER_CACHE");
+}
+
+/* `g4 tokenize` on a private tokenizer.json: G4_TOKENIZER_CACHE=off leaves no cache beside it,
+ * without the switch the cache appears (so the check above is not vacuous). */
+static void test_tokenize_cache_switch(void) {
+    char cmd[4096], tok[700], cache[800];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", model);
+    snprintf(cache, sizeof cache, "%s.g4cache", tok);
+    unlink(cache);
+    snprintf(cmd, sizeof cmd, "printf '\"abc\"\\n' | G4_TOKENIZER_CACHE=off %s tokenize --tokenizer %s > /dev/null", bin, tok);
+    CHECK(sh(cmd) == 0, "tokenize with G4_TOKENIZER_CACHE=off failed");
+    CHECK(access(cache, F_OK) != 0, "G4_TOKENIZER_CACHE=off: %s was written", cache);
+    snprintf(cmd, sizeof cmd, "printf '\"abc\"\\n' | %s tokenize --tokenizer %s > /dev/null", bin, tok);
+    CHECK(sh(cmd) == 0, "tokenize failed");
+    CHECK(access(cache, F_OK) == 0, "no %s without G4_TOKENIZER_CACHE=off", cache);
 }
 
 /* Two turns, /reset, then the first turn again; greedy, so everything is reproducible. */
@@ -136,43 +159,171 @@ static void test_chat_pipe(void) {
     free(err);
 }
 
-/* Ctrl-C during an answer stops it; the chat goes on to the next line, then ends at EOF. */
-static void test_chat_interrupt(void) {
-    int to_child[2];
-    if (pipe(to_child) != 0) exit(2);
-    char err_path[700];
-    snprintf(err_path, sizeof err_path, "%s/int.err", tmp);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(to_child[0], 0);
-        close(to_child[1]);
-        FILE *e = freopen(err_path, "w", stderr);
-        (void)e;
-        if (!freopen("/dev/null", "w", stdout)) _exit(3);
-        execl(bin, bin, "chat", "-m", model, "--temp", "0", "--ctx", "60000", "--ignore-eos", (char *)NULL);
+/* ---- Ctrl-C: a child with its stdout on a pipe, signalled once its answer has begun ---- */
+
+/* Every wait below ends by this many seconds after the child started: a hung child fails its
+ * test (and is killed) instead of hanging the run. Far above the tiny model's real times, also
+ * under the sanitizers. */
+#define CHILD_DEADLINE_S 120.0
+
+/* An answer long enough that Ctrl-C lands in its middle: the tiny model would need seconds for
+ * it, while the signal comes with its first printed bytes. */
+#define LONG_ANSWER 20000
+#define LONG_ANSWER_S "20000"
+
+typedef struct {
+    pid_t pid;
+    int out;          /* read end of the child's stdout */
+    int in;           /* write end of its stdin, or -1 */
+    double deadline;  /* CLOCK_MONOTONIC seconds */
+    char buf[4096];   /* the first bytes of its stdout */
+    size_t len;       /* bytes read in all (may exceed the buffer) */
+    int eof;
+} child;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Starts bin with argv: stdout to a pipe, stderr to err_path, stdin from a pipe when
+ * with_stdin (else /dev/null). */
+static void child_start(child *c, char *const argv[], int with_stdin, const char *err_path) {
+    int out[2], in[2] = {-1, -1};
+    if (pipe(out) != 0 || (with_stdin && pipe(in) != 0)) exit(2);
+    memset(c, 0, sizeof *c);
+    c->pid = fork();
+    if (c->pid < 0) exit(2);
+    if (c->pid == 0) {
+        int fd_in = with_stdin ? in[0] : open("/dev/null", O_RDONLY), fd_err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd_in < 0 || fd_err < 0 || dup2(fd_in, 0) < 0 || dup2(out[1], 1) < 0 || dup2(fd_err, 2) < 0) _exit(3);
+        close(out[0]);
+        if (with_stdin) close(in[1]);
+        execv(bin, argv);
         _exit(127);
     }
-    close(to_child[0]);
-    const char *first = "tell me everything\n";
-    if (write(to_child[1], first, strlen(first)) < 0) exit(2);
-    struct timespec ts = {0, 400 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-    kill(pid, SIGINT);
-    nanosleep(&ts, NULL);
-    const char *rest = "/reset\n/exit\n";
-    if (write(to_child[1], rest, strlen(rest)) < 0) exit(2);
-    close(to_child[1]);
-    int st = 0;
-    /* the chat must be back at its prompt and leave on /exit; give it 30 s at most */
-    for (int i = 0; i < 300 && waitpid(pid, &st, WNOHANG) == 0; i++) nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
-    if (waitpid(pid, &st, WNOHANG) == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-        CHECK(0, "chat did not stop after Ctrl-C and /exit");
+    close(out[1]);
+    if (with_stdin) close(in[0]);
+    c->out = out[0];
+    c->in = with_stdin ? in[1] : -1;
+    c->deadline = now_s() + CHILD_DEADLINE_S;
+}
+
+/* Reads what the child printed until it has printed at least `want` bytes in all, closed its
+ * stdout, or ran past its deadline. Returns 1 if `want` bytes arrived. */
+static int child_read(child *c, size_t want) {
+    while (c->len < want && !c->eof) {
+        double left = c->deadline - now_s();
+        if (left <= 0) return 0;
+        struct pollfd p = {.fd = c->out, .events = POLLIN};
+        if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
+        char tmpbuf[4096];
+        ssize_t n = read(c->out, tmpbuf, sizeof tmpbuf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            c->eof = 1;
+            break;
+        }
+        if (c->len < sizeof c->buf - 1) {
+            size_t keep = sizeof c->buf - 1 - c->len < (size_t)n ? sizeof c->buf - 1 - c->len : (size_t)n;
+            memcpy(c->buf + c->len, tmpbuf, keep);
+            c->buf[c->len + keep] = 0;
+        }
+        c->len += (size_t)n;
     }
+    return c->len >= want;
+}
+
+/* Drains the child's stdout to its end and reaps it; at the deadline it is killed. Returns 1
+ * if it exited by itself in time, with its wait status in *status. */
+static int child_finish(child *c, int *status) {
+    if (c->in >= 0) close(c->in);
+    child_read(c, (size_t)-1);
+    int pid = 0;
+    while ((pid = waitpid(c->pid, status, WNOHANG)) == 0 && now_s() < c->deadline) poll(NULL, 0, 10);
+    close(c->out);
+    if (pid == c->pid) return 1;
+    kill(c->pid, SIGKILL);
+    waitpid(c->pid, status, 0);
+    return 0;
+}
+
+/* The uninterrupted greedy continuation of `prompt` for n tokens equals `got`: Ctrl-C cut the
+ * answer short without changing the tokens before the cut. */
+static void expect_greedy_prefix(const int32_t *prompt, int n_prompt, const int32_t *got, int n, const char *what) {
+    static char cmd[1 << 16];
+    char out_path[700], want[1 << 15];
+    snprintf(out_path, sizeof out_path, "%s/prefix.out", tmp);
+    size_t len = (size_t)snprintf(cmd, sizeof cmd, "%s run -m %s -n %d --ids ", bin, model, n);
+    for (int i = 0; i < n_prompt; i++) len += (size_t)snprintf(cmd + len, sizeof cmd - len, "%s%d", i ? "," : "", prompt[i]);
+    snprintf(cmd + len, sizeof cmd - len, " > %s", out_path);
+    CHECK(sh(cmd) == 0, "%s: run --ids failed", what);
+    len = 0;
+    for (int i = 0; i < n && len < sizeof want; i++) len += (size_t)snprintf(want + len, sizeof want - len, "%s%d", i ? " " : "", got[i]);
+    if (len < sizeof want) snprintf(want + len, sizeof want - len, "\n");
+    char *out = slurp(out_path);
+    CHECK(strcmp(out, want) == 0, "%s: the %d tokens before Ctrl-C are not the greedy answer's first %d", what, n, n);
+    free(out);
+}
+
+/* Checks one interrupted answer's ids (the nth on stderr): it began and stopped before its end. */
+static int expect_cut_short(const char *err, int nth, int32_t *prompt, int *n_prompt, int32_t *gen, int cap, const char *what) {
+    *n_prompt = ids_line(err, "prompt ids", nth, prompt, 4096);
+    int n = ids_line(err, "generated ids", nth, gen, cap), cut = *n_prompt > 0 && n >= 1 && n < LONG_ANSWER;
+    CHECK(cut, "%s: %d prompt ids, %d of %d tokens generated before Ctrl-C", what, *n_prompt, n, LONG_ANSWER);
+    if (cut) printf("ok %s: Ctrl-C after %d of %d tokens\n", what, n, LONG_ANSWER);
+    return cut ? n : 0;
+}
+
+/* Ctrl-C once `g4 run` has printed the start of its answer: the answer stops there (fewer
+ * tokens than asked for, each the greedy one), the line is closed and the exit status is 0. */
+static void test_run_interrupt(void) {
+    char err_path[700];
+    snprintf(err_path, sizeof err_path, "%s/run-int.err", tmp);
+    char *argv[] = {(char *)bin, "run", "-m", model, "-p", "tell me everything", "--temp", "0", "--ignore-eos", "--show-thinking",
+                    "--verbose", "-n", LONG_ANSWER_S, "--ctx", "30000", NULL};
+    child c;
+    child_start(&c, argv, 0, err_path);
+    int began = child_read(&c, 1);
+    CHECK(began, "g4 run printed nothing within %.0f s", CHILD_DEADLINE_S);
+    if (began) kill(c.pid, SIGINT);
+    int st = 0, exited = child_finish(&c, &st);
     char *err = slurp(err_path);
+    CHECK(exited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "g4 run after Ctrl-C: status %d, stderr %s", st, err);
+    CHECK(c.len > 0 && c.len <= sizeof c.buf - 1 && c.buf[c.len - 1] == '\n', "the cut answer (%zu bytes) does not end its line", c.len);
+    static int32_t prompt[4096], gen[LONG_ANSWER];
+    int n_prompt, n = expect_cut_short(err, 0, prompt, &n_prompt, gen, LONG_ANSWER, "run");
+    if (n) expect_greedy_prefix(prompt, n_prompt, gen, n, "run");
+    free(err);
+}
+
+/* Ctrl-C once the chat's answer has begun stops that answer (cut short, "(stopped)"); the chat
+ * then reads its next lines (/reset, /exit) and leaves with status 0. */
+static void test_chat_interrupt(void) {
+    char err_path[700];
+    snprintf(err_path, sizeof err_path, "%s/int.err", tmp);
+    char *argv[] = {(char *)bin, "chat", "-m", model, "--temp", "0", "--ctx", "30000", "--ignore-eos", "--show-thinking", "--verbose",
+                    "-n", LONG_ANSWER_S, NULL};
+    child c;
+    child_start(&c, argv, 1, err_path);
+    const char *first = "tell me everything\n", *rest = "/reset\n/exit\n";
+    CHECK(write(c.in, first, strlen(first)) == (ssize_t)strlen(first), "cannot write to g4 chat");
+    int began = child_read(&c, 1);
+    CHECK(began, "g4 chat printed nothing within %.0f s", CHILD_DEADLINE_S);
+    if (began) kill(c.pid, SIGINT);
+    /* read only once the answer has stopped: lines waiting in the pipe cannot change that */
+    CHECK(write(c.in, rest, strlen(rest)) == (ssize_t)strlen(rest), "cannot write to g4 chat after Ctrl-C");
+    int st = 0, exited = child_finish(&c, &st);
+    char *err = slurp(err_path);
+    CHECK(exited, "chat did not stop after Ctrl-C and /exit within %.0f s", CHILD_DEADLINE_S);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "chat after Ctrl-C: status %d, stderr %s", st, err);
-    CHECK(strstr(err, "(stopped)") != NULL && strstr(err, "(new conversation)") != NULL, "no (stopped) after Ctrl-C: %s", err);
+    const char *stopped = strstr(err, "(stopped)");
+    CHECK(stopped && strstr(stopped, "(new conversation)"), "no (stopped), then (new conversation), after Ctrl-C: %s", err);
+    static int32_t prompt[4096], gen[LONG_ANSWER];
+    int n_prompt, n = expect_cut_short(err, 0, prompt, &n_prompt, gen, LONG_ANSWER, "chat");
+    if (n) expect_greedy_prefix(prompt, n_prompt, gen, n, "chat");
+    CHECK(ids_line(err, "generated ids", 1, gen, LONG_ANSWER) < 0, "/reset or /exit was answered as a question: %s", err);
     free(err);
 }
 
@@ -205,8 +356,8 @@ static void test_run_prompt_sources(void) {
 }
 
 int main(void) {
-    bin = getenv("G4_BIN");
-    if (!bin) return 2;
+    if (!(bin = check_bin())) return check_report("text_cli");
+    signal(SIGPIPE, SIG_IGN); /* a child that died early fails its checks, not this program */
     snprintf(tmp, sizeof tmp, "/tmp/g4-text-XXXXXX");
     if (!mkdtemp(tmp)) return 2;
     snprintf(model, sizeof model, "%s/tiny", tmp);
@@ -214,8 +365,10 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s synth --preset tiny -o %s > /dev/null", bin, model);
     if (sh(cmd) != 0) return 2;
     test_tokenize();
+    test_tokenize_cache_switch();
     test_chat_pipe();
     test_chat_interrupt();
+    test_run_interrupt();
     test_run_prompt_sources();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);

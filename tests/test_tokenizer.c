@@ -602,6 +602,26 @@ static int load_small(const char *path, const char *input, const int32_t *want, 
     return from_cache;
 }
 
+/* G4_TOKENIZER_CACHE=off: the default load neither reads the valid cache beside path nor
+ * writes a new one; "on" (and unset) bring it back, and so does an unknown value (with a warning). */
+static void check_cache_env(const char *path, const char *cache) {
+    const int32_t a_ab[] = {4, 7};
+    setenv("G4_TOKENIZER_CACHE", "off", 1);
+    CHECK_EQ_INT(load_small(path, "aab", a_ab, 2), 0);
+    unlink(cache);
+    CHECK_EQ_INT(load_small(path, "aab", a_ab, 2), 0);
+    CHECK(!file_exists(cache), "G4_TOKENIZER_CACHE=off wrote %s", cache);
+    setenv("G4_TOKENIZER_CACHE", "on", 1);
+    CHECK_EQ_INT(load_small(path, "aab", a_ab, 2), 0);
+    CHECK(file_exists(cache), "G4_TOKENIZER_CACHE=on wrote no cache");
+    CHECK_EQ_INT(load_small(path, "aab", a_ab, 2), 1);
+    g4_set_quiet(1); /* the warning is for users; here only its effect matters */
+    setenv("G4_TOKENIZER_CACHE", "bogus", 1);
+    CHECK_EQ_INT(load_small(path, "aab", a_ab, 2), 1);
+    g4_set_quiet(0);
+    unsetenv("G4_TOKENIZER_CACHE");
+}
+
 /* Cache: written on first load, used next, ignored (and rewritten) when the source changes
  * (even with the same size and mtime) or the cache is damaged; skipped in a read-only dir. */
 static void check_cache(void) {
@@ -639,6 +659,7 @@ static void check_cache(void) {
     g4_tokenizer *tok = g4_tokenizer_load_ex(path, G4_TOKENIZER_NO_CACHE);
     CHECK(tok && !g4_tokenizer_loaded_from_cache(tok), "NO_CACHE ignores the cache");
     g4_tokenizer_free(tok);
+    check_cache_env(path, cache);
 
     char ro_dir[512], ro_path[600], ro_cache[700];
     tmp_path(ro_dir, sizeof ro_dir, "ro");
@@ -696,8 +717,10 @@ static g4_tokenizer *load_gemma4(const char *shared, g4_tokenizer **cold) {
 
 int main(void) {
     const char *shared = check_shared_dir();
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/g4-test-tokenizer-%ld", (long)getpid());
-    mkdir(tmp_dir, 0700);
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/g4-test-tokenizer-XXXXXX");
+    if (!mkdtemp(tmp_dir)) return 2;
+    /* a G4_TOKENIZER_CACHE=off from the caller would defeat the cache checks below */
+    unsetenv("G4_TOKENIZER_CACHE");
 
     check_small_bpe();
     check_broken_files();

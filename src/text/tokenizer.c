@@ -993,7 +993,18 @@ g4_tokenizer *g4_tokenizer_load_ex(const char *path, unsigned flags) {
     return t;
 }
 
-g4_tokenizer *g4_tokenizer_load(const char *path) { return g4_tokenizer_load_ex(path, 0); }
+/* G4_TOKENIZER_CACHE=off keeps every default load away from the cache, for a tokenizer.json in
+ * a folder that is writable but must stay as it is (shared reference data, a model folder
+ * several users read): the directory's mode cannot say so. */
+static unsigned env_flags(void) {
+    const char *v = getenv("G4_TOKENIZER_CACHE");
+    if (!v || !*v || !strcmp(v, "on")) return 0;
+    if (!strcmp(v, "off")) return G4_TOKENIZER_NO_CACHE;
+    g4_warn("G4_TOKENIZER_CACHE=%s: expected on or off; the cache stays on", v);
+    return 0;
+}
+
+g4_tokenizer *g4_tokenizer_load(const char *path) { return g4_tokenizer_load_ex(path, env_flags()); }
 
 int g4_tokenizer_loaded_from_cache(const g4_tokenizer *t) { return t->from_cache; }
 

@@ -21,7 +21,8 @@
  * Loading parses the JSON with cJSON (slow for the 14-33 MB Gemma files) and then writes a
  * binary cache "<path>.g4cache" next to it when the directory is writable; later loads use
  * the cache if it matches the source's size, mtime and content hash and passes its own
- * checksum, otherwise it is ignored and rewritten.
+ * checksum, otherwise it is ignored and rewritten. G4_TOKENIZER_CACHE=off in the environment
+ * turns the cache off for g4_tokenizer_load (as G4_TOKENIZER_NO_CACHE does for _ex).
  *
  * A loaded tokenizer is immutable: encode/decode may run concurrently from many threads.
  * Errors go through g4_fail() (see util/err.h). */
@@ -38,7 +39,8 @@ enum {
     G4_TOKENIZER_NO_CACHE = 1u, /* neither read nor write "<path>.g4cache" */
 };
 
-/* Returns NULL on error; g4_last_error() names the file and what is wrong. */
+/* Returns NULL on error; g4_last_error() names the file and what is wrong. g4_tokenizer_load
+ * uses the cache unless $G4_TOKENIZER_CACHE is "off"; _ex does what its flags say. */
 g4_tokenizer *g4_tokenizer_load(const char *path);
 g4_tokenizer *g4_tokenizer_load_ex(const char *path, unsigned flags);
 void g4_tokenizer_free(g4_tokenizer *tok);
