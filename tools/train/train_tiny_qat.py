@@ -434,6 +434,7 @@ class QFlags:
         self.bf16 = False
         self.deploy = False
         self.calib = False
+        self.calib_tail = 1e-4  # share of |x| above the calibration point (1e-4: the 99.99th percentile)
         self.stats = None  # dict name -> [clipped, total] (tensors) when collecting
         self.stat_mask = None  # [B,T] bool: positions that count in the statistics
 
@@ -472,7 +473,7 @@ class ActQ(nn.Module):
     def forward(self, x):
         if self.f.calib and self.learn:
             a = x.detach().abs().flatten().float()
-            k = max(1, int(math.ceil(a.numel() * 1e-4)))
+            k = max(1, int(math.ceil(a.numel() * self.f.calib_tail)))
             self.calib_vals.append(torch.topk(a, k).values[-1])
         if not self.enabled():
             return x
@@ -627,7 +628,9 @@ class Layer(nn.Module):
         self.register_buffer("layer_scalar", torch.ones(1))
         self.eps = eps
 
-    def forward(self, h, pli, cos, sin, mask, shared):
+    def forward(self, h, pli, cos, sin, mask, shared, cache=None, t0=0):
+        """cache (evaluation only): dict layer index -> preallocated (K, V) [B,1,Tmax,hd] plus "tmax"; the new
+        tokens' K/V are written at [t0, t0+T) and attention reads [0, t0+T)."""
         B, T, _ = h.shape
         x = self.q.aq_in(self.ln_in(h))  # A1 (shared by q/k/v)
         q = self.q(x).view(B, T, self.nh, self.hd)  # A2
@@ -640,6 +643,13 @@ class Layer(nn.Module):
             k = self.kq(k).transpose(1, 2)  # A5
             v = rms_norm(self.v(x).view(B, T, 1, self.hd), None, self.eps)  # A4, v_norm
             v = self.vq(v).transpose(1, 2)  # A6
+            if cache is not None:
+                if self.i not in cache:
+                    cache[self.i] = (k.new_zeros(B, 1, cache["tmax"], self.hd), v.new_zeros(B, 1, cache["tmax"], self.hd))
+                kb, vb = cache[self.i]
+                kb[:, :, t0:t0 + T] = k
+                vb[:, :, t0:t0 + T] = v
+                k, v = kb[:, :, :t0 + T], vb[:, :, :t0 + T]
             shared[self.type] = (k, v)
         else:
             k, v = shared[self.type]
@@ -704,9 +714,11 @@ class TinyGemma4(nn.Module):
     def actqs(self):
         return [m for m in self.modules() if isinstance(m, ActQ)]
 
-    def forward(self, ids, pos=None, key_valid=None, out_positions=None):
-        """ids [B,T]; pos [B,T] rope positions (default arange); key_valid [B,T] bool (left padding);
-        out_positions: None -> logits for all positions, 'last' -> last position only, or a bool mask [B,T]."""
+    def forward(self, ids, pos=None, key_valid=None, out_positions=None, cache=None, t0=0):
+        """ids [B,T]; pos [B,T] rope positions (default arange); key_valid [B,t0+T] bool (left padding);
+        out_positions: None -> logits for all positions, 'last' -> last position only, or a bool mask [B,T].
+        cache (evaluation): the K/V of positions [0, t0) from earlier calls (Layer.forward); ids are positions
+        [t0, t0+T)."""
         B, T = ids.shape
         dev = ids.device
         f = self.f
@@ -721,10 +733,11 @@ class TinyGemma4(nn.Module):
         pli = (z + ple.view(B, T, self.L, self.P)) * (2.0 ** -0.5)
         if pos is None:
             pos = torch.arange(T, device=dev)[None].expand(B, T)
-        idx = torch.arange(T, device=dev)
-        causal = idx[None, :] <= idx[:, None]
-        slide = causal & (idx[:, None] - idx[None, :] < self.window)
-        eye = torch.eye(T, dtype=torch.bool, device=dev)
+        qi = torch.arange(t0, t0 + T, device=dev)  # query and key indices in the whole (padded) sequence
+        ki = torch.arange(t0 + T, device=dev)
+        causal = ki[None, :] <= qi[:, None]
+        slide = causal & (qi[:, None] - ki[None, :] < self.window)
+        eye = ki[None, :] == qi[:, None]
         if key_valid is not None:
             full_m = ((causal[None] & key_valid[:, None, :]) | eye[None])[:, None]
             slide_m = ((slide[None] & key_valid[:, None, :]) | eye[None])[:, None]
@@ -740,7 +753,7 @@ class TinyGemma4(nn.Module):
         shared = {}
         for i, layer in enumerate(self.layers):
             c, s = rope[layer.type]
-            h = layer(h, pli[:, :, i], c, s, masks[layer.type], shared)
+            h = layer(h, pli[:, :, i], c, s, masks[layer.type], shared, cache, t0)
         if out_positions is not None:
             h = h[:, -1] if isinstance(out_positions, str) else h[out_positions]
         h = self.norm(h)
@@ -991,13 +1004,30 @@ def load_export(model_dir, device="cpu"):
 
 def set_mode(model, mode):
     """mode: 'full' (every quantizer: linears + KV + PMP, = g4 --act fake / int defaults),
-    'hf' (linears only), 'wonly' (quantized weights, float activations, = g4 --act float),
-    'float' (master weights, nothing quantized; training model only)."""
+    'hf' (linears only, = g4 --act fake --profile hf), 'nokv' (linears + PMP, = g4 --act fake --kv f32),
+    'nopmp' (linears + KV, = g4 --act fake --pmp-quant off), 'wonly' (quantized weights, float
+    activations, = g4 --act float), 'float' (master weights, nothing quantized; training model only)."""
+    assert mode in EVAL_MODES, mode
     f = model.f
-    f.act = mode in ("full", "hf")
-    f.kv = f.pmp = mode == "full"
+    f.act = mode in ("full", "hf", "nokv", "nopmp")
+    f.kv = mode in ("full", "nopmp")
+    f.pmp = mode in ("full", "nokv")
     if not f.deploy:
         f.w = f.bf16 = mode != "float"
+
+
+EVAL_MODES = ("full", "hf", "nokv", "nopmp", "wonly", "float")
+# metrics.json / torch_answers.json key of each mode run on the exported checkpoint
+EXPORT_MODE_KEYS = {"full": "export_full_fakequant", "hf": "export_hf_profile", "nokv": "export_no_kv_quant",
+                    "nopmp": "export_no_pmp_quant", "wonly": "export_weights_only_float_acts"}
+ANSWERS_ABOUT = ("PyTorch greedy answers (extract_answer; null: no number) to test.jsonl in file order, per mode "
+                 "(keys as in metrics.json accuracy); tests/test_quality.c compares g4's answers with them")
+
+
+def write_answers(model_dir, answers):
+    with open(os.path.join(model_dir, "torch_answers.json"), "w") as f:
+        json.dump(answers, f, separators=(",", ":"))
+        f.write("\n")
 
 
 def extract_answer(text):
@@ -1019,6 +1049,8 @@ def extract_answer(text):
 
 @torch.no_grad()
 def greedy_batch(model, prompts, max_new, stop_ids, device, bs=500):
+    """Greedy continuations of left-padded prompt batches, with a K/V cache (one prefill, then one token a
+    step); rows that stopped are dropped from the batch once they are half of it."""
     outs = [None] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
@@ -1036,23 +1068,28 @@ def greedy_batch(model, prompts, max_new, stop_ids, device, bs=500):
             pads.append(Lmax - len(p))
         padt = torch.tensor(pads, device=device)
         pos = (torch.arange(Lmax + max_new, device=device)[None] - padt[:, None]).clamp_min(0)
-        alive = torch.arange(B, device=device)  # rows still generating (finished rows are dropped)
-        final = ids.clone()
+        rows = torch.arange(B, device=device)  # batch rows still in the cache
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        cache = {"tmax": Lmax + max_new}
+        logits = model(ids[:, :Lmax], pos[:, :Lmax], valid[:, :Lmax], out_positions="last", cache=cache, t0=0)
         for step in range(max_new):
             cur = Lmax + step
-            logits = model(ids[alive, :cur], pos[alive, :cur], valid[alive, :cur], out_positions="last")
             nxt = logits.argmax(-1)
-            ids[alive, cur] = nxt
-            valid[alive, cur] = True
-            fin = torch.isin(nxt, stop)
-            if step == max_new - 1:
-                fin = torch.ones_like(fin)
-            if bool(fin.any()):
-                final[alive[fin]] = ids[alive[fin]]
-                alive = alive[~fin]
-            if alive.numel() == 0:
+            live = ~done[rows]
+            ids[rows[live], cur] = nxt[live]
+            valid[rows, cur] = True
+            done[rows[live & torch.isin(nxt, stop)]] = True
+            if bool(done.all()) or step == max_new - 1:
                 break
-        gen = final[:, Lmax:].tolist()
+            keep = ~done[rows]
+            if int(keep.sum()) * 2 <= rows.numel():
+                for k in list(cache):
+                    if k != "tmax":
+                        cache[k] = (cache[k][0][keep], cache[k][1][keep])
+                rows = rows[keep]
+            logits = model(ids[rows, cur:cur + 1], pos[rows, cur:cur + 1], valid[rows, :cur + 1], out_positions="last",
+                           cache=cache, t0=cur)
+        gen = ids[:, Lmax:].tolist()
         for r, i in enumerate(idxs):
             outl = []
             for t in gen[r][:max_new]:
@@ -1074,9 +1111,11 @@ def evaluate(model, tok, test, device, max_new=192, bs=500, collect_stats=False,
         stats = {k: (float(c) / float(t) if float(t) else 0.0) for k, (c, t) in model.f.stats.items()}
         model.f.stats = None
     correct, strict, stopped = 0, 0, 0
+    preds = []
     for (q, lines, a), g in zip(test, gens):
         text = tok.decode([t for t in g if t not in (EOS, TURN_END)], skip_special_tokens=False)
         pred = extract_answer(text)
+        preds.append(pred)
         correct += int(pred == a)
         strict += int(text.strip() == model_reply(lines, a))
         stopped += int(bool(g) and g[-1] in (EOS, TURN_END))
@@ -1085,7 +1124,7 @@ def evaluate(model, tok, test, device, max_new=192, bs=500, collect_stats=False,
            "seconds": time.time() - t0}
     log(f"eval[{tag}]: accuracy {res['accuracy']:.4f} ({correct}/{n}), whole-solution match {res['exact_solution_match']:.4f}, "
         f"stopped {res['stopped']:.3f}, {res['seconds']:.1f}s")
-    return res, stats, gens
+    return res, stats, gens, preds
 
 
 @torch.no_grad()
@@ -1239,6 +1278,7 @@ def cmd_train(args):
 
     # ---- model
     model = TinyGemma4(cfg).to(device)
+    model.f.calib_tail = args.calib_tail
     n_params = sum(p.numel() for n, p in model.named_parameters() if "log_" not in n)
     log(f"parameters: {n_params}")
     decay, no_decay, scales = [], [], []
@@ -1291,7 +1331,7 @@ def cmd_train(args):
             set_mode(model, "full")
             model.f.act = model.f.kv = model.f.pmp = False
             calib_info = calibrate(model, data, device, args.calib_batches, args.calib_bs, gen)
-            log(f"calibrated {len(calib_info)} activation scales at the 99.99th percentile "
+            log(f"calibrated {len(calib_info)} activation scales at the {100 * (1 - args.calib_tail):g}th percentile "
                 f"(min {min(calib_info.values()):.3g}, max {max(calib_info.values()):.3g})")
             set_mode(model, "full")
             model.train()
@@ -1378,12 +1418,16 @@ def cmd_train(args):
     def run_eval(key, m, mode, tag):
         t0 = time.time()
         set_mode(m, mode)
-        res, _, gens = evaluate(m, tok, test_eval, device, tag=tag, bs=args.eval_bs)
+        res, _, gens, preds = evaluate(m, tok, test_eval, device, tag=tag, bs=args.eval_bs)
         metrics["accuracy"][key] = res
+        answers["modes"][key] = {"mode": mode, "accuracy": res["accuracy"], "answers": preds}
+        write_answers(args.out, answers)
         last[0] = time.time() - t0
         flush()
         return gens
 
+    # per-question extracted answers of every evaluated mode (tests/test_quality.c compares g4's with them)
+    answers = OrderedDict([("about", ANSWERS_ABOUT), ("gold", [a for _, _, a in test_eval]), ("modes", OrderedDict())])
     dm = load_export(args.out, device)
     gens = run_eval("export_full_fakequant", dm, "full", "export, full fake-quant = g4 --act fake defaults")
     metrics["first_generations_full"] = gens[:8]
@@ -1410,6 +1454,10 @@ def cmd_train(args):
     if time_left():
         run_eval("export_hf_profile", dm, "hf", "export, hf profile (linear clamps only) = g4 --act fake --profile hf")
     if time_left():
+        run_eval("export_no_kv_quant", dm, "nokv", "export, linears + per_layer_model_projection, float KV = g4 --act fake --kv f32")
+    if time_left():
+        run_eval("export_no_pmp_quant", dm, "nopmp", "export, linears + int8 KV, float per_layer_model_projection = g4 --act fake --pmp-quant off")
+    if time_left():
         run_eval("training_model_full_fakequant", model, "full", "training model (learnable fake-quant), full")
     log(f"total {time.time() - t_all:.1f}s")
     flush()
@@ -1420,11 +1468,15 @@ def cmd_eval(args):
     tok = load_tokenizer(args.model)
     test = read_test(args.model)[:args.n]
     m = load_export(args.model, device)
+    answers = OrderedDict([("about", ANSWERS_ABOUT), ("gold", [a for _, _, a in test]), ("modes", OrderedDict())])
     for mode in args.modes.split(","):
         set_mode(m, mode)
-        evaluate(m, tok, test, device, tag=mode, bs=args.eval_bs)
+        res, _, _, preds = evaluate(m, tok, test, device, tag=mode, bs=args.eval_bs)
+        answers["modes"][EXPORT_MODE_KEYS[mode]] = {"mode": mode, "accuracy": res["accuracy"], "answers": preds}
         if mode == "full":
             log(json.dumps(summarize_clip(clip_stats(m, tok, test, device))))
+    if args.write_answers:
+        write_answers(args.model, answers)
 
 
 def read_test(model_dir):
@@ -1599,6 +1651,8 @@ def main():
     a.add_argument("--float-steps", type=int, help="step-based schedule instead of the time budget")
     a.add_argument("--qat-steps", type=int)
     a.add_argument("--calib-batches", type=int, default=4)
+    a.add_argument("--calib-tail", type=float, default=1e-4,
+                   help="share of |x| above each static activation scale's calibration point (1e-4: 99.99th percentile, 5e-3: 99.5th)")
     a.add_argument("--calib-bs", type=int, default=256)
     a.add_argument("--eval-bs", type=int, default=500)
     a.add_argument("--log-every", type=int, default=50)
@@ -1609,7 +1663,8 @@ def main():
     a = sub.add_parser("eval")
     a.add_argument("--model", required=True)
     a.add_argument("--n", type=int, default=1000)
-    a.add_argument("--modes", default="full,hf,wonly")
+    a.add_argument("--modes", default="full,hf,nokv,nopmp,wonly")
+    a.add_argument("--write-answers", action="store_true", help="write the per-question answers to MODEL/torch_answers.json")
     a.add_argument("--eval-bs", type=int, default=500)
     a.add_argument("--cpu", action="store_true")
     a = sub.add_parser("greedy")
