@@ -53,7 +53,8 @@ struct g4_session {
     float *pmp_in;
     int ple_pending;
     int8_t *xcodes;
-    int32_t *acc;
+    int32_t *acc;     /* int32 sums of the integer path: acc_len of them (CHUNK x the widest layer linear) */
+    size_t acc_len;
     float *logit_row; /* [vocab], the greedy path's fallback (allocated on first use) */
     void *argmax_scratch; /* the greedy lm_head's buffers (g4_codes_f32_argmax), grown on use */
     size_t argmax_bytes;
@@ -122,6 +123,7 @@ struct rows_job {
     const float *x, *w;
     int8_t *codes;
     int width;
+    int o0;  /* requant_run: the first output of the slice the sums in s->acc belong to */
     float f; /* eps, scale */
 };
 
@@ -188,35 +190,48 @@ static int runs_int(const g4_session *s, const g4_linear *L) {
     return s->o.act == G4_ACT_INT && s->q_linear && L->s_in != 0 && L->w.bits != 16;
 }
 
-/* Rows [t0, t1) of the int32 sums in s->acc into floats: requantized to the output step, or only
- * scaled when the output is not quantized. */
-static void requant_run(const rows_job *j, int t0, int t1) {
-    const g4_session *s = j->s;
-    const g4_linear *L = j->L;
-    int out = L->w.out, n = t1 - t0;
-    const int32_t *acc = s->acc + (size_t)t0 * out;
-    float *y = j->y + (size_t)t0 * out;
+/* n rows of int32 sums of L's outputs [o0, o0 + width) into floats, each row of acc `width` long
+ * and of y L->w.out long (y points at output o0 of its first row): requantized to the output
+ * step, or only scaled when the output is not quantized. */
+static void requant_rows(const g4_session *s, const g4_linear *L, const int32_t *acc, int n, int width, int o0, float *y) {
+    int out = L->w.out;
     const g4_requant *rq = s->rq[L->id];
     const float *m32 = s->rq_f32[L->id];
-    if (m32) {
+    if (m32 && width == out) {
         s->k->requant_f32(acc, n, out, m32, L->s_out, y);
+    } else if (m32) {
+        for (int t = 0; t < n; t++) s->k->requant_f32(acc + (size_t)t * width, 1, width, m32 + o0, L->s_out, y + (size_t)t * out);
     } else if (rq) {
         for (int t = 0; t < n; t++)
-            for (int o = 0; o < out; o++) {
-                size_t i = (size_t)t * out + o;
-                y[i] = g4_dequantize(g4_requantize(&rq[o], acc[i]), L->s_out, 0);
-            }
-    } else {
+            for (int o = 0; o < width; o++)
+                y[(size_t)t * out + o] = g4_dequantize(g4_requantize(&rq[o0 + o], acc[(size_t)t * width + o]), L->s_out, 0);
+    } else if (width == out) {
         s->k->acc_scale(acc, n, out, L->s_in, L->w.w_scale, y); /* s_out == 0: float output */
+    } else {
+        for (int t = 0; t < n; t++) s->k->acc_scale(acc + (size_t)t * width, 1, width, L->s_in, L->w.w_scale + o0, y + (size_t)t * out);
     }
 }
 
-/* y = dequant(requant(W codes)) for n rows whose input codes are already in `codes`. */
+/* Rows [t0, t1) of the slice of sums in s->acc (j->width outputs from j->o0) into j->y. */
+static void requant_run(const rows_job *j, int t0, int t1) {
+    const g4_linear *L = j->L;
+    const int32_t *acc = j->s->acc + (size_t)t0 * j->width;
+    requant_rows(j->s, L, acc, t1 - t0, j->width, j->o0, j->y + (size_t)t0 * L->w.out + j->o0);
+}
+
+/* y = dequant(requant(W codes)) for n rows whose input codes are already in `codes`. A layer
+ * linear's n x out sums fit s->acc in one pass; a wider linear (a calibrated lm_head: vocab
+ * outputs) runs in slices of output rows that fit, each slice's sums exact as in one pass. */
 static void linear_from_codes(g4_session *s, const g4_linear *L, const int8_t *codes, int n, float *y) {
     s->rows_int[L->id] += n;
-    s->k->matmul_i8(&L->w, codes, n, s->acc);
-    rows_job j = {.run = requant_run, .s = s, .L = L, .y = y, .width = L->w.out};
-    for_rows(&j, n, 2);
+    int out = L->w.out, step = (int)(s->acc_len / (size_t)n); /* n <= CHUNK, so step >= the widest layer linear */
+    for (int o0 = 0; o0 < out; o0 += step) {
+        int width = out - o0 < step ? out - o0 : step;
+        g4_qweight slice = g4_qweight_rows(&L->w, o0, width);
+        s->k->matmul_i8(&slice, codes, n, s->acc);
+        rows_job j = {.run = requant_run, .s = s, .L = L, .y = y, .width = width, .o0 = o0};
+        for_rows(&j, n, 2);
+    }
 }
 
 /* y = Q(W Q(x; s_in); s_out) for n rows: float, fake-quant or true integer, per the session. */
@@ -849,10 +864,31 @@ static int resolve_options(g4_session *s) {
     return 0;
 }
 
-/* Per-row requantization tables for every linear that runs in integers. */
-static int build_requant_tables(g4_session *s) {
+/* L's per-row requantization table, when it runs in integers with a quantized output. */
+static int build_requant_table(g4_session *s, const g4_linear *L) {
     static const g4_requant_mode modes[] = {G4_REQUANT_F32,        G4_REQUANT_F64,           G4_REQUANT_TFL_DOUBLE,
                                             G4_REQUANT_TFL_SINGLE, G4_REQUANT_TFL_NEON_4ROW, G4_REQUANT_TFL_REF};
+    if (!runs_int(s, L) || L->s_out == 0) return 0;
+    g4_requant *rq = malloc(sizeof *rq * (size_t)L->w.out);
+    if (!rq) return g4_fail("out of memory for requantization tables");
+    /* every rule is validated the same way; f32 then keeps only its multipliers (4 bytes a row) */
+    int rc = g4_requant_init_rows(rq, (size_t)L->w.out, modes[s->o.requant], L->s_in, L->w.w_scale, L->s_out, 0);
+    if (rc == 0 && s->o.requant == G4_REQ_F32) {
+        float *m32 = malloc(sizeof *m32 * (size_t)L->w.out);
+        if (!m32) rc = g4_fail("out of memory for requantization tables");
+        for (int o = 0; m32 && o < L->w.out; o++) m32[o] = rq[o].scale_f32;
+        s->rq_f32[L->id] = m32;
+        free(rq);
+        rq = NULL;
+    }
+    s->rq[L->id] = rq;
+    return rc != 0 ? g4_fail("%s: %s", L->name, g4_last_error()) : 0;
+}
+
+/* Per-row requantization tables for every linear that runs in integers: the layer linears, and
+ * an lm_head with activation scales (points G3/G4; the published checkpoint's are 0, so its
+ * lm_head stays float). */
+static int build_requant_tables(g4_session *s) {
     const g4_model *m = s->m;
     s->rq = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq);
     s->rq_f32 = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq_f32);
@@ -861,26 +897,10 @@ static int build_requant_tables(g4_session *s) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const g4_linear *lins[9];
         int count = g4_layer_linears(&m->layers[l], g4_layer_is_producer(m, l), lins);
-        for (int i = 0; i < count; i++) {
-            const g4_linear *L = lins[i];
-            if (!runs_int(s, L) || L->s_out == 0) continue;
-            g4_requant *rq = malloc(sizeof *rq * (size_t)L->w.out);
-            if (!rq) return g4_fail("out of memory for requantization tables");
-            /* every rule is validated the same way; f32 then keeps only its multipliers (4 bytes a row) */
-            int rc = g4_requant_init_rows(rq, (size_t)L->w.out, modes[s->o.requant], L->s_in, L->w.w_scale, L->s_out, 0);
-            if (rc == 0 && s->o.requant == G4_REQ_F32) {
-                float *m32 = malloc(sizeof *m32 * (size_t)L->w.out);
-                if (!m32) rc = g4_fail("out of memory for requantization tables");
-                for (int o = 0; m32 && o < L->w.out; o++) m32[o] = rq[o].scale_f32;
-                s->rq_f32[L->id] = m32;
-                free(rq);
-                rq = NULL;
-            }
-            s->rq[L->id] = rq;
-            if (rc != 0) return g4_fail("%s: %s", L->name, g4_last_error());
-        }
+        for (int i = 0; i < count; i++)
+            if (build_requant_table(s, lins[i]) != 0) return -1;
     }
-    return 0;
+    return build_requant_table(s, &m->lm_head);
 }
 
 /* The per-linear row counts of probe.h (g4_session_linear_rows). */
@@ -968,7 +988,8 @@ static int alloc_scratch(g4_session *s) {
     ALLOC(s->xn, CHUNK * H, &ok);
     ALLOC(s->xq, CHUNK * max_in, &ok);
     ALLOC(s->xcodes, CHUNK * max_in, &ok);
-    ALLOC(s->acc, CHUNK * max_in, &ok);
+    s->acc_len = (size_t)CHUNK * (size_t)max_in;
+    ALLOC(s->acc, s->acc_len, &ok);
     ALLOC(s->q, CHUNK * max_q, &ok);
     ALLOC(s->kk, CHUNK * max_kv, &ok);
     ALLOC(s->vv, CHUNK * max_kv, &ok);
