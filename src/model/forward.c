@@ -554,19 +554,27 @@ static void decoder_layer(g4_session *s, int l, int n) {
     trace_layer(s, "hidden_after_layer%d", l, n, H, 0, s->x);
 }
 
+/* Whether the session quantizes the lm_head input with a static scale (point G3): an lm_head
+ * with an input_activation_scale, with the linear points on. The published checkpoint's scale
+ * is 0, so its lm_head input stays float. */
+static int lm_head_static_input(const g4_session *s) { return s->q_linear && s->m->lm_head.s_in != 0; }
+
 /* The lm_head of rows [first, n) of xn into logits, softcapped. */
 static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
     const g4_model *m = s->m;
+    const g4_linear *L = &m->lm_head;
     int H = m->cfg.hidden, V = m->cfg.vocab;
-    if (s->o.lmhead_dynamic_q8 && m->lm_head.s_in == 0 && m->lm_head.w.bits != 16) {
+    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != 16) {
         /* LiteRT's XNNPACK runs a float-input FC with int weights by quantizing each input row
-         * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref) */
-        const g4_qweight *w = &m->lm_head.w;
+         * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref). A
+         * static input scale takes precedence: the delegate then sees an int8 input and takes
+         * its static path, as the engine does. The f32 output still meets point G4. */
         for (int t = first; t < n; t++)
-            g4_dynq_matvec_packed(G4_DYNQ_XNN_QD8, s->xn + (size_t)t * H, (size_t)H, w->w, w->bits, (size_t)V, w->w_scale,
+            g4_dynq_matvec_packed(G4_DYNQ_XNN_QD8, s->xn + (size_t)t * H, (size_t)H, L->w.w, L->w.bits, (size_t)V, L->w.w_scale,
                                   s->xcodes, logits + (size_t)(t - first) * V);
+        if (s->q_linear) fake_quant(s, logits, (size_t)(n - first) * V, L->s_out);
     } else {
-        linear(s, &m->lm_head, s->xn + (size_t)first * H, n - first, logits);
+        linear(s, L, s->xn + (size_t)first * H, n - first, logits);
     }
     double cap = m->cfg.final_softcap;
     if (cap > 0) {
@@ -853,6 +861,9 @@ static int resolve_options(g4_session *s) {
     s->q_linear = quantized && o->linear_quant;
     s->q_kv = quantized && o->kv_quant;
     s->q_pmp = quantized && o->pmp_quant;
+    if (o->lmhead_dynamic_q8 && lm_head_static_input(s))
+        g4_warn("--lmhead-dynamic-q8 has no effect: lm_head.input_activation_scale is %g, a static input quantization that takes precedence",
+                s->m->lm_head.s_in);
     s->round = o->round == G4_ROUND_AWAY ? G4_ROUND_HALF_AWAY : G4_ROUND_HALF_EVEN;
     if (o->qdiv == G4_QDIV_DEFAULT) s->qdiv = o->act == G4_ACT_INT ? G4_QDIV_RECIP : G4_QDIV_DIV;
     else s->qdiv = o->qdiv == G4_QDIV_DIVIDE ? G4_QDIV_DIV : G4_QDIV_RECIP;

@@ -268,8 +268,10 @@ static int bind_lm_head(g4_model *m) {
     if (g4_st_find(&m->st, "lm_head.weight") || !c->tie_word_embeddings) {
         if (bind_linear(m, &m->lm_head, "lm_head", c->hidden, c->vocab) != 0) return -1;
         if (m->lm_head.s_in != 0 || m->lm_head.s_out != 0)
-            g4_warn("%s: lm_head activation scales are not 0 (%g, %g); they will be applied", m->dir, m->lm_head.s_in,
-                    m->lm_head.s_out);
+            /* defined as for every linear (activation-quant.md §2, G3/G4: transformers' QuantizedLinear
+             * applies them); the published checkpoint has 0, so this is unusual enough to say */
+            g4_warn("%s: lm_head.input_activation_scale %g, output_activation_scale %g (not 0): --act fake and int quantize the "
+                    "lm_head input and output with them", m->dir, m->lm_head.s_in, m->lm_head.s_out);
         return 0;
     }
     if (m->embed.nblocks != 1) return g4_fail("%s: tied lm_head needs one embedding scale per row", m->dir);
