@@ -212,6 +212,12 @@ static const extract_case EXTRACT_CASES[] = {
     X("<|channel>a<channel|>b<|channel>c<channel|>The answer is 5", "5", "marker"),
     X("x<channel|>y<channel|>The answer is 5 <|channel>7<channel|>", "5", "marker"),
     X("<|channel>a<channel|>b 8<channel|>c 9", "9", "last_number"),
+    /* a stray closer means the reply began inside a prefilled thought: all text before it goes,
+     * a marker included, and so does visible text already kept before an earlier thought
+     * (extractor_ref.py's answers) */
+    X("The answer is 3<channel|>so 4", "4", "last_number"),
+    X("The answer is 3 <|channel>t<channel|>x<channel|>so 4", "4", "last_number"),
+    X("The answer is 3.<|channel>t<channel|><channel|>Done.", NULL, "no_number"),
     X("9 <|channel>a", NULL, "thought_unclosed"),
     X("<|channel>x<channel|><|channel>y", NULL, "thought_unclosed"),
     /* NUL and invalid UTF-8 (read as U+FFFD, as a lossy decode gives the reference) */

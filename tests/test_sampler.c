@@ -124,15 +124,23 @@ int main(void) {
     gs = g4_sampler_new(&g, V);
     int32_t hist[3] = {0, 0, 2};
     CHECK_EQ_INT(g4_sampler_sample(gs, l2, hist, 3), 1);
-    /* negative logits are multiplied: token 1 seen too -> 0.75 < 1.0 = token 0 */
+    /* token 1 seen too: 1.5 / 2 = 0.75 < 1.0 = token 0 */
     int32_t hist2[2] = {0, 1};
     CHECK_EQ_INT(g4_sampler_sample(gs, l2, hist2, 2), 0);
+    /* negative logits are multiplied (HF: score < 0 ? score * penalty : score / penalty): token 1
+     * seen, -0.8 * 2 = -1.6 < -1.0 = token 0 (dividing would give -0.4 and pick token 1) */
+    const float l3[V] = {-1.0f, -0.8f, -3.0f, -4.0f, -5.0f};
+    int32_t hist4[1] = {1};
+    CHECK_EQ_INT(g4_sampler_sample(gs, l3, NULL, 0), 1);
+    CHECK_EQ_INT(g4_sampler_sample(gs, l3, hist4, 1), 0);
     g4_sampler_free(gs);
-    /* repeat_last_n limits the window: token 0 is outside the last 1 token */
+    /* repeat_last_n limits the window to the last N tokens: token 0 is outside the last 1 token,
+     * and inside it when it is the last one (2.0 / 2 = 1.0 < 1.5 = token 1) */
     g.repeat_last_n = 1;
     gs = g4_sampler_new(&g, V);
-    int32_t hist3[2] = {0, 3};
+    int32_t hist3[2] = {0, 3}, hist5[2] = {3, 0};
     CHECK_EQ_INT(g4_sampler_sample(gs, l2, hist3, 2), 0);
+    CHECK_EQ_INT(g4_sampler_sample(gs, l2, hist5, 2), 1);
     g4_sampler_free(gs);
 
     /* invalid parameters */
