@@ -657,9 +657,13 @@ class Layer(nn.Module):
             # eager attention (transformers' eager path and g4; scaling 1.0) everywhere outside training:
             # on CUDA, scaled_dot_product_attention with the batched [B,1,T,T] left-padding mask gave
             # wrong results in evaluation (first H200 run), eager does not.
-            sc = torch.matmul(q, k.transpose(-1, -2))
+            # one K/V head: the query heads' rows side by side against it (a [B,heads,T,hd] x [B,1,...]
+            # matmul would copy K and V once per head)
+            nq = q.shape[1] * q.shape[2]
+            sc = torch.matmul(q.reshape(B, 1, nq, self.hd), k.transpose(-1, -2)).view(B, self.nh, T, -1)
             sc = sc.masked_fill(~mask, float("-inf"))
-            a = torch.matmul(torch.softmax(sc, dim=-1, dtype=torch.float32), v)
+            p = torch.softmax(sc, dim=-1, dtype=torch.float32)
+            a = torch.matmul(p.reshape(B, 1, nq, -1), v).view(B, self.nh, T, self.hd)
         else:
             a = F.scaled_dot_product_attention(q, k.expand(B, self.nh, T, self.hd), v.expand(B, self.nh, T, self.hd),
                                                attn_mask=mask, scale=1.0)
@@ -1475,7 +1479,15 @@ def cmd_eval(args):
         answers["modes"][EXPORT_MODE_KEYS[mode]] = {"mode": mode, "accuracy": res["accuracy"], "answers": preds}
         if mode == "full":
             log(json.dumps(summarize_clip(clip_stats(m, tok, test, device))))
-    if args.write_answers:
+    if args.write_answers:  # merged into the file's other modes (a mode may cover fewer questions than gold)
+        path = os.path.join(args.model, "torch_answers.json")
+        if os.path.exists(path):
+            old = json.load(open(path), object_pairs_hook=OrderedDict)
+            if len(old["gold"]) > len(answers["gold"]):
+                assert old["gold"][:len(answers["gold"])] == answers["gold"], "torch_answers.json is of another test.jsonl"
+                answers["gold"] = old["gold"]
+            for k, v in old["modes"].items():
+                answers["modes"].setdefault(k, v)
         write_answers(args.model, answers)
 
 
