@@ -9,9 +9,12 @@ Subcommands (all deterministic for a given seed; see --help of each):
                                  chat_template.jinja, generation_config.json
   train      --out DIR           generate data, float warm-up, calibrate, QAT with every quantizer in the
                                  loop, export (config.json + model.safetensors), write test.jsonl, then
-                                 evaluate the EXPORTED checkpoint (full fake-quant, weights-only) and the
-                                 float master weights on the held-out set; writes metrics.json
-  eval       --model DIR         re-evaluate an exported checkpoint (PyTorch, fake-quant or float acts)
+                                 evaluate the EXPORTED checkpoint (full fake-quant, linear clamps only, float
+                                 KV, float per_layer_model_projection, float activations) and the float
+                                 master weights on the held-out set; writes metrics.json and
+                                 torch_answers.json (each mode's answer per question, for tests/test_quality.c)
+  eval       --model DIR         re-evaluate an exported checkpoint (PyTorch, fake-quant or float acts;
+                                 --write-answers adds the modes' answers to torch_answers.json)
   greedy     --model DIR         print prompt ids and the PyTorch greedy continuation (fake-quant, LR
                                  profile = g4 --act fake defaults) for a few held-out problems, as JSON
   hfcheck    --model DIR         load the export with transformers' GemmaQuantizer and compare its
@@ -32,7 +35,8 @@ math equals transformers' Gemma4ForConditionalGeneration on the exported file.
 Quantization (QAT): per-output-channel weights with LSQ-style learned scales and STE
 (int4 attention + early MLP, int2 late MLP + lm_head, int8 per_layer_input_gate/projection, int2
 token embedding, int4 PLE table with one scale per row per layer block), static int8 fake-quant with
-STE at every linear input and output (scales calibrated at the 99.99th percentile, then learned), q/k/v
+STE at every linear input and output (scales calibrated at a percentile of |x|, --calib-tail: 1e-4 = the
+99.99th, then learned), q/k/v
 sharing one input scale and gate/up sharing one, int8 K (calibrated, learned) and V (fixed 6/127)
 cache quantization after k_norm+RoPE / v_norm, per_layer_model_projection input/output quantization
 with g4's default static scales (0.038878, 0.002353; output after the x H^-1/2), BF16 rounding (STE)
