@@ -26,7 +26,7 @@ TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tan
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run
+.PHONY: all test asan-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test
 .SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
 all: $(OUT)/g4
 
@@ -50,6 +50,56 @@ $(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/
 
 $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# The shared library: the same sources compiled position-independent under $(OUT)/pic, exporting only
+# the functions include/g4.h declares (a version script made from the header, so the list cannot
+# drift from it). Soname libg4.so.$(G4_SOVERSION); the file carries the full version.
+G4_VERSION := $(shell sed -n 's/^\#define G4_VERSION "\(.*\)"/\1/p' include/g4.h)
+G4_SOVERSION = 0
+PIC_OBJ = $(LIB_SRC:%.c=$(OUT)/pic/%.o)
+$(OUT)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -fPIC -c $< -o $@
+$(OUT)/pic/src/kernels/avx2.o: CFLAGS += -fschedule-insns -fsched-pressure
+
+$(OUT)/g4.map: include/g4.h
+	@{ echo 'G4_$(G4_SOVERSION) {'; echo '  global:'; \
+	   sed -n 's/.*[^a-z0-9_]\(g4_[a-z0-9_]*\)(.*/    \1;/p' $< | sort -u; echo '  local: *;'; echo '};'; } > $@
+
+$(OUT)/libg4.so: $(PIC_OBJ) $(OUT)/g4.map
+	@$(CC) -shared $(LDFLAGS_MODE) $(LDFLAGS) -Wl,-soname,libg4.so.$(G4_SOVERSION) -Wl,--version-script,$(OUT)/g4.map \
+	  -o $@ $(PIC_OBJ) $(LDLIBS)
+
+# `make install PREFIX=DIR` (default /usr/local; DESTDIR for staging): the g4 command, libg4.a,
+# libg4.so with its soname links, include/g4.h and lib/pkgconfig/g4.pc.
+PREFIX ?= /usr/local
+install: $(OUT)/g4 $(OUT)/libg4.a $(OUT)/libg4.so
+	@install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	@install -m 755 $(OUT)/g4 $(DESTDIR)$(PREFIX)/bin/g4
+	@install -m 644 include/g4.h $(DESTDIR)$(PREFIX)/include/g4.h
+	@install -m 644 $(OUT)/libg4.a $(DESTDIR)$(PREFIX)/lib/libg4.a
+	@install -m 755 $(OUT)/libg4.so $(DESTDIR)$(PREFIX)/lib/libg4.so.$(G4_VERSION)
+	@ln -sf libg4.so.$(G4_VERSION) $(DESTDIR)$(PREFIX)/lib/libg4.so.$(G4_SOVERSION)
+	@ln -sf libg4.so.$(G4_SOVERSION) $(DESTDIR)$(PREFIX)/lib/libg4.so
+	@sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(G4_VERSION)|' g4.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/g4.pc
+	@echo "installed g4 $(G4_VERSION) under $(DESTDIR)$(PREFIX)"
+
+# examples/ built as a user would: against a fresh install (a private prefix) through pkg-config,
+# linked to the shared library, and run on the built-in model; it must print the model's worked
+# answer to the README's example problem, and the library must export nothing but g4.h's API.
+example-test:
+	@set -e; p=$$(mktemp -d); trap 'rm -rf "$$p"' EXIT; \
+	$(MAKE) --no-print-directory install PREFIX=$$p >/dev/null; \
+	export PKG_CONFIG_PATH=$$p/lib/pkgconfig; \
+	$(CC) -std=c11 -Wall -Wextra -Werror -o $$p/answer examples/answer.c $$(pkg-config --cflags --libs g4) -Wl,-rpath,$$p/lib; \
+	ldd $$p/answer | grep -q "libg4.so.$(G4_SOVERSION) => $$p/lib/" || { echo "example-test: answer is not linked to the installed libg4.so"; exit 1; }; \
+	nm -D --defined-only $$p/lib/libg4.so | awk '$$2 != "A" {sub(/@.*/, "", $$3); print $$3}' | sort > $$p/exported; \
+	sed -n 's/^    \(g4_.*\);/\1/p' $(OUT)/g4.map > $$p/api; \
+	cmp -s $$p/exported $$p/api || { echo "example-test: libg4.so exports other symbols than g4.h declares:"; \
+	  diff $$p/api $$p/exported | head; exit 1; }; \
+	G4_TOKENIZER_CACHE=off $$p/answer models/gemma4-tiny-math "$$(cat models/gemma4-tiny-math/example_prompt.txt)" > $$p/out.txt; \
+	grep -qx 'The final answer is 890' $$p/out.txt || { cat $$p/out.txt; echo "example-test: no 'The final answer is 890'"; exit 1; }; \
+	echo "example-test: 1 passed, 0 failed (examples/answer.c against libg4.so.$(G4_VERSION) from pkg-config)"
 
 # The kernel micro-benchmark (bench/bench_kernels.c): built with the tests so it keeps compiling,
 # run by hand (`build/release/bench_kernels [quick]`).
@@ -150,6 +200,7 @@ quality: $(OUT)/g4 $(OUT)/tests/test_quality
 # Everything CI runs, one stage after another (parallel stages would distort the quality gate's time).
 check:
 	$(MAKE) test
+	$(MAKE) example-test
 	$(MAKE) mutation-test
 	$(MAKE) dispatch-test
 	$(MAKE) neon-test

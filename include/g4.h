@@ -133,6 +133,193 @@ void g4_session_reset_seq(g4_session *s, int seq);
 int g4_session_seq_pos(const g4_session *s, int seq);
 int g4_session_n_seq(const g4_session *s);
 
+/* ---- Text: tokenizer.json, the Gemma 4 chat template, the model's reply ------------------------ */
+
+/* Text tokenizer for Hugging Face tokenizer.json files of the Gemma 3 / Gemma 4 kind.
+ *
+ * Supported pipeline (anything else in the file is rejected at load with a message naming
+ * the field, rather than silently tokenizing differently):
+ *   1. added_tokens matched on the raw text, leftmost-longest (lstrip/rstrip/single_word/
+ *      normalized must be false);
+ *   2. normalizer Replace(" " -> U+2581) or none;
+ *   3. pre_tokenizer Split(" ", MergedWithPrevious) (a no-op after step 2) or none;
+ *   4. BPE: merges by rank (lowest rank first, leftmost among equals), byte_fallback <0xNN>,
+ *      unk_token/fuse_unk when there is no byte fallback;
+ *   5. decoder Sequence[Replace(U+2581 -> " "), ByteFallback, Fuse].
+ * No BOS is ever added: chat prompts carry a literal "<bos>" (encode with parse_special=1).
+ *
+ * Invalid UTF-8 in the input never fails: each byte that is not part of a valid UTF-8
+ * sequence becomes its own byte token <0xNN> (or unk without byte fallback). Decoding runs
+ * byte tokens through a UTF-8 decoder that replaces each maximal invalid subsequence with
+ * U+FFFD (the WHATWG rule, same as the JavaScript reference), so decode output is always
+ * valid UTF-8 and valid input round-trips exactly (except a literal U+2581, which decodes
+ * to a space, as in Hugging Face).
+ *
+ * Loading parses the JSON with cJSON (slow for the 14-33 MB Gemma files) and then writes a
+ * binary cache "<path>.g4cache" next to it when the directory is writable; later loads use
+ * the cache if it matches the source's size, mtime and content hash and passes its own
+ * checksum, otherwise it is ignored and rewritten. G4_TOKENIZER_CACHE=off in the environment
+ * turns the cache off for g4_tokenizer_load (as G4_TOKENIZER_NO_CACHE does for _ex).
+ *
+ * A loaded tokenizer is immutable: encode/decode may run concurrently from many threads.
+ * Errors leave their message in g4_last_error(). */
+typedef struct g4_tokenizer g4_tokenizer;
+
+/* Flags for g4_tokenizer_load_ex. */
+enum {
+    G4_TOKENIZER_NO_CACHE = 1u, /* neither read nor write "<path>.g4cache" */
+};
+
+/* Returns NULL on error; g4_last_error() names the file and what is wrong. g4_tokenizer_load
+ * uses the cache unless $G4_TOKENIZER_CACHE is "off"; _ex does what its flags say. */
+g4_tokenizer *g4_tokenizer_load(const char *path);
+g4_tokenizer *g4_tokenizer_load_ex(const char *path, unsigned flags);
+void g4_tokenizer_free(g4_tokenizer *tok);
+/* 1 when the last load of this tokenizer came from a valid "<path>.g4cache". */
+int g4_tokenizer_loaded_from_cache(const g4_tokenizer *tok);
+
+/* Encodes len bytes of text (NULs allowed) into *ids (malloc'd, caller frees; never NULL
+ * on success). No BOS/EOS is added.
+ * parse_special=1: every added token (control tokens included) is matched in the text.
+ * parse_special=0: tokens marked "special" (<bos>, <|turn>, <|channel>, ...) are NOT
+ * matched and are tokenized as ordinary text, for untrusted input; non-special added tokens
+ * (newline/tab runs, <unusedN>, HTML tags) are still matched because ordinary text
+ * tokenization depends on them (same as Hugging Face split_special_tokens=True). */
+int g4_tokenizer_encode(const g4_tokenizer *tok, const char *text, size_t len, int parse_special,
+                        int32_t **ids, size_t *n_ids);
+
+/* Decodes ids to UTF-8 text in *out (malloc'd, NUL-terminated, caller frees). Special
+ * tokens are rendered as their literal text (callers filter with g4_tokenizer_is_special). */
+int g4_tokenizer_decode(const g4_tokenizer *tok, const int32_t *ids, size_t n, char **out,
+                        size_t *out_len);
+
+/* One more than the largest token id (model vocab plus added tokens beyond it). */
+size_t g4_tokenizer_vocab_size(const g4_tokenizer *tok);
+/* -1 when the piece is not a token (lookup is exact, on the stored piece: "▁Hello"). */
+int32_t g4_tokenizer_piece_to_id(const g4_tokenizer *tok, const char *piece);
+/* NULL when id is out of range or unused. */
+const char *g4_tokenizer_id_to_piece(const g4_tokenizer *tok, int32_t id);
+/* 1 for added tokens marked "special" in tokenizer.json (<pad>, <eos>, <bos>, <|turn>...). */
+int g4_tokenizer_is_special(const g4_tokenizer *tok, int32_t id);
+
+/* Streaming decoder for generation: each push returns the bytes that became final, always
+ * whole UTF-8 characters; an incomplete UTF-8 tail from byte tokens is held back until the
+ * next push or flush. The concatenation of all pushes plus flush equals
+ * g4_tokenizer_decode of the same ids. The returned pointer is valid until the next call on
+ * the same decoder. */
+typedef struct g4_detokenizer g4_detokenizer;
+g4_detokenizer *g4_detokenizer_new(const g4_tokenizer *tok);
+int g4_detokenizer_push(g4_detokenizer *d, int32_t id, const char **bytes, size_t *len);
+int g4_detokenizer_flush(g4_detokenizer *d, const char **bytes, size_t *len);
+void g4_detokenizer_reset(g4_detokenizer *d);
+void g4_detokenizer_free(g4_detokenizer *d);
+
+/* Gemma 4 chat prompt rendering and parsing of the model's reply (thought channel).
+ *
+ * Rendering follows the Gemma 4 chat templates (spec chat-and-tokenizer.md, section C):
+ *
+ *   <bos>[<|turn>system\n[<|think|>\n]{system text}<turn|>\n]
+ *   <|turn>user\n{text}<turn|>\n
+ *   <|turn>model\n{earlier answer, thought spans removed}<turn|>\n
+ *   ...
+ *   <|turn>model\n                          generation prompt
+ *   [<|channel>thought\n<channel|>]          26B/31B form with thinking off only
+ *
+ * The system turn appears when thinking is on or the first message is a system message.
+ * Every content is trimmed of leading/trailing whitespace (Unicode whitespace, like the
+ * template's Python `trim`). Tools, images/audio and the `reasoning` re-insertion of the
+ * newest templates are not supported; consecutive model messages are separate turns.
+ *
+ * The rendered string holds the control tokens as literals: encode it with
+ * parse_special=1, and do not add another BOS. g4_chat_encode does both and also keeps
+ * control-token strings typed by the user from becoming control tokens. */
+typedef enum {
+    G4_CHAT_SYSTEM,
+    G4_CHAT_USER,
+    G4_CHAT_MODEL,
+} g4_chat_role;
+
+typedef struct {
+    g4_chat_role role;
+    const char *content; /* UTF-8, NUL-terminated; NULL is treated as "" */
+} g4_chat_message;
+
+typedef enum {
+    /* E2B / E4B template: thinking off renders the plain generation prompt "<|turn>model\n". */
+    G4_CHAT_FORM_E2B,
+    /* 26B-A4B / 31B template: thinking off appends an empty thought channel
+     * "<|channel>thought\n<channel|>" to the generation prompt. */
+    G4_CHAT_FORM_26B,
+} g4_chat_form;
+
+typedef struct {
+    g4_chat_form form;
+    int thinking;              /* put <|think|> at the top of the system turn */
+    int add_generation_prompt; /* end with the open model turn */
+    int add_bos;               /* start with the literal "<bos>" */
+} g4_chat_options;
+
+/* E2B form, thinking off, generation prompt and BOS on. */
+g4_chat_options g4_chat_default_options(void);
+
+/* "system"/"developer", "user", "model"/"assistant" -> role; -1 (g4_last_error says why) otherwise. */
+int g4_chat_role_parse(const char *name, g4_chat_role *role);
+
+/* Renders the prompt text into *out (malloc'd, NUL-terminated, caller frees). */
+int g4_chat_render(const g4_chat_message *msgs, size_t n, const g4_chat_options *opt, char **out, size_t *out_len);
+
+/* Renders and encodes in one go: template parts with parse_special=1, message contents
+ * with parse_special=0 (untrusted), so "<|turn>" typed by a user stays plain text. For
+ * contents without control-token strings the ids equal encoding g4_chat_render's text. */
+int g4_chat_encode(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, const g4_chat_options *opt,
+                   int32_t **ids, size_t *n_ids);
+
+/* The template's strip_thinking for earlier model turns: drops every
+ * "<|channel>...<channel|>" span, then trims. *out is malloc'd. */
+int g4_chat_strip_thinking(const char *text, size_t len, char **out, size_t *out_len);
+
+/* A finished reply split into thought and answer (spec section C.3):
+ *  - every "<|channel>...<channel|>" span is thinking (its "thought\n" channel header is
+ *    dropped), the rest is the answer;
+ *  - a "<channel|>" before any "<|channel>" closes a thought that began at the start of
+ *    the output (a prompt that prefilled "<|channel>thought\n"): everything before it is
+ *    thinking;
+ *  - a "<|channel>" never closed leaves thought_unclosed set: the answer is missing
+ *    ("truncated in thought"), what follows the marker is thinking.
+ * answer and thinking are trimmed and malloc'd (free with g4_chat_reply_free). The text
+ * must not include the stop token. */
+typedef struct {
+    char *answer;
+    size_t answer_len;
+    char *thinking;
+    size_t thinking_len;
+    int thought_blocks;   /* thought spans seen, including an unclosed one */
+    int thought_unclosed; /* output ended inside a thought */
+} g4_chat_reply;
+
+int g4_chat_parse_reply(const char *text, size_t len, g4_chat_reply *reply);
+void g4_chat_reply_free(g4_chat_reply *reply);
+
+/* Streaming version for showing a reply while it is generated: push decoded text as it
+ * comes (e.g. from g4_detokenizer), get back the bytes that are final, split into answer
+ * and thought. A marker split across pushes is held back until it is complete. The
+ * retroactive rule for a bare "<channel|>" cannot apply to text already shown, so say at
+ * creation whether the prompt left a thought open (ended with "<|channel>thought\n");
+ * a stray "<channel|>" is otherwise just dropped. Returned pointers are valid until the
+ * next call on the same filter. */
+typedef struct g4_thought_filter g4_thought_filter;
+g4_thought_filter *g4_thought_filter_new(int starts_in_thought);
+int g4_thought_filter_push(g4_thought_filter *f, const char *text, size_t len, const char **answer, size_t *answer_len,
+                           const char **thought, size_t *thought_len);
+/* Releases anything held back (an incomplete marker is plain text after all). */
+int g4_thought_filter_finish(g4_thought_filter *f, const char **answer, size_t *answer_len, const char **thought,
+                             size_t *thought_len);
+int g4_thought_filter_in_thought(const g4_thought_filter *f);
+int g4_thought_filter_blocks(const g4_thought_filter *f);
+void g4_thought_filter_free(g4_thought_filter *f);
+
+/* ---- Generation ------------------------------------------------------------------------------- */
+
 /* Index of the largest logit (the first one on ties). */
 int g4_argmax(const float *logits, int n);
 
