@@ -30,15 +30,6 @@ static st_parts split_original(void) {
     return p;
 }
 
-static void write_bytes(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, len, f) != len) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(2);
-    }
-    fclose(f);
-}
-
 /* A safetensors file from a header object and a data section. */
 static void write_safetensors(const char *path, const cJSON *header, const unsigned char *data, size_t len) {
     char *json = cJSON_PrintUnformatted(header);
@@ -48,7 +39,7 @@ static void write_safetensors(const char *path, const cJSON *header, const unsig
     memcpy(buf + 8, json, n);
     memset(buf + 8 + n, ' ', padded - n);
     memcpy(buf + 8 + padded, data, len);
-    write_bytes(path, buf, 8 + padded + len);
+    write_file_or_exit(path, buf, 8 + padded + len);
     free(buf);
     free(json);
 }
@@ -63,7 +54,7 @@ static const char *case_dir(const char *name) {
 static void write_in(const char *dir, const char *file, const void *data, size_t len) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    write_bytes(path, data, len);
+    write_file_or_exit(path, data, len);
 }
 
 /* Runs `g4 inspect -m dir`: must exit 1 with exactly one line on stderr starting "g4: error: ". */
@@ -295,11 +286,7 @@ int main(void) {
     bin = check_bin();
     snprintf(base_tmp, sizeof base_tmp, "/tmp/g4-broken-XXXXXX");
     if (!mkdtemp(base_tmp)) return 2;
-    char path[8192];
-    snprintf(path, sizeof path, "%s/model.safetensors", tiny_dir());
-    if (g4_read_file(path, (char **)&orig_st, &orig_st_len) != 0) return 2;
-    snprintf(path, sizeof path, "%s/config.json", tiny_dir());
-    if (g4_read_file(path, &orig_config, NULL) != 0) return 2;
+    read_tiny_fixture(&orig_st, &orig_st_len, &orig_config);
     g4_set_quiet(1);
 
     raw_cases();

@@ -45,15 +45,6 @@ typedef struct {
 } head;
 static head hd;
 
-static void write_bytes(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, len, f) != len) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(2);
-    }
-    fclose(f);
-}
-
 /* Byte offset in the file of tensor `name`'s data, from the safetensors header. */
 static size_t tensor_offset(const char *name) {
     uint64_t n = 0;
@@ -87,9 +78,9 @@ static const char *patched_copy(const char *name, float s_in, float s_out) {
     put_f32(st + tensor_offset("lm_head.input_activation_scale"), s_in);
     put_f32(st + tensor_offset("lm_head.output_activation_scale"), s_out);
     snprintf(path, sizeof path, "%s/model.safetensors", d);
-    write_bytes(path, st, orig_st_len);
+    write_file_or_exit(path, st, orig_st_len);
     snprintf(path, sizeof path, "%s/config.json", d);
-    write_bytes(path, orig_config, strlen(orig_config));
+    write_file_or_exit(path, orig_config, strlen(orig_config));
     free(st);
     return d;
 }
@@ -502,11 +493,7 @@ static void test_cli(const char *dir, const g4_model *m) {
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/g4-lmhead-XXXXXX");
     if (!mkdtemp(tmp)) return 2;
-    char path[8192];
-    snprintf(path, sizeof path, "%s/model.safetensors", tiny_dir());
-    if (g4_read_file(path, (char **)&orig_st, &orig_st_len) != 0) return 2;
-    snprintf(path, sizeof path, "%s/config.json", tiny_dir());
-    if (g4_read_file(path, &orig_config, NULL) != 0) return 2;
+    read_tiny_fixture(&orig_st, &orig_st_len, &orig_config);
     g4_set_quiet(1);
     read_head();
     for (int t = 0; t < N_LONG; t++) prompt[t] = 2 + (t * 97 + 13) % 500;

@@ -55,6 +55,31 @@ static inline const float *golden_f32(const g4_safetensors *st, const char *name
     return (const float *)(const void *)t->data;
 }
 
+/* Writes a whole file; a test that cannot write its own temp files exits (status 2). */
+static inline void write_file_or_exit(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(2);
+    }
+}
+
+/* The tiny-mobile fixture's model.safetensors and config.json in memory, for tests that write
+ * patched copies of it into their own temp dir (caller frees). Exits (status 2) when unreadable. */
+static inline void read_tiny_fixture(unsigned char **st, size_t *st_len, char **config) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", tiny_dir());
+    if (g4_read_file(path, (char **)st, st_len) != 0) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(2);
+    }
+    snprintf(path, sizeof path, "%s/config.json", tiny_dir());
+    if (g4_read_file(path, config, NULL) != 0) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(2);
+    }
+}
+
 /* A whole file as a string; an empty string when it cannot be read (the caller's check fails). */
 static inline char *slurp(const char *path) {
     char *s;
