@@ -96,22 +96,69 @@ int g4_session_pos(const g4_session *s); /* of sequence 0 */
 int g4_session_ctx(const g4_session *s);
 const g4_model *g4_session_model(const g4_session *s);
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
-/* Feeds n tokens at the current position of sequence 0. logits: NULL, or room for vocab floats
- * (the last token's logits) or n * vocab floats when all_logits is set. */
+/* ---- decoding: one call for a batch of rows ----
+ *
+ * g4_decode feeds a batch of rows, each one token appended to one sequence of the session at that
+ * sequence's next position (several rows of one sequence take consecutive positions, in batch
+ * order), and computes what each row asks for. Prompt tokens of some sequences and decode tokens
+ * of others can share a batch; the weights are read once per 64 rows. Every row is computed as it
+ * would be alone: a sequence's results never depend on what else is in the batch, bit for bit,
+ * whatever each row asks for. */
+
+/* What a batch row asks of the lm_head. */
+typedef enum {
+    G4_OUTPUT_NONE = 0,   /* nothing: the token only extends its sequence's KV cache (a prompt token) */
+    G4_OUTPUT_LOGITS = 1, /* every logit, softcapped: vocab floats into the row's `logits` */
+    G4_OUTPUT_ARGMAX = 2, /* the greedy token into `argmax`: what g4_argmax picks from the logits, bit for bit,
+                             with most logits never finished (about a third of the lm_head's work saved) */
+    G4_OUTPUT_TOP = 3,    /* top-k sampling's candidates into `*top` (g4_candidates) */
+} g4_output;
+
+/* A G4_OUTPUT_TOP request and its answer: the few logits a top-k sampler needs. */
+typedef struct {
+    int k;                /* in: every token among the k largest logits is a candidate */
+    const int32_t *extra; /* in: ids whose exact logits are wanted too (a repetition penalty's); invalid ids are skipped */
+    int n_extra;
+    int32_t *ids;         /* in: room for cap candidates, their ids ... */
+    float *logits;        /* ... and their exact logits, bit for bit those of G4_OUTPUT_LOGITS */
+    int cap;
+    int n;                /* out: the number of candidates, or -1 where the shortcut cannot tell (more than cap, a
+                             near tie, an lm_head it does not apply to): g4_decode_logits then gives every logit */
+    float bound;          /* out, when n >= 0: no logit outside the candidates exceeds it */
+} g4_candidates;
+
+/* One row of a batch. */
+typedef struct {
+    int seq;            /* the sequence the token extends */
+    int32_t token;
+    g4_output output;
+    float *logits;      /* G4_OUTPUT_LOGITS: room for vocab floats; rows whose buffers follow one another
+                           (the next row's = this row's + vocab) share one pass over the lm_head */
+    g4_candidates *top; /* G4_OUTPUT_TOP */
+    int32_t argmax;     /* out, G4_OUTPUT_ARGMAX: the greedy token */
+} g4_batch_row;
+
+/* Feeds rows[0, n) and fills in what they ask for. Fails before computing anything (nothing is
+ * fed) on an unknown sequence, a token outside the vocabulary, a sequence that would run past
+ * the context, an unknown output or a request without its buffers. */
+int g4_decode(g4_session *s, g4_batch_row *rows, int n);
+/* The full logits (vocab floats) of row `row` of the last g4_decode call, which asked for
+ * G4_OUTPUT_ARGMAX or G4_OUTPUT_TOP: computed now from the row's final hidden state (kept until
+ * the next call), bit for bit what G4_OUTPUT_LOGITS would have given. For a sampler that the
+ * candidates could not settle. */
+int g4_decode_logits(g4_session *s, int row, float *logits);
+
+/* Compatibility forms of g4_decode, for sequence 0. g4_session_eval feeds n tokens at its current
+ * position; logits: NULL, or room for vocab floats (the last token's logits) or n * vocab floats
+ * when all_logits is set. g4_session_eval_argmax gives the last token's greedy token
+ * (G4_OUTPUT_ARGMAX). g4_session_eval_top gives the last token's candidates (G4_OUTPUT_TOP):
+ * *n_cand, cand, vals and *bound are g4_candidates' n, ids, logits and bound, cand and vals with
+ * room for max_cand. g4_session_last_logits gives the full logits of the token the last
+ * g4_session_eval_top evaluated (g4_decode_logits). */
 int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
-/* Greedy decoding: the same, but only the last token's greedy choice is computed (next = what
- * g4_argmax would pick from its logits, bit for bit). Most logits are never finished, which
- * saves about a third of the lm_head's work. */
 int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next);
-/* Top-k sampling's form: only what a sampler needs of the last token's logits. *n_cand = m
- * candidates cand[0, m) with their exact logits vals[0, m) (bit for bit those of
- * g4_session_eval): every token among the k largest logits and every valid id of extra[0,
- * n_extra) (a repetition penalty's tokens); no other logit exceeds *bound. *n_cand = -1 when the
- * shortcut cannot tell (the tokens are still evaluated): then g4_session_last_logits gives the
- * full logits. cand and vals: room for max_cand. */
 int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
                         int max_cand, float *bound, int *n_cand);
-/* The full logits (vocab floats) of the token the last g4_session_eval_top evaluated. */
 int g4_session_last_logits(g4_session *s, float *logits);
 
 /* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
@@ -120,15 +167,15 @@ void g4_session_set_profiling(g4_session *s, int on);
 void g4_session_profile(const g4_session *s, double seconds[G4_PROF_COUNT]);
 const char *g4_prof_op_name(g4_prof_op op);
 
-/* Several independent sequences in one session (g4_options.n_seq): the same for sequence `seq`,
- * and one decoding step of several sequences at once (one token each, distinct sequences, at
- * most 64): the weights are read once for all of them. logits: n * vocab floats. A sequence's
- * results do not depend on what else is in the batch. */
+/* Compatibility forms of g4_decode for several sequences (g4_options.n_seq): the same for
+ * sequence `seq`, and one decoding step of several sequences at once (one token each, distinct
+ * sequences, at most 64), with every row's logits (n * vocab floats) or greedy token (next, one
+ * per row). */
 int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
 int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
-/* Their greedy forms (see g4_session_eval_argmax); next: one token per sequence or batch row. */
 int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
 int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
+/* Empties one sequence's cache (its position back to 0). */
 void g4_session_reset_seq(g4_session *s, int seq);
 int g4_session_seq_pos(const g4_session *s, int seq);
 int g4_session_n_seq(const g4_session *s);
