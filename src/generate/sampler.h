@@ -11,6 +11,10 @@
 typedef struct g4_sampler g4_sampler;
 
 g4_sampler *g4_sampler_new(const g4_sampling *params, int vocab);
+/* A sampler of its own parameters and generator that borrows the working buffers of `shared`
+ * (three vocab-sized arrays, 5 MB for E2B) instead of allocating them: for many sequences whose
+ * tokens one thread picks one after another. shared must outlive it. */
+g4_sampler *g4_sampler_new_sharing(const g4_sampling *params, const g4_sampler *shared);
 void g4_sampler_free(g4_sampler *s);
 /* Picks the next token from `logits` (left unchanged); `history` are the tokens so far (prompt
  * and generated) for the repetition penalty. */
