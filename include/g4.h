@@ -199,34 +199,105 @@ void g4_sampling_default(g4_sampling *p);
 /* The model's own sampling defaults from generation_config.json (greedy if it has none). */
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p);
 
+/* Why a generation stopped. */
 typedef enum {
     G4_STOP_EOS = 0,     /* a stop id was generated (it is reported, then generation ends) */
     G4_STOP_BUDGET = 1,  /* max_tokens reached */
     G4_STOP_CONTEXT = 2, /* the KV cache is full */
-    G4_STOP_USER = 3,    /* the token callback asked to stop */
+    G4_STOP_USER = 3,    /* the caller stopped it: the token callback asked to, or g4_stepper_cancel */
 } g4_stop_reason;
 
+/* One generation's settings. */
 typedef struct {
-    int max_tokens;
+    int max_tokens;      /* the budget of generated tokens, a stop id included */
     g4_sampling sampling;
     const int *stop_ids; /* NULL: the model's (generation_config.json / config.json eos) */
     int n_stop_ids;
+    /* What each step asks of the lm_head. G4_OUTPUT_NONE (0, the default): the least that decides
+     * the pick (the greedy token for greedy decoding without a penalty, candidates for top-k
+     * sampling, else every logit). G4_OUTPUT_LOGITS, or G4_OUTPUT_TOP with at least output_k
+     * candidates, force that form (g4 bench --logits): the same tokens at another cost.
+     * G4_OUTPUT_ARGMAX only for greedy decoding without a penalty. */
+    g4_output output;
+    int output_k;
 } g4_generate_params;
 
 typedef struct {
     int n_prompt, n_generated;
     g4_stop_reason stop;
     int32_t stop_id;     /* the stop id generated, when stop == G4_STOP_EOS */
-    double prefill_s, decode_s;
+    double prefill_s;    /* from feeding the prompt's first token to the first generated one */
+    double decode_s;     /* from then to the last */
 } g4_generate_result;
+
+/* ---- generation in many sequences at once (continuous batching) ----
+ *
+ * A stepper runs generations in the sequences of a session. g4_stepper_add starts one in a
+ * sequence, with its own settings (sampling and its generator, repetition window, stop ids,
+ * budget). Each g4_stepper_step advances every sequence that is generating by one token, all of
+ * them in one g4_decode call, then feeds up to prompt_chunk tokens of the prompts still waiting
+ * (first added, first fed; several sequences' in one call): a sequence can be added at any time
+ * between steps and joins the others once its prompt is in, and any one can be cancelled. A
+ * sequence gives exactly the tokens it gives alone with the same settings, whatever runs beside
+ * it, sampled ones included. A stepper drives the session it is given (one stepper per session at
+ * a time) and does not own it. */
+typedef struct g4_stepper g4_stepper;
+
+/* Where a sequence's generation stands. */
+typedef enum {
+    G4_SEQ_IDLE = 0,       /* none started in this stepper */
+    G4_SEQ_PROMPT = 1,     /* its prompt is being fed */
+    G4_SEQ_GENERATING = 2, /* one token a step */
+    G4_SEQ_FINISHED = 3,   /* stopped; g4_stepper_result says why */
+} g4_seq_state;
+
+/* What a step did for one sequence. */
+typedef struct {
+    int seq;
+    int32_t token;       /* the token generated, a stop id included; -1 for a budget of 0, which ends at the prompt */
+    int finished;        /* the sequence stopped here: stop says why */
+    g4_stop_reason stop;
+} g4_step_token;
+
+/* Totals over a stepper's life. */
+typedef struct {
+    long steps, prompt_tokens, generated;
+    double prefill_s, decode_s; /* seconds in the prompt calls and in the decode calls, their token choices included */
+} g4_stepper_stats;
+
+/* prompt_chunk: the prompt tokens a step feeds at most (0: 64, one pass over the weights). */
+g4_stepper *g4_stepper_new(g4_session *s, int prompt_chunk);
+void g4_stepper_free(g4_stepper *st);
+/* Starts a generation in sequence seq (one that is not feeding a prompt or generating): the
+ * prompt goes in at the sequence's current position (the cache keeps earlier turns;
+ * g4_session_reset_seq first for a new conversation). Fails, before anything is fed, on an empty
+ * prompt, one that does not fit the context, a token outside the vocabulary or invalid sampling
+ * parameters. The prompt and the stop ids are copied. */
+int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p);
+/* One step (above). out: room for a token of every sequence feeding a prompt or generating;
+ * returns how many it wrote (a sequence whose prompt is not in yet writes none), or -1. */
+int g4_stepper_step(g4_stepper *st, g4_step_token *out);
+/* Stops sequence seq where it stands, with G4_STOP_USER; its cache keeps what was fed. 1 if it
+ * was feeding a prompt or generating, 0 if not, -1 when there is no such sequence. */
+int g4_stepper_cancel(g4_stepper *st, int seq);
+g4_seq_state g4_stepper_state(const g4_stepper *st, int seq);
+/* The number of sequences feeding a prompt or generating. */
+int g4_stepper_active(const g4_stepper *st);
+/* Sequence seq's generation so far (stop: once finished), and the tokens it generated (*n),
+ * valid until the next g4_stepper_add on seq. As with g4_generate, the last generated token is
+ * not fed back. */
+int g4_stepper_result(const g4_stepper *st, int seq, g4_generate_result *r);
+const int32_t *g4_stepper_tokens(const g4_stepper *st, int seq, int *n);
+void g4_stepper_get_stats(const g4_stepper *st, g4_stepper_stats *stats);
 
 /* Called with each generated token (a stop id included); return non-zero to stop. */
 typedef int (*g4_token_fn)(void *user, int32_t token);
 
-/* Feeds `prompt` at the session's current position (the KV cache keeps earlier turns), then
- * generates. Fails, before computing anything, when the prompt does not fit the context.
- * The last generated token (e.g. the stop id) is not fed back: the session's position is
- * n_prompt + n_generated - 1 past where it was, and a follow-up turn starts with that token. */
+/* One generation in sequence 0, through a stepper: feeds `prompt` at the session's current
+ * position (the KV cache keeps earlier turns), then generates. Fails, before computing anything,
+ * when the prompt does not fit the context. The last generated token (e.g. the stop id) is not
+ * fed back: the session's position is n_prompt + n_generated - 1 past where it was, and a
+ * follow-up turn starts with that token. */
 int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,
                 void *user, g4_generate_result *result);
 const char *g4_stop_reason_name(g4_stop_reason r);
