@@ -240,7 +240,8 @@ typedef struct {
  * between steps and joins the others once its prompt is in, and any one can be cancelled. A
  * sequence gives exactly the tokens it gives alone with the same settings, whatever runs beside
  * it, sampled ones included. A stepper drives the session it is given (one stepper per session at
- * a time) and does not own it. */
+ * a time) and does not own it; while a sequence feeds a prompt or generates, its cache is the
+ * stepper's (no g4_decode or reset of it from outside). */
 typedef struct g4_stepper g4_stepper;
 
 /* Where a sequence's generation stands. */
