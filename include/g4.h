@@ -96,6 +96,12 @@ int g4_session_pos(const g4_session *s); /* of sequence 0 */
 int g4_session_ctx(const g4_session *s);
 const g4_model *g4_session_model(const g4_session *s);
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
+/* Independent sequences of a session (g4_options.n_seq), each with its own KV cache. Resetting one
+ * empties its cache (its position back to 0). */
+int g4_session_n_seq(const g4_session *s);
+int g4_session_seq_pos(const g4_session *s, int seq);
+void g4_session_reset_seq(g4_session *s, int seq);
+
 /* ---- decoding: one call for a batch of rows ----
  *
  * g4_decode feeds a batch of rows, each one token appended to one sequence of the session at that
@@ -160,6 +166,13 @@ int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *ne
 int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
                         int max_cand, float *bound, int *n_cand);
 int g4_session_last_logits(g4_session *s, float *logits);
+/* The same for sequence `seq`; and one decoding step of several sequences at once (one token
+ * each, distinct sequences, at most 64), with every row's logits (n * vocab floats) or greedy
+ * token (next, one per row). */
+int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
+int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
+int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
+int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
 
 /* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
 typedef enum { G4_PROF_EMBED = 0, G4_PROF_LINEAR, G4_PROF_ATTENTION, G4_PROF_LM_HEAD, G4_PROF_OTHER, G4_PROF_COUNT } g4_prof_op;
@@ -167,18 +180,6 @@ void g4_session_set_profiling(g4_session *s, int on);
 void g4_session_profile(const g4_session *s, double seconds[G4_PROF_COUNT]);
 const char *g4_prof_op_name(g4_prof_op op);
 
-/* Compatibility forms of g4_decode for several sequences (g4_options.n_seq): the same for
- * sequence `seq`, and one decoding step of several sequences at once (one token each, distinct
- * sequences, at most 64), with every row's logits (n * vocab floats) or greedy token (next, one
- * per row). */
-int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
-int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
-int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
-int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
-/* Empties one sequence's cache (its position back to 0). */
-void g4_session_reset_seq(g4_session *s, int seq);
-int g4_session_seq_pos(const g4_session *s, int seq);
-int g4_session_n_seq(const g4_session *s);
 
 /* Index of the largest logit (the first one on ties). */
 int g4_argmax(const float *logits, int n);
