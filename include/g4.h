@@ -96,23 +96,83 @@ int g4_session_pos(const g4_session *s); /* of sequence 0 */
 int g4_session_ctx(const g4_session *s);
 const g4_model *g4_session_model(const g4_session *s);
 void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
-/* Feeds n tokens at the current position of sequence 0. logits: NULL, or room for vocab floats
- * (the last token's logits) or n * vocab floats when all_logits is set. */
+/* Independent sequences of a session (g4_options.n_seq), each with its own KV cache. Resetting one
+ * empties its cache (its position back to 0). */
+int g4_session_n_seq(const g4_session *s);
+int g4_session_seq_pos(const g4_session *s, int seq);
+void g4_session_reset_seq(g4_session *s, int seq);
+
+/* ---- decoding: one call for a batch of rows ----
+ *
+ * g4_decode feeds a batch of rows, each one token appended to one sequence of the session at that
+ * sequence's next position (several rows of one sequence take consecutive positions, in batch
+ * order), and computes what each row asks for. Prompt tokens of some sequences and decode tokens
+ * of others can share a batch; the weights are read once per 64 rows. Every row is computed as it
+ * would be alone: a sequence's results never depend on what else is in the batch, bit for bit,
+ * whatever each row asks for. */
+
+/* What a batch row asks of the lm_head. */
+typedef enum {
+    G4_OUTPUT_NONE = 0,   /* nothing: the token only extends its sequence's KV cache (a prompt token) */
+    G4_OUTPUT_LOGITS = 1, /* every logit, softcapped: vocab floats into the row's `logits` */
+    G4_OUTPUT_ARGMAX = 2, /* the greedy token into `argmax`: what g4_argmax picks from the logits, bit for bit,
+                             with most logits never finished (about a third of the lm_head's work saved) */
+    G4_OUTPUT_TOP = 3,    /* top-k sampling's candidates into `*top` (g4_candidates) */
+} g4_output;
+
+/* A G4_OUTPUT_TOP request and its answer: the few logits a top-k sampler needs. */
+typedef struct {
+    int k;                /* in: every token among the k largest logits is a candidate */
+    const int32_t *extra; /* in: ids whose exact logits are wanted too (a repetition penalty's); invalid ids are skipped */
+    int n_extra;
+    int32_t *ids;         /* in: room for cap candidates, their ids ... */
+    float *logits;        /* ... and their exact logits, bit for bit those of G4_OUTPUT_LOGITS */
+    int cap;
+    int n;                /* out: the number of candidates, or -1 where the shortcut cannot tell (more than cap, a
+                             near tie, an lm_head it does not apply to): g4_decode_logits then gives every logit */
+    float bound;          /* out, when n >= 0: no logit outside the candidates exceeds it */
+} g4_candidates;
+
+/* One row of a batch. */
+typedef struct {
+    int seq;            /* the sequence the token extends */
+    int32_t token;
+    g4_output output;
+    float *logits;      /* G4_OUTPUT_LOGITS: room for vocab floats; rows whose buffers follow one another
+                           (the next row's = this row's + vocab) share one pass over the lm_head */
+    g4_candidates *top; /* G4_OUTPUT_TOP */
+    int32_t argmax;     /* out, G4_OUTPUT_ARGMAX: the greedy token */
+} g4_batch_row;
+
+/* Feeds rows[0, n) and fills in what they ask for. Fails before computing anything (nothing is
+ * fed) on an unknown sequence, a token outside the vocabulary, a sequence that would run past
+ * the context, an unknown output or a request without its buffers. */
+int g4_decode(g4_session *s, g4_batch_row *rows, int n);
+/* The full logits (vocab floats) of row `row` of the last g4_decode call, which asked for
+ * G4_OUTPUT_ARGMAX or G4_OUTPUT_TOP: computed now from the row's final hidden state (kept until
+ * the next call), bit for bit what G4_OUTPUT_LOGITS would have given. For a sampler that the
+ * candidates could not settle. */
+int g4_decode_logits(g4_session *s, int row, float *logits);
+
+/* Compatibility forms of g4_decode, for sequence 0. g4_session_eval feeds n tokens at its current
+ * position; logits: NULL, or room for vocab floats (the last token's logits) or n * vocab floats
+ * when all_logits is set. g4_session_eval_argmax gives the last token's greedy token
+ * (G4_OUTPUT_ARGMAX). g4_session_eval_top gives the last token's candidates (G4_OUTPUT_TOP):
+ * *n_cand, cand, vals and *bound are g4_candidates' n, ids, logits and bound, cand and vals with
+ * room for max_cand. g4_session_last_logits gives the full logits of the token the last
+ * g4_session_eval_top evaluated (g4_decode_logits). */
 int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
-/* Greedy decoding: the same, but only the last token's greedy choice is computed (next = what
- * g4_argmax would pick from its logits, bit for bit). Most logits are never finished, which
- * saves about a third of the lm_head's work. */
 int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next);
-/* Top-k sampling's form: only what a sampler needs of the last token's logits. *n_cand = m
- * candidates cand[0, m) with their exact logits vals[0, m) (bit for bit those of
- * g4_session_eval): every token among the k largest logits and every valid id of extra[0,
- * n_extra) (a repetition penalty's tokens); no other logit exceeds *bound. *n_cand = -1 when the
- * shortcut cannot tell (the tokens are still evaluated): then g4_session_last_logits gives the
- * full logits. cand and vals: room for max_cand. */
 int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
                         int max_cand, float *bound, int *n_cand);
-/* The full logits (vocab floats) of the token the last g4_session_eval_top evaluated. */
 int g4_session_last_logits(g4_session *s, float *logits);
+/* The same for sequence `seq`; and one decoding step of several sequences at once (one token
+ * each, distinct sequences, at most 64), with every row's logits (n * vocab floats) or greedy
+ * token (next, one per row). */
+int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
+int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
+int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
+int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
 
 /* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
 typedef enum { G4_PROF_EMBED = 0, G4_PROF_LINEAR, G4_PROF_ATTENTION, G4_PROF_LM_HEAD, G4_PROF_OTHER, G4_PROF_COUNT } g4_prof_op;
@@ -120,18 +180,6 @@ void g4_session_set_profiling(g4_session *s, int on);
 void g4_session_profile(const g4_session *s, double seconds[G4_PROF_COUNT]);
 const char *g4_prof_op_name(g4_prof_op op);
 
-/* Several independent sequences in one session (g4_options.n_seq): the same for sequence `seq`,
- * and one decoding step of several sequences at once (one token each, distinct sequences, at
- * most 64): the weights are read once for all of them. logits: n * vocab floats. A sequence's
- * results do not depend on what else is in the batch. */
-int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
-int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
-/* Their greedy forms (see g4_session_eval_argmax); next: one token per sequence or batch row. */
-int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
-int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
-void g4_session_reset_seq(g4_session *s, int seq);
-int g4_session_seq_pos(const g4_session *s, int seq);
-int g4_session_n_seq(const g4_session *s);
 
 /* ---- Text: tokenizer.json, the Gemma 4 chat template, the model's reply ------------------------ */
 
@@ -339,34 +387,106 @@ void g4_sampling_default(g4_sampling *p);
 /* The model's own sampling defaults from generation_config.json (greedy if it has none). */
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p);
 
+/* Why a generation stopped. */
 typedef enum {
     G4_STOP_EOS = 0,     /* a stop id was generated (it is reported, then generation ends) */
     G4_STOP_BUDGET = 1,  /* max_tokens reached */
     G4_STOP_CONTEXT = 2, /* the KV cache is full */
-    G4_STOP_USER = 3,    /* the token callback asked to stop */
+    G4_STOP_USER = 3,    /* the caller stopped it: the token callback asked to, or g4_stepper_cancel */
 } g4_stop_reason;
 
+/* One generation's settings. */
 typedef struct {
-    int max_tokens;
+    int max_tokens;      /* the budget of generated tokens, a stop id included */
     g4_sampling sampling;
     const int *stop_ids; /* NULL: the model's (generation_config.json / config.json eos) */
     int n_stop_ids;
+    /* What each step asks of the lm_head. G4_OUTPUT_NONE (0, the default): the least that decides
+     * the pick (the greedy token for greedy decoding without a penalty, candidates for top-k
+     * sampling, else every logit). G4_OUTPUT_LOGITS, or G4_OUTPUT_TOP with at least output_k
+     * candidates, force that form (g4 bench --logits): the same tokens at another cost.
+     * G4_OUTPUT_ARGMAX only for greedy decoding without a penalty. */
+    g4_output output;
+    int output_k;
 } g4_generate_params;
 
 typedef struct {
     int n_prompt, n_generated;
     g4_stop_reason stop;
     int32_t stop_id;     /* the stop id generated, when stop == G4_STOP_EOS */
-    double prefill_s, decode_s;
+    double prefill_s;    /* from feeding the prompt's first token to the first generated one */
+    double decode_s;     /* from then to the last */
 } g4_generate_result;
+
+/* ---- generation in many sequences at once (continuous batching) ----
+ *
+ * A stepper runs generations in the sequences of a session. g4_stepper_add starts one in a
+ * sequence, with its own settings (sampling and its generator, repetition window, stop ids,
+ * budget). Each g4_stepper_step advances every sequence that is generating by one token, all of
+ * them in one g4_decode call, then feeds up to prompt_chunk tokens of the prompts still waiting
+ * (first added, first fed; several sequences' in one call): a sequence can be added at any time
+ * between steps and joins the others once its prompt is in, and any one can be cancelled. A
+ * sequence gives exactly the tokens it gives alone with the same settings, whatever runs beside
+ * it, sampled ones included. A stepper drives the session it is given (one stepper per session at
+ * a time) and does not own it; while a sequence feeds a prompt or generates, its cache is the
+ * stepper's (no g4_decode or reset of it from outside). */
+typedef struct g4_stepper g4_stepper;
+
+/* Where a sequence's generation stands. */
+typedef enum {
+    G4_SEQ_IDLE = 0,       /* none started in this stepper */
+    G4_SEQ_PROMPT = 1,     /* its prompt is being fed */
+    G4_SEQ_GENERATING = 2, /* one token a step */
+    G4_SEQ_FINISHED = 3,   /* stopped; g4_stepper_result says why */
+} g4_seq_state;
+
+/* What a step did for one sequence. */
+typedef struct {
+    int seq;
+    int32_t token;       /* the token generated, a stop id included; -1 for a budget of 0, which ends at the prompt */
+    int finished;        /* the sequence stopped here: stop says why */
+    g4_stop_reason stop;
+} g4_step_token;
+
+/* Totals over a stepper's life. */
+typedef struct {
+    long steps, prompt_tokens, generated;
+    double prefill_s, decode_s; /* seconds in the prompt calls and in the decode calls, their token choices included */
+} g4_stepper_stats;
+
+/* prompt_chunk: the prompt tokens a step feeds at most (0: 64, one pass over the weights). */
+g4_stepper *g4_stepper_new(g4_session *s, int prompt_chunk);
+void g4_stepper_free(g4_stepper *st);
+/* Starts a generation in sequence seq (one that is not feeding a prompt or generating): the
+ * prompt goes in at the sequence's current position (the cache keeps earlier turns;
+ * g4_session_reset_seq first for a new conversation). Fails, before anything is fed, on an empty
+ * prompt, one that does not fit the context, a token outside the vocabulary or invalid sampling
+ * parameters. The prompt and the stop ids are copied. */
+int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p);
+/* One step (above). out: room for a token of every sequence feeding a prompt or generating;
+ * returns how many it wrote (a sequence whose prompt is not in yet writes none), or -1. */
+int g4_stepper_step(g4_stepper *st, g4_step_token *out);
+/* Stops sequence seq where it stands, with G4_STOP_USER; its cache keeps what was fed. 1 if it
+ * was feeding a prompt or generating, 0 if not, -1 when there is no such sequence. */
+int g4_stepper_cancel(g4_stepper *st, int seq);
+g4_seq_state g4_stepper_state(const g4_stepper *st, int seq);
+/* The number of sequences feeding a prompt or generating. */
+int g4_stepper_active(const g4_stepper *st);
+/* Sequence seq's generation so far (stop: once finished), and the tokens it generated (*n),
+ * valid until the next g4_stepper_add on seq. As with g4_generate, the last generated token is
+ * not fed back. */
+int g4_stepper_result(const g4_stepper *st, int seq, g4_generate_result *r);
+const int32_t *g4_stepper_tokens(const g4_stepper *st, int seq, int *n);
+void g4_stepper_get_stats(const g4_stepper *st, g4_stepper_stats *stats);
 
 /* Called with each generated token (a stop id included); return non-zero to stop. */
 typedef int (*g4_token_fn)(void *user, int32_t token);
 
-/* Feeds `prompt` at the session's current position (the KV cache keeps earlier turns), then
- * generates. Fails, before computing anything, when the prompt does not fit the context.
- * The last generated token (e.g. the stop id) is not fed back: the session's position is
- * n_prompt + n_generated - 1 past where it was, and a follow-up turn starts with that token. */
+/* One generation in sequence 0, through a stepper: feeds `prompt` at the session's current
+ * position (the KV cache keeps earlier turns), then generates. Fails, before computing anything,
+ * when the prompt does not fit the context. The last generated token (e.g. the stop id) is not
+ * fed back: the session's position is n_prompt + n_generated - 1 past where it was, and a
+ * follow-up turn starts with that token. */
 int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,
                 void *user, g4_generate_result *result);
 const char *g4_stop_reason_name(g4_stop_reason r);

@@ -13,7 +13,6 @@
 
 #include "../bench/stream_bw.h"
 #include "cli.h"
-#include "generate/sampler.h"
 #include "kernels/kernels.h"
 #include "util/err.h"
 
@@ -94,62 +93,49 @@ enum { LOGITS_GREEDY, LOGITS_FULL, LOGITS_TOP };
 static const char *const logits_kinds[] = {"greedy", "full", "top", NULL};
 /* top: the 64 largest logits, E2B's generation_config top-k */
 #define BENCH_TOP_K 64
-#define BENCH_MAX_CAND 4096
 
-/* n tokens, then the greedy next token: through the greedy shortcut (g4_session_eval_argmax), as
- * g4 run decodes greedily; from every logit (--logits full); or from the candidates of sampling's
- * shortcut (--logits top, g4_session_eval_top), as g4 run samples with top-k, every logit when it
- * cannot tell. Each way gives the same tokens. greedy: a temperature-0 sampler; cand, vals: room
- * for BENCH_MAX_CAND. */
-static int eval_step(g4_session *s, const bench_args *b, g4_sampler *greedy, const int32_t *ids, int n, float *logits, int32_t *cand,
-                     float *vals, int32_t *next) {
-    int V = g4_model_vocab_size(g4_session_model(s)), m = -1;
-    float bound;
-    if (b->logits == LOGITS_GREEDY) return g4_session_eval_argmax(s, ids, n, next);
-    if (b->logits == LOGITS_TOP) {
-        if (g4_session_eval_top(s, ids, n, BENCH_TOP_K, NULL, 0, cand, vals, BENCH_MAX_CAND, &bound, &m) != 0) return -1;
-        int32_t pick = m >= 0 ? g4_sampler_sample_top(greedy, cand, vals, m, bound, NULL, 0) : -1;
-        if (pick >= 0) {
-            *next = pick;
-            return 0;
-        }
-        if (g4_session_last_logits(s, logits) != 0) return -1;
-    } else if (g4_session_eval(s, ids, n, logits, 0) != 0) {
-        return -1;
-    }
-    *next = g4_argmax(logits, V);
-    return 0;
+/* Greedy decoding of the prompt and then gen tokens, through the stepper as g4 run decodes: each
+ * step's token from the greedy shortcut (--logits greedy), from every logit (full), or from the
+ * candidates of top-k sampling's shortcut (top, as g4 run samples by default). Each way gives the
+ * same tokens. */
+static g4_generate_params bench_generation(const bench_args *b) {
+    static const int none[1] = {-1}; /* no stop id: every run decodes its gen tokens */
+    static const g4_output outputs[] = {[LOGITS_GREEDY] = G4_OUTPUT_ARGMAX, [LOGITS_FULL] = G4_OUTPUT_LOGITS, [LOGITS_TOP] = G4_OUTPUT_TOP};
+    g4_generate_params p = {.max_tokens = b->gen + 1, .stop_ids = none, .n_stop_ids = 1, .output = outputs[b->logits], .output_k = BENCH_TOP_K};
+    g4_sampling_default(&p.sampling);
+    return p;
 }
 
-/* probe: NULL, or the bandwidth probe to run around the decode (into r->read_bw). */
+/* probe: NULL, or the bandwidth probe to run around the decode (into r->read_bw). Without a
+ * prompt (-p 0) token 2 stands in for one, and the prefill is not reported. */
 static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, bench_rep *r) {
-    int V = g4_model_vocab_size(m);
+    int V = g4_model_vocab_size(m), n_prompt = b->prompt > 0 ? b->prompt : 1;
     g4_options o = b->o;
     o.ctx = b->prompt + b->gen + 1;
     g4_session *s = g4_session_new(m, &o);
-    int32_t *ids = malloc(sizeof *ids * (size_t)(b->prompt > 0 ? b->prompt : 1));
-    float *logits = malloc(sizeof *logits * (size_t)V), *vals = malloc(sizeof *vals * BENCH_MAX_CAND);
-    int32_t *cand = malloc(sizeof *cand * BENCH_MAX_CAND);
-    g4_sampling greedy_params;
-    g4_sampling_default(&greedy_params); /* temperature 0, no penalty */
-    g4_sampler *greedy = g4_sampler_new(&greedy_params, V);
+    g4_stepper *st = s ? g4_stepper_new(s, 0) : NULL;
+    int32_t *ids = malloc(sizeof *ids * (size_t)n_prompt);
+    g4_generate_params gen = bench_generation(b);
+    g4_step_token token;
     int rc = -1;
-    if (!s || !ids || !logits || !vals || !cand || !greedy) {
-        if (s) g4_fail("out of memory");
+    if (!st || !ids) {
+        if (st) g4_fail("out of memory");
         goto done;
     }
+    ids[0] = 2;
     for (int i = 0; i < b->prompt; i++) ids[i] = (int32_t)(3 + (seed = seed * 1103515245u + 12345u) % (unsigned)(V - 3));
+    if (g4_stepper_add(st, 0, ids, n_prompt, &gen) != 0) goto done;
     g4_session_set_profiling(s, 1);
     double t0 = now_s();
-    int32_t next = 2;
-    if (b->prompt > 0 && eval_step(s, b, greedy, ids, b->prompt, logits, cand, vals, &next) != 0) goto done;
+    while (g4_stepper_state(st, 0) == G4_SEQ_PROMPT)
+        if (g4_stepper_step(st, &token) < 0) goto done;
     double t1 = now_s();
     g4_session_profile(s, r->prof_prefill);
     double bw0 = probe ? bw_probe_measure(probe) : 0;
     g4_session_set_profiling(s, 1);
     double t2 = now_s();
     for (int i = 0; i < b->gen; i++)
-        if (eval_step(s, b, greedy, &next, 1, logits, cand, vals, &next) != 0) goto done;
+        if (g4_stepper_step(st, &token) < 0) goto done;
     double t3 = now_s();
     g4_session_profile(s, r->prof_decode);
     double bw1 = probe ? bw_probe_measure(probe) : 0;
@@ -159,10 +145,7 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
     rc = 0;
 done:
     free(ids);
-    free(logits);
-    free(vals);
-    free(cand);
-    g4_sampler_free(greedy);
+    g4_stepper_free(st);
     g4_session_free(s);
     return rc;
 }

@@ -8,16 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "util/err.h"
 #include "util/file.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---------------------------------------------------------------- statistics */
 
@@ -290,133 +283,93 @@ int g4_model_fingerprint(const char *dir, char hex[65], long long *safetensors_b
 
 /* ---------------------------------------------------------------- batched greedy decoding */
 
-typedef struct {
-    int job;      /* -1: free */
-    int32_t *ids; /* max_tokens generated ids */
-    int n;
-    int32_t next; /* the token to feed at the next step */
-    double t0;
-} slot;
-
+/* The jobs in flight: which job each sequence of the session holds (-1: none). */
 typedef struct {
     g4_session *s;
+    g4_stepper *st;
     const g4_eval_job *jobs;
     int n_jobs, next_job;
-    const g4_eval_params *p;
+    int *job_of;
+    g4_generate_params gen;
     g4_eval_done_fn done;
     void *user;
-    g4_eval_timing *t;
-    slot *slots;
-    int n_slots, ctx;
-} runner;
+} eval_runner;
 
-static int is_stop(const g4_eval_params *p, int32_t t) {
-    for (int i = 0; i < p->n_stop_ids; i++)
-        if (p->stop_ids[i] == t) return 1;
-    return 0;
-}
-
-/* Reports slot q's question as finished and frees the slot. 1, or -1 when done() aborts. */
-static int finish(runner *r, int q, g4_stop_reason why) {
-    slot *sl = &r->slots[q];
-    g4_eval_finished f = {.job = sl->job, .ids = sl->ids, .n_generated = sl->n, .stop = why, .seconds = now_s() - sl->t0};
-    sl->job = -1;
+/* Hands a finished job to done(); -1 when it aborts the run. */
+static int report(eval_runner *r, int job, const int32_t *ids, int n, g4_stop_reason stop, double seconds) {
+    g4_eval_finished f = {.job = job, .ids = ids, .n_generated = n, .stop = stop, .seconds = seconds};
     if (r->done(r->user, &f) != 0) {
         if (!*g4_last_error()) g4_fail("the evaluation was stopped");
         return -1;
     }
-    return 1;
-}
-
-/* Takes slot q's greedy token t, with g4_generate's order of stop checks.
- * 0: the question goes on; 1: finished; -1: aborted. */
-static int accept(runner *r, int q, int32_t t) {
-    slot *sl = &r->slots[q];
-    sl->ids[sl->n++] = t;
-    r->t->generated++;
-    if (is_stop(r->p, t)) return finish(r, q, G4_STOP_EOS);
-    if (sl->n >= r->p->max_tokens) return finish(r, q, G4_STOP_BUDGET);
-    if (g4_session_seq_pos(r->s, q) >= r->ctx) return finish(r, q, G4_STOP_CONTEXT);
-    sl->next = t;
     return 0;
 }
 
-/* Prefills job j into sequence q and takes its first token. */
-static int start(runner *r, int q, int j) {
-    slot *sl = &r->slots[q];
-    const g4_eval_job *job = &r->jobs[j];
-    sl->job = j;
-    sl->n = 0;
-    sl->t0 = now_s();
-    g4_session_reset_seq(r->s, q);
-    if (job->n_prompt > r->ctx) return finish(r, q, G4_STOP_CONTEXT);
-    int32_t t;
-    if (g4_session_eval_argmax_seq(r->s, q, job->prompt, job->n_prompt, &t) != 0) return -1;
-    r->t->prefill_s += now_s() - sl->t0;
-    return accept(r, q, t);
-}
-
-/* Gives every free slot a job (a question finished by its first token frees it again). */
-static int fill(runner *r) {
-    for (int q = 0; q < r->n_slots; q++)
-        while (r->slots[q].job < 0 && r->next_job < r->n_jobs)
-            if (start(r, q, r->next_job++) < 0) return -1;
-    return 0;
-}
-
-/* One token for every active sequence. Returns how many were active, or -1. */
-static int step(runner *r) {
-    int seqs[64], n = 0;
-    int32_t ids[64];
-    for (int q = 0; q < r->n_slots; q++)
-        if (r->slots[q].job >= 0) {
-            seqs[n] = q;
-            ids[n++] = r->slots[q].next;
+/* Gives sequence q the next job, in a fresh cache. A prompt longer than the context is answered
+ * at once (nothing generated, stopped by the context) and the job after it taken instead. */
+static int start_next(eval_runner *r, int q) {
+    static const int32_t none[1] = {0};
+    while (r->next_job < r->n_jobs) {
+        int j = r->next_job++;
+        const g4_eval_job *job = &r->jobs[j];
+        if (job->n_prompt > g4_session_ctx(r->s)) {
+            if (report(r, j, none, 0, G4_STOP_CONTEXT, 0) != 0) return -1;
+            continue;
         }
-    if (n == 0) return 0;
-    double t0 = now_s();
-    int32_t next[64];
-    if (g4_session_eval_batch_argmax(r->s, seqs, ids, n, next) != 0) return -1;
-    r->t->decode_s += now_s() - t0;
-    for (int k = 0; k < n; k++)
-        if (accept(r, seqs[k], next[k]) < 0) return -1;
-    return n;
-}
-
-static void runner_free(runner *r) {
-    for (int q = 0; r->slots && q < r->n_slots; q++) free(r->slots[q].ids);
-    free(r->slots);
-}
-
-static int runner_init(runner *r) {
-    r->n_slots = g4_session_n_seq(r->s);
-    if (r->n_slots > 64) return g4_fail("at most 64 sequences per batch, not %d", r->n_slots);
-    if (r->p->max_tokens < 1) return g4_fail("the generation budget must be at least 1 token");
-    r->ctx = g4_session_ctx(r->s);
-    r->slots = calloc((size_t)r->n_slots, sizeof *r->slots);
-    int ok = r->slots != NULL;
-    for (int q = 0; ok && q < r->n_slots; q++) {
-        r->slots[q].job = -1;
-        ok = (r->slots[q].ids = malloc(sizeof(int32_t) * (size_t)r->p->max_tokens)) != NULL;
+        g4_session_reset_seq(r->s, q);
+        if (g4_stepper_add(r->st, q, job->prompt, job->n_prompt, &r->gen) != 0) return -1;
+        r->job_of[q] = j;
+        return 0;
     }
-    return ok ? 0 : g4_fail("out of memory for %d sequences of %d tokens", r->n_slots, r->p->max_tokens);
+    return 0;
+}
+
+static int finish_job(eval_runner *r, int q) {
+    int n;
+    const int32_t *ids = g4_stepper_tokens(r->st, q, &n);
+    g4_generate_result res;
+    g4_stepper_result(r->st, q, &res);
+    int j = r->job_of[q];
+    r->job_of[q] = -1;
+    return report(r, j, ids, n, res.stop, res.prefill_s + res.decode_s);
+}
+
+static void copy_timing(const g4_stepper *st, g4_eval_timing *t) {
+    g4_stepper_stats stats;
+    g4_stepper_get_stats(st, &stats);
+    t->generated = stats.generated;
+    t->prefill_s = stats.prefill_s;
+    t->decode_s = stats.decode_s;
 }
 
 int g4_eval_greedy(g4_session *s, const g4_eval_job *jobs, int n_jobs, const g4_eval_params *p, g4_eval_done_fn done,
                    g4_eval_step_fn step_fn, void *user, g4_eval_timing *timing) {
     memset(timing, 0, sizeof *timing);
-    runner r = {.s = s, .jobs = jobs, .n_jobs = n_jobs, .p = p, .done = done, .user = user, .t = timing};
-    g4_clear_error(); /* so that finish() can tell whether done() explained its abort */
-    int rc = runner_init(&r);
+    g4_clear_error(); /* so that report() can tell whether done() explained its abort */
+    if (p->max_tokens < 1) return g4_fail("the generation budget must be at least 1 token");
+    int n_seq = g4_session_n_seq(s);
+    eval_runner r = {.s = s, .jobs = jobs, .n_jobs = n_jobs, .done = done, .user = user,
+                     .gen = {.max_tokens = p->max_tokens, .stop_ids = p->stop_ids, .n_stop_ids = p->n_stop_ids}};
+    g4_sampling_default(&r.gen.sampling); /* greedy */
+    r.st = g4_stepper_new(s, 0);
+    r.job_of = malloc(sizeof *r.job_of * (size_t)n_seq);
+    g4_step_token *tokens = malloc(sizeof *tokens * (size_t)n_seq);
+    int rc = r.st && r.job_of && tokens ? 0 : g4_fail("out of memory for %d sequences", n_seq);
+    for (int q = 0; rc == 0 && q < n_seq; q++) r.job_of[q] = -1;
     while (rc == 0) {
-        int active = fill(&r) < 0 ? -1 : step(&r);
-        if (active <= 0) {
-            rc = active;
-            break;
-        }
+        for (int q = 0; rc == 0 && q < n_seq; q++)
+            if (r.job_of[q] < 0) rc = start_next(&r, q);
+        if (rc != 0 || g4_stepper_active(r.st) == 0) break;
+        int n = g4_stepper_step(r.st, tokens);
+        if (n < 0) rc = -1;
+        for (int k = 0; rc == 0 && k < n; k++)
+            if (tokens[k].finished) rc = finish_job(&r, tokens[k].seq);
+        copy_timing(r.st, timing);
         if (step_fn) step_fn(user, timing);
     }
-    runner_free(&r);
+    free(tokens);
+    free(r.job_of);
+    g4_stepper_free(r.st);
     return rc;
 }
 

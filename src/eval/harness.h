@@ -108,12 +108,13 @@ typedef int (*g4_eval_done_fn)(void *user, const g4_eval_finished *f);
 typedef void (*g4_eval_step_fn)(void *user, const g4_eval_timing *so_far);
 
 /* Answers every job greedily (argmax, first index on ties), stopping at a stop id, after
- * max_tokens, or when the sequence's context is full. Up to g4_session_n_seq(s) questions are
- * in flight at once: each is prefilled into its own sequence, all active sequences then
- * advance one token per g4_session_eval_batch step, and a finished sequence is reset and
- * given the next job. Because the engine's per-sequence logits do not depend on the rest of
- * the batch, every job's tokens are those of a batch of one. done() is called in completion
- * order. Returns 0, or -1 (g4_last_error) on an engine failure or when done() aborts. */
+ * max_tokens, or when the sequence's context is full, through a stepper (g4_stepper): up to
+ * g4_session_n_seq(s) questions are in flight at once, each in a sequence of its own; a sequence
+ * whose question is finished is reset and given the next job, whose prompt is fed between the
+ * steps of the others. Since a sequence gives the tokens it gives alone, every job's tokens are
+ * those of a batch of one. A prompt longer than the context is finished at once, with nothing
+ * generated (G4_STOP_CONTEXT). done() is called in completion order. Returns 0, or -1
+ * (g4_last_error) on an engine failure or when done() aborts. */
 int g4_eval_greedy(g4_session *s, const g4_eval_job *jobs, int n_jobs, const g4_eval_params *p, g4_eval_done_fn done,
                    g4_eval_step_fn step, void *user, g4_eval_timing *timing);
 

@@ -16,9 +16,11 @@ struct g4_sampler {
     g4_sampling p;
     int vocab;
     uint64_t rng;
+    /* Working buffers of one pick, which samplers made with g4_sampler_new_sharing borrow. */
     candidate *cand; /* [vocab] */
     float *work;     /* [vocab] logits after the penalty */
     double *prob;    /* [vocab] unnormalised probabilities of the sorted candidates */
+    int owns_buffers;
 };
 
 void g4_sampling_default(g4_sampling *p) {
@@ -36,15 +38,23 @@ static uint64_t next_u64(uint64_t *state) {
 /* Uniform in [0, 1) with 53 random bits. */
 static double next_unit(uint64_t *state) { return (double)(next_u64(state) >> 11) * (1.0 / 9007199254740992.0); }
 
-g4_sampler *g4_sampler_new(const g4_sampling *params, int vocab) {
-    const g4_sampling *p = params;
+static int valid_params(const g4_sampling *p) {
     if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
         !(p->repeat_penalty > 0) || p->repeat_last_n < 0) {
         g4_fail("invalid sampling parameters (temperature >= 0, top-k >= 0, 0 < top-p <= 1, 0 <= min-p <= 1, repeat-penalty > 0)");
-        return NULL;
+        return 0;
     }
+    return 1;
+}
+
+/* A sampler with its own buffers (shared NULL) or with those of `shared`. */
+static g4_sampler *sampler_new(const g4_sampling *p, int vocab, const g4_sampler *shared) {
+    if (!valid_params(p)) return NULL;
     g4_sampler *s = calloc(1, sizeof *s);
-    if (s) {
+    if (s && shared) {
+        s->cand = shared->cand, s->work = shared->work, s->prob = shared->prob;
+    } else if (s) {
+        s->owns_buffers = 1;
         s->cand = malloc(sizeof *s->cand * (size_t)vocab);
         s->work = malloc(sizeof *s->work * (size_t)vocab);
         s->prob = malloc(sizeof *s->prob * (size_t)vocab);
@@ -60,11 +70,19 @@ g4_sampler *g4_sampler_new(const g4_sampling *params, int vocab) {
     return s;
 }
 
+g4_sampler *g4_sampler_new(const g4_sampling *params, int vocab) { return sampler_new(params, vocab, NULL); }
+
+g4_sampler *g4_sampler_new_sharing(const g4_sampling *params, const g4_sampler *shared) {
+    return sampler_new(params, shared->vocab, shared);
+}
+
 void g4_sampler_free(g4_sampler *s) {
     if (!s) return;
-    free(s->cand);
-    free(s->work);
-    free(s->prob);
+    if (s->owns_buffers) {
+        free(s->cand);
+        free(s->work);
+        free(s->prob);
+    }
     free(s);
 }
 

@@ -11,11 +11,15 @@
 typedef struct g4_sampler g4_sampler;
 
 g4_sampler *g4_sampler_new(const g4_sampling *params, int vocab);
+/* A sampler of its own parameters and generator that borrows the working buffers of `shared`
+ * (three vocab-sized arrays, 5 MB for E2B) instead of allocating them: for many sequences whose
+ * tokens one thread picks one after another. shared must outlive it. */
+g4_sampler *g4_sampler_new_sharing(const g4_sampling *params, const g4_sampler *shared);
 void g4_sampler_free(g4_sampler *s);
 /* Picks the next token from `logits` (left unchanged); `history` are the tokens so far (prompt
  * and generated) for the repetition penalty. */
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history);
-/* Sampling from a few candidates instead of every logit (g4_session_eval_top): the number of
+/* Sampling from a few candidates instead of every logit (G4_OUTPUT_TOP rows of g4_decode): the number of
  * largest logits a pick depends on (1 at temperature 0, else top-k), or 0 when it depends on all
  * of them (no top-k). */
 int g4_sampling_top_needed(const g4_sampling *p, int vocab);

@@ -58,13 +58,20 @@ struct g4_session {
     float *logit_row; /* [vocab], the greedy path's fallback (allocated on first use) */
     void *argmax_scratch; /* the greedy lm_head's buffers (g4_codes_f32_argmax), grown on use */
     size_t argmax_bytes;
-    int argmax_hold; /* greedy lm_head calls left that use two digit rows (see lm_head_argmax) */
+    int *argmax_hold; /* [n_seq] shortcut calls left that use two digit rows (lm_head_coarse) */
+    /* One g4_decode call: each sequence's coarse image (read at the start of the call), whether
+     * its shortcut ran and whether it left a row unsettled; a chunk's rows per sequence. */
+    int *call_coarse, *seq_rank;
+    unsigned char *call_ran, *call_unsettled;
+    /* The final-normed rows of the last call's greedy and top rows, and their batch rows
+     * (g4_decode_logits). */
+    float *kept;
+    int *kept_row, n_kept, cap_kept;
     float *rope_cos[2], *rope_sin[2];
     /* The layers from tail_from on are all KV consumers: they write no cache, so what they
      * compute for a row reaches nothing but that row's own output. Rows whose outputs are not
      * wanted (a prefill's every row but the last) stop before them. */
     int tail_from;
-    int last_row; /* the row of xn g4_session_eval_top last answered, or -1 */
     g4_trace_fn trace;
     void *trace_user;
     int profiling;
@@ -608,70 +615,166 @@ static void *lm_head_scratch(g4_session *s, int rows) {
 static float lm_head_cap(const g4_session *s) { return s->m->cfg.final_softcap > 0 ? (float)s->m->cfg.final_softcap : 0; }
 
 /* The one-row image is the cheaper coarse image; when it leaves a call unsettled (an outlier in
- * the activations can widen its bounds past any use), the next ARGMAX_HOLD calls take the two
- * digit rows, whose bounds stay tight, before the cheaper one is tried again. */
-static int lm_head_coarse(const g4_session *s) { return s->argmax_hold > 0 ? 2 : 1; }
+ * the activations can widen its bounds past any use), the sequence's next ARGMAX_HOLD calls take
+ * the two digit rows, whose bounds stay tight, before the cheaper one is tried again. The state is
+ * each sequence's own and a g4_decode call reads it once, at its start (begin_call), so that what
+ * a row gets never depends on the other rows of the batch. */
+static int lm_head_coarse(const g4_session *s, int seq) { return s->argmax_hold[seq] > 0 ? 2 : 1; }
 
-static void lm_head_coarse_done(g4_session *s, int coarse, int unsettled) {
-    if (coarse == 2) s->argmax_hold--;
-    else if (unsettled) s->argmax_hold = ARGMAX_HOLD;
+static void lm_head_coarse_done(g4_session *s, int seq, int coarse, int unsettled) {
+    if (coarse == 2) s->argmax_hold[seq]--;
+    else if (unsettled) s->argmax_hold[seq] = ARGMAX_HOLD;
 }
 
-/* The greedy token of rows [first, n) into next, as g4_argmax over their logits would pick it.
- * When the lm_head takes float rows against packed codes (the checkpoint's), most logits are
- * never finished (g4_codes_f32_argmax); rows it cannot settle, and other lm_heads, go through
- * the full logits in s->logit_row. */
-static void lm_head_argmax(g4_session *s, int n, int first, int32_t *next) {
+/* The greedy token of rows [first, n) of xn into next, as g4_argmax over their logits would pick
+ * it. When the lm_head takes float rows against packed codes (the checkpoint's), most logits are
+ * never finished (g4_codes_f32_argmax with the coarse image `coarse`); unsettled[t] marks the rows
+ * it could not decide. Those, and every row of other lm_heads, go through the full logits in
+ * s->logit_row. Returns whether the shortcut ran. */
+static int lm_head_argmax(g4_session *s, int n, int first, int coarse, int32_t *next, unsigned char *unsettled) {
     const g4_model *m = s->m;
-    int H = m->cfg.hidden, V = m->cfg.vocab;
+    int H = m->cfg.hidden, V = m->cfg.vocab, ran = lm_head_shortcut_applies(s);
     for (int t = 0; t < n - first; t++) next[t] = -1;
-    if (lm_head_shortcut_applies(s)) {
-        int coarse = lm_head_coarse(s);
+    if (ran)
         g4_codes_f32_argmax(&m->lm_head.w, s->xn + (size_t)first * H, n - first, lm_head_cap(s), coarse, s->k->matmul_i8, next,
                             lm_head_scratch(s, n - first));
-        int unsettled = 0;
-        for (int t = 0; t < n - first; t++) unsettled |= next[t] < 0;
-        lm_head_coarse_done(s, coarse, unsettled);
-    }
     for (int t = first; t < n; t++) {
+        unsettled[t - first] = ran && next[t - first] < 0;
         if (next[t - first] >= 0) continue;
         lm_head_logits(s, t + 1, t, s->logit_row);
         next[t - first] = g4_argmax(s->logit_row, V);
     }
+    return ran;
 }
 
-/* What g4_session_eval_top asks of the last row. */
-typedef struct {
-    int k, n_extra, max_cand;
-    const int32_t *extra;
-    int32_t *cand;
-    float *vals, *bound;
-    int *n_cand;
-} top_request;
-
-/* The candidates of row `row` (see g4_session_eval_top), through the same shortcut and the same
- * choice of coarse image as lm_head_argmax; *n_cand = -1 when it does not apply or cannot tell. */
-static void lm_head_top(g4_session *s, int row, const top_request *r) {
+/* The candidates of xn row `row` for c (g4_candidates), through the same shortcut as
+ * lm_head_argmax with the coarse image `coarse`; c->n = -1 when it does not apply or cannot tell.
+ * Returns whether the shortcut ran. */
+static int lm_head_top(g4_session *s, int row, int coarse, g4_candidates *c) {
     const g4_model *m = s->m;
     const g4_linear *L = &m->lm_head;
-    *r->n_cand = -1;
-    s->last_row = row;
-    if (!lm_head_shortcut_applies(s) || r->k < 1 || r->k > L->w.out) return;
-    int coarse = lm_head_coarse(s);
-    *r->n_cand = g4_codes_f32_top(&L->w, s->xn + (size_t)row * m->cfg.hidden, lm_head_cap(s), r->k, r->extra, r->n_extra, coarse,
-                                  s->k->matmul_i8, r->cand, r->vals, r->max_cand, r->bound, lm_head_scratch(s, 1));
-    lm_head_coarse_done(s, coarse, *r->n_cand < 0);
+    c->n = -1;
+    if (!lm_head_shortcut_applies(s) || c->k < 1 || c->k > L->w.out) return 0;
+    c->n = g4_codes_f32_top(&L->w, s->xn + (size_t)row * m->cfg.hidden, lm_head_cap(s), c->k, c->extra, c->n_extra > 0 ? c->n_extra : 0,
+                            coarse, s->k->matmul_i8, c->ids, c->logits, c->cap, &c->bound, lm_head_scratch(s, 1));
+    return 1;
 }
 
-/* Final norm of every row; then for rows [first, n) the softcapped logits, or only the greedy
- * token of each (next), or the last row's sampling candidates (top), or nothing. */
-static void output_head(g4_session *s, int n, int first, float *logits, int32_t *next, const top_request *top) {
+/* ---- a chunk of batch rows ---- */
+
+/* The rows of a chunk in the order they are computed: the rows that ask for nothing first (they
+ * stop before the tail layers), then one group per output, so that each group is one contiguous
+ * range of rows through the lm_head; greedy rows are grouped by the coarse image their sequence
+ * uses. The order changes no bit: rows are computed independently, and attention reads the
+ * cache, which every row of the chunk has written before any row attends. */
+enum { GROUP_NONE, GROUP_LOGITS, GROUP_ARGMAX_1, GROUP_ARGMAX_2, GROUP_TOP, N_GROUPS };
+
+typedef struct {
+    g4_batch_row *rows;      /* the whole batch */
+    int n;                   /* rows in the chunk */
+    int start[N_GROUPS + 1]; /* group g holds chunk rows [start[g], start[g + 1]) */
+    int at[CHUNK];           /* the batch row of each chunk row */
+    int32_t ids[CHUNK];
+} chunk_plan;
+
+static int row_group(const g4_session *s, const g4_batch_row *r) {
+    switch (r->output) {
+    case G4_OUTPUT_LOGITS: return GROUP_LOGITS;
+    case G4_OUTPUT_ARGMAX: return s->call_coarse[r->seq] == 2 ? GROUP_ARGMAX_2 : GROUP_ARGMAX_1;
+    case G4_OUTPUT_TOP: return GROUP_TOP;
+    default: return GROUP_NONE;
+    }
+}
+
+static g4_batch_row *chunk_row(const chunk_plan *p, int t) { return &p->rows[p->at[t]]; }
+
+/* Orders batch rows [b0, b0 + n) into groups (stable within each) and gives each row its
+ * sequence's next position: a sequence's rows take consecutive positions in batch order. */
+static void plan_chunk(g4_session *s, g4_batch_row *rows, int b0, int n, chunk_plan *p) {
+    int fill[N_GROUPS] = {0};
+    p->rows = rows;
+    p->n = n;
+    for (int i = b0; i < b0 + n; i++) {
+        fill[row_group(s, &rows[i])]++;
+        s->seq_rank[rows[i].seq] = 0;
+    }
+    p->start[0] = 0;
+    for (int g = 0; g < N_GROUPS; g++) {
+        p->start[g + 1] = p->start[g] + fill[g];
+        fill[g] = p->start[g];
+    }
+    for (int i = b0; i < b0 + n; i++) {
+        int t = fill[row_group(s, &rows[i])]++, q = rows[i].seq;
+        p->at[t] = i;
+        p->ids[t] = rows[i].token;
+        s->row_seq[t] = q;
+        s->row_pos[t] = s->seq_pos[q] + s->seq_rank[q]++;
+    }
+}
+
+static void note_shortcut(g4_session *s, int seq, int ran, int unsettled) {
+    s->call_ran[seq] |= (unsigned char)ran;
+    s->call_unsettled[seq] |= (unsigned char)unsettled;
+}
+
+/* The logits of the GROUP_LOGITS rows (chunk row t is row t - shift of xn): each run of rows whose
+ * buffers follow one another in memory takes one pass over the lm_head. */
+static void logits_rows(g4_session *s, const chunk_plan *p, int shift) {
+    size_t V = (size_t)s->m->cfg.vocab;
+    int end = p->start[GROUP_LOGITS + 1];
+    for (int a = p->start[GROUP_LOGITS], b; a < end; a = b) {
+        float *out = chunk_row(p, a)->logits;
+        for (b = a + 1; b < end && chunk_row(p, b)->logits == out + (size_t)(b - a) * V; b++) {}
+        lm_head_logits(s, b - shift, a - shift, out);
+        if (s->trace) {
+            int shape[1] = {(int)V};
+            s->trace(s->trace_user, "logits", s->row_pos[a - shift], b - a, 1, shape, out);
+        }
+    }
+}
+
+/* The greedy tokens of one greedy group, all with the coarse image `coarse`. */
+static void argmax_rows(g4_session *s, const chunk_plan *p, int shift, int group, int coarse) {
+    int a = p->start[group], b = p->start[group + 1];
+    if (a == b) return;
+    int32_t next[CHUNK];
+    unsigned char unsettled[CHUNK];
+    int ran = lm_head_argmax(s, b - shift, a - shift, coarse, next, unsettled);
+    for (int t = a; t < b; t++) {
+        g4_batch_row *r = chunk_row(p, t);
+        r->argmax = next[t - a];
+        note_shortcut(s, r->seq, ran, unsettled[t - a]);
+    }
+}
+
+static void top_rows(g4_session *s, const chunk_plan *p, int shift) {
+    for (int t = p->start[GROUP_TOP]; t < p->start[GROUP_TOP + 1]; t++) {
+        g4_batch_row *r = chunk_row(p, t);
+        int ran = lm_head_top(s, t - shift, s->call_coarse[r->seq], r->top);
+        note_shortcut(s, r->seq, ran, ran && r->top->n < 0);
+    }
+}
+
+/* Keeps the final-normed rows of the greedy and top groups, which come last, for
+ * g4_decode_logits (check_batch made room for them). */
+static void keep_hidden(g4_session *s, const chunk_plan *p, int shift) {
+    size_t H = (size_t)s->m->cfg.hidden;
+    for (int t = p->start[GROUP_ARGMAX_1]; t < p->start[N_GROUPS]; t++) {
+        memcpy(s->kept + (size_t)s->n_kept * H, s->xn + (size_t)(t - shift) * H, sizeof *s->kept * H);
+        s->kept_row[s->n_kept++] = p->at[t];
+    }
+}
+
+/* Final norm of the n rows left in the chunk, then each group's output. */
+static void output_head(g4_session *s, const chunk_plan *p, int n, int shift) {
     const g4_model *m = s->m;
     rmsnorm_rows(s->xn, s->x, m->final_norm, n, m->cfg.hidden, (float)m->cfg.rms_eps);
     trace(s, "final_norm", n, m->cfg.hidden, 0, s->xn);
-    if (logits) lm_head_logits(s, n, first, logits);
-    else if (next) lm_head_argmax(s, n, first, next);
-    else if (top) lm_head_top(s, n - 1, top);
+    logits_rows(s, p, shift);
+    argmax_rows(s, p, shift, GROUP_ARGMAX_1, 1);
+    argmax_rows(s, p, shift, GROUP_ARGMAX_2, 2);
+    top_rows(s, p, shift);
+    keep_hidden(s, p, shift);
 }
 
 /* Moves rows [lo, n) of the chunk to [0, n - lo): the rows that go on through the consumer
@@ -687,15 +790,15 @@ static void keep_rows(g4_session *s, int lo, int n) {
     rope_tables(s, n - lo);
 }
 
-/* Computes the rows already described by row_seq/row_pos; logits (or the greedy tokens, next) for
- * rows [first, n). Rows before `first` skip the consumer layers (tail_from), unless a trace
- * wants every row of every layer. */
-static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits, int32_t *next, const top_request *top, int first) {
+/* Computes the chunk p plans. The rows that ask for nothing skip the consumer layers
+ * (tail_from), unless a trace wants every row of every layer. */
+static void forward_chunk(g4_session *s, const chunk_plan *p) {
     double t0 = s->profiling ? clock_s() : 0;
-    int cut = s->trace ? 0 : logits || next || top ? first : n; /* rows [0, cut) stop at tail_from */
+    int n = p->n, cut = s->trace ? 0 : p->start[GROUP_LOGITS]; /* rows [0, cut) stop at tail_from */
+    int shift = 0;                                               /* chunk row t is row t - shift from then on */
     {
         PROF_BEGIN(s);
-        embed_tokens(s, ids, n, cut);
+        embed_tokens(s, p->ids, n, cut);
         PROF_END(s, G4_PROF_EMBED);
     }
     rope_tables(s, n);
@@ -703,7 +806,7 @@ static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits
         if (l == s->tail_from && cut > 0) {
             keep_rows(s, cut, n);
             n -= cut;
-            first -= cut;
+            shift = cut;
             cut = 0;
         }
         if (n == 0) break;
@@ -714,15 +817,11 @@ static void forward_rows(g4_session *s, const int32_t *ids, int n, float *logits
         /* the lm_head's own time is counted here, not as a layer linear */
         double before = s->prof[G4_PROF_LINEAR];
         PROF_BEGIN(s);
-        output_head(s, n, first, logits, next, top);
+        output_head(s, p, n, shift);
         PROF_END(s, G4_PROF_LM_HEAD);
         s->prof[G4_PROF_LINEAR] = before;
     }
     if (s->profiling) s->prof_total += clock_s() - t0;
-    if (logits && s->trace) {
-        int shape[1] = {s->m->cfg.vocab};
-        s->trace(s->trace_user, "logits", s->row_pos[first], n - first, 1, shape, logits);
-    }
 }
 
 static int check_ids(const g4_session *s, const int32_t *ids, int n) {
@@ -739,31 +838,111 @@ static int ensure_logit_row(g4_session *s) {
     return s->logit_row ? 0 : g4_fail("out of memory for a row of logits");
 }
 
-/* n tokens of sequence seq, in chunks; the last token's logits or greedy token (next), or every
- * token's logits (all_logits). */
-static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits, int32_t *next,
-                    const top_request *top) {
-    const g4_config *c = &s->m->cfg;
-    s->last_row = -1;
+/* Room for the hidden state of n kept rows (keep_hidden). */
+static int ensure_kept(g4_session *s, int n) {
+    if (n <= s->cap_kept) return 0;
+    float *kept = realloc(s->kept, sizeof *kept * (size_t)n * (size_t)s->m->cfg.hidden);
+    if (kept) s->kept = kept;
+    int *rows = kept ? realloc(s->kept_row, sizeof *rows * (size_t)n) : NULL;
+    if (rows) s->kept_row = rows;
+    if (!kept || !rows) return g4_fail("out of memory for %d rows of hidden state", n);
+    s->cap_kept = n;
+    return 0;
+}
+
+/* Everything g4_decode could fail on, checked before any row is computed. */
+static int check_batch(g4_session *s, const g4_batch_row *rows, int n) {
+    if (n <= 0) return g4_fail("no tokens to evaluate");
+    int greedy = 0, kept = 0;
+    for (int i = 0; i < n; i++) {
+        const g4_batch_row *r = &rows[i];
+        if (r->seq < 0 || r->seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", r->seq, s->n_seq);
+        if (check_ids(s, &r->token, 1) != 0) return -1;
+        if (r->output == G4_OUTPUT_LOGITS && !r->logits) return g4_fail("batch row %d asks for logits and gives no room for them", i);
+        if (r->output == G4_OUTPUT_TOP && (!r->top || r->top->cap < 0 || (r->top->cap > 0 && (!r->top->ids || !r->top->logits))))
+            return g4_fail("batch row %d asks for candidates and gives no room for them", i);
+        if (r->output < G4_OUTPUT_NONE || r->output > G4_OUTPUT_TOP) return g4_fail("batch row %d: unknown output %d", i, (int)r->output);
+        greedy |= r->output == G4_OUTPUT_ARGMAX;
+        kept += r->output == G4_OUTPUT_ARGMAX || r->output == G4_OUTPUT_TOP;
+        s->seq_rank[r->seq] = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        int q = rows[i].seq, pos = s->seq_pos[q];
+        if (++s->seq_rank[q] == s->o.ctx - pos + 1)
+            return g4_fail("sequence %d: tokens at position %d run past the context of %d tokens (--ctx)", q, pos, s->o.ctx);
+    }
+    if (greedy && ensure_logit_row(s) != 0) return -1;
+    return ensure_kept(s, kept);
+}
+
+/* Each sequence's coarse image for this call, read once (lm_head_coarse); no shortcut ran yet. */
+static void begin_call(g4_session *s) {
+    for (int q = 0; q < s->n_seq; q++) {
+        s->call_coarse[q] = lm_head_coarse(s, q);
+        s->call_ran[q] = s->call_unsettled[q] = 0;
+    }
+    s->n_kept = 0;
+}
+
+static void end_call(g4_session *s) {
+    for (int q = 0; q < s->n_seq; q++)
+        if (s->call_ran[q]) lm_head_coarse_done(s, q, s->call_coarse[q], s->call_unsettled[q]);
+}
+
+int g4_decode(g4_session *s, g4_batch_row *rows, int n) {
+    if (check_batch(s, rows, n) != 0) return -1;
+    begin_call(s);
+    for (int b0 = 0; b0 < n; b0 += CHUNK) {
+        int len = n - b0 < CHUNK ? n - b0 : CHUNK;
+        chunk_plan p;
+        plan_chunk(s, rows, b0, len, &p);
+        forward_chunk(s, &p);
+        for (int i = b0; i < b0 + len; i++) s->seq_pos[rows[i].seq]++;
+    }
+    end_call(s);
+    return 0;
+}
+
+/* The logits of kept row k, from its hidden state put back into xn. */
+static void kept_logits(g4_session *s, int k, float *logits) {
+    size_t H = (size_t)s->m->cfg.hidden;
+    memcpy(s->xn, s->kept + (size_t)k * H, sizeof *s->xn * H);
+    lm_head_logits(s, 1, 0, logits);
+}
+
+int g4_decode_logits(g4_session *s, int row, float *logits) {
+    for (int k = 0; k < s->n_kept; k++)
+        if (s->kept_row[k] == row) {
+            kept_logits(s, k, logits);
+            return 0;
+        }
+    return g4_fail("row %d of the last g4_decode call asked for no greedy token or candidates", row);
+}
+
+/* ---- the compatibility forms: each feeds g4_decode a chunk of rows at a time ---- */
+
+/* n tokens of sequence seq; the last one's logits, greedy token (next) or candidates (top), or
+ * every one's logits (all_logits). */
+static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits, int32_t *next, g4_candidates *top) {
     if (seq < 0 || seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, s->n_seq);
     if (n <= 0) return g4_fail("no tokens to evaluate");
-    int *pos = &s->seq_pos[seq];
-    if (n > s->o.ctx - *pos)
-        return g4_fail("%d tokens at position %d run past the context of %d tokens (--ctx)", n, *pos, s->o.ctx);
-    if (check_ids(s, ids, n) != 0 || (next && ensure_logit_row(s) != 0)) return -1;
+    int pos = s->seq_pos[seq];
+    if (n > s->o.ctx - pos) return g4_fail("%d tokens at position %d run past the context of %d tokens (--ctx)", n, pos, s->o.ctx);
+    if (check_ids(s, ids, n) != 0) return -1;
+    size_t V = (size_t)s->m->cfg.vocab;
+    g4_batch_row rows[CHUNK];
     for (int done = 0; done < n;) {
-        int len = n - done < CHUNK ? n - done : CHUNK;
-        int last = done + len == n;
-        float *out = NULL;
-        if (logits && all_logits) out = logits + (size_t)done * c->vocab;
-        else if (logits && last) out = logits;
+        int len = n - done < CHUNK ? n - done : CHUNK, last = done + len == n;
         for (int t = 0; t < len; t++) {
-            s->row_seq[t] = seq;
-            s->row_pos[t] = *pos + t;
+            rows[t] = (g4_batch_row){.seq = seq, .token = ids[done + t]};
+            if (logits && all_logits) rows[t].output = G4_OUTPUT_LOGITS, rows[t].logits = logits + (size_t)(done + t) * V;
         }
-        forward_rows(s, ids + done, len, out, last ? next : NULL, last ? top : NULL,
-                     all_logits || !(out || (last && (next || top))) ? 0 : len - 1);
-        *pos += len;
+        g4_batch_row *end = &rows[len - 1];
+        if (last && logits && !all_logits) end->output = G4_OUTPUT_LOGITS, end->logits = logits;
+        else if (last && next) end->output = G4_OUTPUT_ARGMAX;
+        else if (last && top) end->output = G4_OUTPUT_TOP, end->top = top;
+        if (g4_decode(s, rows, len) != 0) return -1;
+        if (last && next) *next = end->argmax;
         done += len;
     }
     return 0;
@@ -787,33 +966,35 @@ int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *ne
 
 int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
                         int max_cand, float *bound, int *n_cand) {
-    top_request r = {k, n_extra > 0 ? n_extra : 0, max_cand, extra, cand, vals, bound, n_cand};
-    *n_cand = -1;
-    return eval_seq(s, 0, ids, n, NULL, 0, NULL, &r);
+    g4_candidates c = {.k = k, .extra = extra, .n_extra = n_extra, .ids = cand, .logits = vals, .cap = max_cand, .n = -1, .bound = *bound};
+    int rc = eval_seq(s, 0, ids, n, NULL, 0, NULL, &c);
+    *n_cand = c.n;
+    *bound = c.bound;
+    return rc;
 }
 
 int g4_session_last_logits(g4_session *s, float *logits) {
-    if (s->last_row < 0) return g4_fail("no token evaluated by g4_session_eval_top to give the logits of");
-    lm_head_logits(s, s->last_row + 1, s->last_row, logits);
+    if (s->n_kept == 0) return g4_fail("no token evaluated by g4_session_eval_top to give the logits of");
+    kept_logits(s, s->n_kept - 1, logits);
     return 0;
 }
 
+/* One token of each of n distinct sequences, with every row's logits or greedy token. */
 static int eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits, int32_t *next) {
     if (n <= 0 || n > CHUNK) return g4_fail("a batch step takes 1 to %d tokens, not %d", CHUNK, n);
-    if (check_ids(s, ids, n) != 0 || (next && ensure_logit_row(s) != 0)) return -1;
+    g4_batch_row rows[CHUNK];
     for (int t = 0; t < n; t++) {
         int q = seqs[t];
         if (q < 0 || q >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", q, s->n_seq);
         for (int u = 0; u < t; u++)
             if (seqs[u] == q) return g4_fail("sequence %d appears twice in one batch step", q);
-        if (s->seq_pos[q] >= s->o.ctx)
-            return g4_fail("sequence %d is at the end of its context of %d tokens (--ctx)", q, s->o.ctx);
-        s->row_seq[t] = q;
-        s->row_pos[t] = s->seq_pos[q];
+        if (s->seq_pos[q] >= s->o.ctx) return g4_fail("sequence %d is at the end of its context of %d tokens (--ctx)", q, s->o.ctx);
+        rows[t] = (g4_batch_row){.seq = q, .token = ids[t]};
+        if (logits) rows[t].output = G4_OUTPUT_LOGITS, rows[t].logits = logits + (size_t)t * (size_t)s->m->cfg.vocab;
+        else if (next) rows[t].output = G4_OUTPUT_ARGMAX;
     }
-    s->last_row = -1;
-    forward_rows(s, ids, n, logits, next, NULL, 0);
-    for (int t = 0; t < n; t++) s->seq_pos[seqs[t]]++;
+    if (g4_decode(s, rows, n) != 0) return -1;
+    for (int t = 0; next && t < n; t++) next[t] = rows[t].argmax;
     return 0;
 }
 
@@ -1039,10 +1220,15 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
         g4_fail("--batch %d: at most %d sequences", o->n_seq, CHUNK);
         return NULL;
     }
-    s->last_row = -1;
     for (s->tail_from = c->n_layers; s->tail_from > 0 && !g4_layer_is_producer(m, s->tail_from - 1);) s->tail_from--;
-    s->seq_pos = calloc((size_t)s->n_seq, sizeof *s->seq_pos);
-    if (!s->seq_pos) {
+    size_t nq = (size_t)s->n_seq;
+    s->seq_pos = calloc(nq, sizeof *s->seq_pos);
+    s->argmax_hold = calloc(nq, sizeof *s->argmax_hold);
+    s->call_coarse = calloc(nq, sizeof *s->call_coarse);
+    s->seq_rank = calloc(nq, sizeof *s->seq_rank);
+    s->call_ran = calloc(nq, 1);
+    s->call_unsettled = calloc(nq, 1);
+    if (!s->seq_pos || !s->argmax_hold || !s->call_coarse || !s->seq_rank || !s->call_ran || !s->call_unsettled) {
         g4_session_free(s);
         g4_fail("out of memory for the session");
         return NULL;
@@ -1064,7 +1250,8 @@ void g4_session_free(g4_session *s) {
         free(s->kv[i].vq);
     }
     free(s->kv);
-    free(s->seq_pos);
+    void *per_seq[] = {s->seq_pos, s->argmax_hold, s->call_coarse, s->seq_rank, s->call_ran, s->call_unsettled, s->kept, s->kept_row};
+    for (size_t i = 0; i < sizeof per_seq / sizeof *per_seq; i++) free(per_seq[i]);
     for (int i = 0; s->rq && i < s->m->n_linears; i++) free(s->rq[i]);
     for (int i = 0; s->rq_f32 && i < s->m->n_linears; i++) free(s->rq_f32[i]);
     free(s->rq);
@@ -1097,12 +1284,16 @@ const char *g4_prof_op_name(g4_prof_op op) {
     return op < G4_PROF_COUNT ? names[op] : "?";
 }
 
-void g4_session_reset(g4_session *s) {
-    for (int i = 0; i < s->n_seq; i++) s->seq_pos[i] = 0;
-    s->last_row = -1;
-}
+/* A sequence starts over: its cache empty, and its shortcut state (lm_head_coarse) fresh, so that
+ * what it gets does not depend on what the sequence held before. */
 void g4_session_reset_seq(g4_session *s, int seq) {
-    if (seq >= 0 && seq < s->n_seq) s->seq_pos[seq] = 0;
+    if (seq < 0 || seq >= s->n_seq) return;
+    s->seq_pos[seq] = 0;
+    s->argmax_hold[seq] = 0;
+}
+void g4_session_reset(g4_session *s) {
+    for (int i = 0; i < s->n_seq; i++) g4_session_reset_seq(s, i);
+    s->n_kept = 0;
 }
 int g4_session_pos(const g4_session *s) { return s->seq_pos[0]; }
 int g4_session_seq_pos(const g4_session *s, int seq) { return seq >= 0 && seq < s->n_seq ? s->seq_pos[seq] : -1; }
