@@ -4,8 +4,11 @@
  * do in a real decode step.
  *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
- *       src/kernels/{ref,dispatch,attention,pool,avx2,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
- *   ./bench_kernels [quick|attention]   (quick: fewer shapes, shorter runs; attention: only that) */
+ *       src/kernels/{ref,dispatch,attention,pool,avx2,avx512vnni,cpu_x86,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
+ *   ./bench_kernels [quick|attention|full [LEVELS]]   (quick: fewer shapes, shorter runs; attention: only
+ *   that; LEVELS: a comma-separated subset of portable,avx2,avx512vnni,neon). The levels
+ *   of a shape run in turn, round after round, and each level after avx2 is also given as its
+ *   speed-up over avx2 in the same rounds. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdint.h>
@@ -42,26 +45,35 @@ typedef struct {
     int in, out, bits;
 } bshape;
 
-/* Seconds per call of call(ctx): the best of 5 batches, since other processes on the machine
- * only ever slow a batch down. */
-static double best_per_call(void (*call)(void *ctx), void *ctx, int quick) {
-    double budget = (quick ? 0.3 : 1.0) / 5, per = 1e30;
-    for (int batch = 0; batch < 5; batch++) {
-        double t0 = now_s(), dt;
-        int c = 0;
-        do {
-            call(ctx);
-            c++;
-            dt = now_s() - t0;
-        } while (dt < budget);
-        if (dt / c < per) per = dt / c;
-    }
-    return per;
+/* The levels compared, in this order (bench_kernels' second argument can name a subset). */
+static const char *all_levels[] = {"portable", "avx2", "avx512vnni", "neon"};
+#define N_ALL_LEVELS 4
+static int level_on[N_ALL_LEVELS] = {1, 1, 1, 1};
+
+/* Seconds per call of call(ctx, level) for each level l with on[l]: the best of 5 rounds, each
+ * round running every level once in turn, so a busy spell on the shared machine slows all of
+ * them alike (others only ever slow a batch down). */
+static void best_per_call(void (*call)(void *ctx, int level), void *ctx, const int on[N_ALL_LEVELS], int quick,
+                          double per[N_ALL_LEVELS]) {
+    double budget = (quick ? 0.3 : 1.0) / 5;
+    for (int l = 0; l < N_ALL_LEVELS; l++) per[l] = 1e30;
+    for (int round = 0; round < 5; round++)
+        for (int l = 0; l < N_ALL_LEVELS; l++) {
+            if (!on[l]) continue;
+            double t0 = now_s(), dt;
+            int c = 0;
+            do {
+                call(ctx, l);
+                c++;
+                dt = now_s() - t0;
+            } while (dt < budget);
+            if (dt / c < per[l]) per[l] = dt / c;
+        }
 }
 
 /* One matmul per call, each on the next copy of the weights. */
 typedef struct {
-    const g4_kernels *k;
+    const g4_kernels *k[N_ALL_LEVELS];
     g4_qweight *qw;
     uint8_t **w;
     int copies, calls, op, n;
@@ -71,11 +83,11 @@ typedef struct {
     float *y;
 } matmul_call;
 
-static void run_matmul(void *ctx) {
+static void run_matmul(void *ctx, int level) {
     matmul_call *m = ctx;
     m->qw->w = m->w[m->calls++ % m->copies];
-    if (m->op == 0) m->k->matmul_i8(m->qw, m->xi, m->n, m->acc);
-    else m->k->matmul_f32(m->qw, m->xf, m->n, m->y);
+    if (m->op == 0) m->k[level]->matmul_i8(m->qw, m->xi, m->n, m->acc);
+    else m->k[level]->matmul_f32(m->qw, m->xf, m->n, m->y);
 }
 
 static void bench_shape(const bshape *s, int quick) {
@@ -85,7 +97,7 @@ static void bench_shape(const bshape *s, int quick) {
     if (copies < 2) copies = 2;
     uint8_t **w = malloc(sizeof *w * (size_t)copies);
     for (int c = 0; c < copies; c++) {
-        w[c] = malloc(wbytes);
+        w[c] = aligned_alloc(64, (wbytes + 63) & ~(size_t)63); /* 64-byte aligned, as the resident weights are (model.c) */
         for (size_t i = 0; i < wbytes; i += 8) {
             uint64_t r = rnd();
             memcpy(w[c] + i, &r, wbytes - i < 8 ? wbytes - i : 8);
@@ -103,30 +115,35 @@ static void bench_shape(const bshape *s, int quick) {
         xi[i] = (int8_t)rnd();
         xf[i] = (float)(int8_t)rnd() * 0.01f;
     }
-    static const char *levels[] = {"portable", "avx2", "neon"};
     static const int ns[] = {1, 64};
     for (int op = 0; op < 2; op++) {
         if (op == 0 && s->bits == 16) continue; /* BF16 runs in float only */
-        for (int li = 0; li < 3; li++) {
-            const g4_kernels *k = g4_kernels_level(levels[li]);
-            if (!k) continue;
-            for (int ni = 0; ni < 2; ni++) {
-                int n = ns[ni];
-                double macs = (double)s->in * s->out * n;
+        for (int ni = 0; ni < 2; ni++) {
+            int n = ns[ni];
+            double macs = (double)s->in * s->out * n;
+            matmul_call mc = {.w = w, .copies = copies, .op = op, .n = n, .xi = xi, .acc = acc, .xf = xf, .y = y};
+            int on[N_ALL_LEVELS];
+            for (int l = 0; l < N_ALL_LEVELS; l++) {
+                mc.k[l] = g4_kernels_level(all_levels[l]);
                 /* the reference at n = 64 on the big shapes takes minutes: skip what it cannot finish */
-                if (li == 0 && macs > 1e9) continue;
-                for (int threads = 1; threads <= 2; threads++) {
-                    g4_kernels_set_threads(threads);
-                    g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0],
-                                     .w_scale = scale};
-                    matmul_call mc = {k, &qw, w, copies, 0, op, n, xi, acc, xf, y};
-                    double per = best_per_call(run_matmul, &mc, quick);
-                    double gbs = (double)(wbytes + sbytes) / per / 1e9;
-                    printf("%-22s %-4s %-8s n=%-2d thr=%d  %9.3f ms  %7.2f GB/s  %7.2f GMAC/s  %9.1f tok/s(this)  %6.1f tok/s(model@GB/s)\n",
-                           s->name, op == 0 ? "i8" : "f32", k->name, n, threads, per * 1e3, gbs, macs / per / 1e9,
-                           n / per, gbs * 1e9 / MODEL_BYTES);
-                    fflush(stdout);
+                on[l] = level_on[l] && mc.k[l] && !(l == 0 && macs > 1e9);
+            }
+            for (int threads = 1; threads <= 2; threads++) {
+                g4_kernels_set_threads(threads);
+                g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0], .w_scale = scale};
+                mc.qw = &qw;
+                double per[N_ALL_LEVELS];
+                best_per_call(run_matmul, &mc, on, quick, per);
+                for (int l = 0; l < N_ALL_LEVELS; l++) {
+                    if (!on[l]) continue;
+                    double gbs = (double)(wbytes + sbytes) / per[l] / 1e9;
+                    printf("%-22s %-4s %-10s n=%-2d thr=%d  %9.3f ms  %7.2f GB/s  %7.2f GMAC/s  %9.1f tok/s(this)  %6.1f tok/s(model@GB/s)",
+                           s->name, op == 0 ? "i8" : "f32", all_levels[l], n, threads, per[l] * 1e3, gbs, macs / per[l] / 1e9, n / per[l],
+                           gbs * 1e9 / MODEL_BYTES);
+                    if (l > 1 && on[1]) printf("  %.3fx avx2", per[1] / per[l]);
+                    printf("\n");
                 }
+                fflush(stdout);
             }
         }
     }
@@ -147,13 +164,13 @@ typedef struct {
 } battn;
 
 typedef struct {
-    const g4_kernels *k;
+    const g4_kernels *k[N_ALL_LEVELS];
     const g4_attn *a;
 } attention_call;
 
-static void run_attention(void *ctx) {
+static void run_attention(void *ctx, int level) {
     const attention_call *c = ctx;
-    c->k->attention(c->a);
+    c->k[level]->attention(c->a);
 }
 
 static void bench_attention(const battn *s, int quick) {
@@ -169,18 +186,21 @@ static void bench_attention(const battn *s, int quick) {
     g4_attn_row row = {.kq = k, .vq = v, .k_scale = 0.02f, .v_scale = 0.01f, .lo = 0, .hi = s->positions - 1};
     g4_attn a = {.n = 1, .n_heads = heads, .head_dim = s->head_dim, .kv_width = kv_width, .group = heads, .q = q,
                  .out = out, .rows = &row};
-    static const char *levels[] = {"portable", "avx2", "neon"};
-    for (int li = 0; li < 3; li++) {
-        const g4_kernels *kl = g4_kernels_level(levels[li]);
-        if (!kl) continue;
-        for (int threads = 1; threads <= 2; threads++) {
-            g4_kernels_set_threads(threads);
-            attention_call ac = {kl, &a};
-            double per = best_per_call(run_attention, &ac, quick);
-            printf("%-22s attn %-8s n=1  thr=%d  %9.3f ms  %7.2f GFLOP/s\n", s->name, kl->name, threads, per * 1e3,
-                   4.0 * heads * s->head_dim * s->positions / per / 1e9);
-            fflush(stdout);
+    attention_call ac = {.a = &a};
+    int on[N_ALL_LEVELS];
+    for (int l = 0; l < N_ALL_LEVELS; l++) on[l] = level_on[l] && (ac.k[l] = g4_kernels_level(all_levels[l])) != NULL;
+    for (int threads = 1; threads <= 2; threads++) {
+        g4_kernels_set_threads(threads);
+        double per[N_ALL_LEVELS];
+        best_per_call(run_attention, &ac, on, quick, per);
+        for (int l = 0; l < N_ALL_LEVELS; l++) {
+            if (!on[l]) continue;
+            printf("%-22s attn %-10s n=1  thr=%d  %9.3f ms  %7.2f GFLOP/s", s->name, all_levels[l], threads, per[l] * 1e3,
+                   4.0 * heads * s->head_dim * s->positions / per[l] / 1e9);
+            if (l > 1 && on[1]) printf("  %.3fx avx2", per[1] / per[l]);
+            printf("\n");
         }
+        fflush(stdout);
     }
     free(k);
     free(v);
@@ -201,6 +221,14 @@ static void print_load(const char *when) {
 
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+    if (argc > 2) /* a comma-separated subset of the levels */
+        for (int l = 0; l < N_ALL_LEVELS; l++) {
+            char pat[32];
+            snprintf(pat, sizeof pat, ",%s,", all_levels[l]);
+            char list[256];
+            snprintf(list, sizeof list, ",%s,", argv[2]);
+            level_on[l] = strstr(list, pat) != NULL;
+        }
     print_load("at start");
     size_t words = ((size_t)1 << 30) / 8;
     uint64_t *buf = aligned_alloc(64, words * 8);
