@@ -83,7 +83,7 @@ asan-test:
 # program with a printed reason (tests/testutil.h, check_dispatch_level). NEON runs under qemu
 # (neon-test).
 DISPATCH_TESTS = test_fixture test_generate test_switches test_unit_linear
-DISPATCH_LEVELS = portable avx2 avx512vnni
+DISPATCH_LEVELS = portable avx2 avxvnni avx512vnni
 dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@all_f=0; \
 	for level in $(DISPATCH_LEVELS); do \

@@ -4,9 +4,9 @@
  * do in a real decode step.
  *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
- *       src/kernels/{ref,dispatch,attention,pool,avx2,avx512vnni,cpu_x86,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
+ *       src/kernels/{ref,dispatch,attention,pool,avx2,avx512vnni,avxvnni,cpu_x86,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
  *   ./bench_kernels [quick|attention|full [LEVELS]]   (quick: fewer shapes, shorter runs; attention: only
- *   that; LEVELS: a comma-separated subset of portable,avx2,avx512vnni,neon). The levels
+ *   that; LEVELS: a comma-separated subset of portable,avx2,avxvnni,avx512vnni,neon). The levels
  *   of a shape run in turn, round after round, and each level after avx2 is also given as its
  *   speed-up over avx2 in the same rounds. */
 #define _POSIX_C_SOURCE 200809L
@@ -46,9 +46,9 @@ typedef struct {
 } bshape;
 
 /* The levels compared, in this order (bench_kernels' second argument can name a subset). */
-static const char *all_levels[] = {"portable", "avx2", "avx512vnni", "neon"};
-#define N_ALL_LEVELS 4
-static int level_on[N_ALL_LEVELS] = {1, 1, 1, 1};
+static const char *all_levels[] = {"portable", "avx2", "avxvnni", "avx512vnni", "neon"};
+#define N_ALL_LEVELS 5
+static int level_on[N_ALL_LEVELS] = {1, 1, 1, 1, 1};
 
 /* Seconds per call of call(ctx, level) for each level l with on[l]: the best of 5 rounds, each
  * round running every level once in turn, so a busy spell on the shared machine slows all of

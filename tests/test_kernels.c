@@ -125,8 +125,8 @@ static void run_level(const g4_kernels *k, problem *p, const shape *s, const cha
     }
 }
 
-static const char *level_names[] = {"portable", "avx2", "avx512vnni", "neon"};
-#define N_LEVELS 4
+static const char *level_names[] = {"portable", "avx2", "avxvnni", "avx512vnni", "neon"};
+#define N_LEVELS 5
 
 static void check_shape(const shape *s, const char *what) {
     problem p;
@@ -668,6 +668,7 @@ typedef struct {
 static const level_need level_needs[] = {
 #if defined(__x86_64__)
     {"avx512vnni", {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx2", "fma", NULL}},
+    {"avxvnni", {"avx_vnni", "avx2", "fma", NULL}},
 #endif
 #if defined(__x86_64__) || defined(__i386__)
     {"avx2", {"avx2", "fma", NULL}},

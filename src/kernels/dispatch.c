@@ -135,6 +135,7 @@ static const struct {
     int (*supported)(void);
 } levels[] = {
     {&g4_kernels_avx512vnni, g4_avx512vnni_supported},
+    {&g4_kernels_avxvnni, g4_avxvnni_supported},
     {&g4_kernels_avx2, g4_avx2_supported},
     {&g4_kernels_neon, g4_neon_supported},
     {&g4_kernels_portable, NULL},
@@ -154,7 +155,7 @@ const g4_kernels *g4_kernels_best(void) {
     return &g4_kernels_portable;
 }
 
-const char *g4_kernels_names(void) { return "avx512vnni|avx2|neon|portable"; }
+const char *g4_kernels_names(void) { return "avx512vnni|avxvnni|avx2|neon|portable"; }
 
 const g4_kernels *g4_kernels_get(void) {
     const char *force = getenv("G4_DISPATCH");

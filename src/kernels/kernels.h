@@ -201,17 +201,18 @@ typedef struct {
 } g4_kernels;
 
 /* The kernel set chosen for this CPU: the best supported level, or the one forced by
- * G4_DISPATCH=avx512vnni|avx2|neon|portable (an unknown or unsupported value falls back to the
- * best level with a one-line warning on stderr). Best first: avx512vnni, avx2, neon, portable. */
+ * G4_DISPATCH=avx512vnni|avxvnni|avx2|neon|portable (an unknown or unsupported value falls back to
+ * the best level with a one-line warning on stderr). Best first: avx512vnni, avxvnni, avx2, neon,
+ * portable. */
 const g4_kernels *g4_kernels_get(void);
 
 /* The level g4_kernels_get chooses when G4_DISPATCH is unset. */
 const g4_kernels *g4_kernels_best(void);
 
-/* The level names, best first, as "avx512vnni|avx2|...". */
+/* The level names, best first, as "avx512vnni|avxvnni|...". */
 const char *g4_kernels_names(void);
 
-/* The kernel set of one level by name ("avx512vnni", "avx2", "neon", "portable"), or
+/* The kernel set of one level by name ("avx512vnni", "avxvnni", "avx2", "neon", "portable"), or
  * NULL when this build or CPU does not have it. Tests and benchmarks use it to compare levels in
  * one process. */
 const g4_kernels *g4_kernels_level(const char *name);

@@ -46,9 +46,12 @@ void g4_avx2_attention(const g4_attn *a);
 void g4_avx2_softcap(float *x, size_t n, float cap);
 
 /* x86-64: AVX-512 VNNI (kernels/avx512vnni.c: F, BW, VL, VNNI and VBMI, with the OS saving the ZMM
- * state). Elsewhere its table is the portable one and the check says 0. */
+ * state) and AVX-VNNI (kernels/avxvnni.c: the VEX form of vpdpbusd on 256-bit vectors, for CPUs
+ * without AVX-512). Elsewhere their tables are the portable ones and the checks say 0. */
 extern const g4_kernels g4_kernels_avx512vnni;
 int g4_avx512vnni_supported(void);
+extern const g4_kernels g4_kernels_avxvnni;
+int g4_avxvnni_supported(void);
 
 /* aarch64: NEON (kernels/neon.c), always present on aarch64, 0 elsewhere. */
 extern const g4_kernels g4_kernels_neon;
