@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "testutil.h"
 
 static char tmp[256], out_path[512], err_path[512];
@@ -154,6 +155,22 @@ static void test_bench(void) {
 #endif
         CHECK(cJSON_IsString(loads) && strcmp(loads->valuestring, want_loads) == 0, "bench: read_bw_loads %s, want %s",
               cJSON_IsString(loads) ? loads->valuestring : "(missing)", want_loads);
+        /* the kernel level it ran, the one it would choose unforced, and the CPU flags behind that */
+        const cJSON *kern = cJSON_GetObjectItemCaseSensitive(j, "kernels"), *best = cJSON_GetObjectItemCaseSensitive(j, "kernels_best");
+        const cJSON *env = cJSON_GetObjectItemCaseSensitive(j, "kernels_env"), *flags = cJSON_GetObjectItemCaseSensitive(j, "cpu_flags");
+        CHECK(cJSON_IsString(kern) && strcmp(kern->valuestring, g4_kernels_get()->name) == 0, "bench: kernels %s, want %s",
+              cJSON_IsString(kern) ? kern->valuestring : "(missing)", g4_kernels_get()->name);
+        CHECK(cJSON_IsString(best) && strcmp(best->valuestring, g4_kernels_best()->name) == 0, "bench: kernels_best %s, want %s",
+              cJSON_IsString(best) ? best->valuestring : "(missing)", g4_kernels_best()->name);
+        const char *outer = getenv("G4_DISPATCH");
+        CHECK(outer && *outer ? cJSON_IsString(env) && strcmp(env->valuestring, outer) == 0 : cJSON_IsNull(env), "bench: kernels_env");
+        char joined[512] = "";
+        int strings = cJSON_IsArray(flags);
+        for (const cJSON *f = flags ? flags->child : NULL; f; f = f->next) {
+            strings &= cJSON_IsString(f);
+            if (cJSON_IsString(f)) snprintf(joined + strlen(joined), sizeof joined - strlen(joined), "%s%s", joined[0] ? " " : "", f->valuestring);
+        }
+        CHECK(strings && strcmp(joined, g4_kernels_cpu_flags()) == 0, "bench: cpu_flags [%s], want [%s]", joined, g4_kernels_cpu_flags());
         const cJSON *ops = cJSON_GetObjectItemCaseSensitive(j, "ops_decode_s");
         double total = 0;
         for (const cJSON *o = ops ? ops->child : NULL; o; o = o->next) total += o->valuedouble;

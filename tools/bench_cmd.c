@@ -215,6 +215,36 @@ static int parse_bench(args_t *a, bench_args *b) {
     return 0;
 }
 
+/* The kernel level in use, the one the dispatcher would choose unforced, G4_DISPATCH and the CPU
+ * flags the choice is made from, as JSON fields (each run says what it measured) or a line. */
+static void print_kernels(FILE *f, int json) {
+    const char *env = getenv("G4_DISPATCH"), *flags = g4_kernels_cpu_flags();
+    if (!json) {
+        fprintf(f, "  kernels         %s (G4_DISPATCH %s; this CPU's best: %s; CPU flags: %s)\n", g4_kernels_get()->name,
+                env && *env ? env : "unset", g4_kernels_best()->name, *flags ? flags : "none");
+        return;
+    }
+    fprintf(f, ", \"kernels_best\": \"%s\", \"kernels_env\": ", g4_kernels_best()->name);
+    if (env && *env) {
+        fputc('"', f);
+        for (const char *c = env; *c; c++) /* as a JSON string, whatever it holds */
+            if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+            else if ((unsigned char)*c < 0x20) fprintf(f, "\\u%04x", *c);
+            else fputc(*c, f);
+        fputc('"', f);
+    } else {
+        fprintf(f, "null");
+    }
+    fprintf(f, ", \"cpu_flags\": [");
+    for (const char *c = flags; *c;) {
+        size_t len = strcspn(c, " ");
+        fprintf(f, "%s\"%.*s\"", c == flags ? "" : ", ", (int)len, c);
+        c += len;
+        c += *c == ' ';
+    }
+    fprintf(f, "]");
+}
+
 /* ops: seconds per operation over `tokens` tokens. */
 static void print_ops(FILE *f, const char *what, const double *ops, int tokens, int json) {
     double total = 0;
@@ -283,12 +313,14 @@ int cmd_bench(args_t *a) {
                    "\"roofline_fraction\": %.4f, \"read_bw_loads\": \"%s\", \"weights\": \"%s\"",
                    b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
                    dmed, dmin, dmax, peak, bytes, bw, roof, fmed, bw > 0 ? g4_stream_loads() : "off", weights_name(m));
+            print_kernels(stdout, 1);
             print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
             print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
             printf("}\n");
         } else {
             printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps\n", b.dir, g4_kernels_get()->name,
                    b.threads, act_name(b.o.act), logits_kinds[b.logits], b.reps);
+            print_kernels(stdout, 0);
             printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
             printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.prompt, pmed, pmin, pmax);
             printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);

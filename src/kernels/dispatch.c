@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_x86.h"
 #include "kernels.h"
 #include "levels.h"
 #include "pool.h"
@@ -153,6 +154,14 @@ const g4_kernels *g4_kernels_best(void) {
     for (size_t i = 0; i < N_LEVELS; i++)
         if (!levels[i].supported || levels[i].supported()) return levels[i].k;
     return &g4_kernels_portable;
+}
+
+const char *g4_kernels_cpu_flags(void) {
+#if defined(__aarch64__)
+    return "asimd";
+#else
+    return g4_x86_cpu_flags();
+#endif
 }
 
 const char *g4_kernels_names(void) { return "avx512vnni|avxvnni|avx2|neon|portable"; }

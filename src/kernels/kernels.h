@@ -209,6 +209,11 @@ const g4_kernels *g4_kernels_get(void);
 /* The level g4_kernels_get chooses when G4_DISPATCH is unset. */
 const g4_kernels *g4_kernels_best(void);
 
+/* The CPU features the levels are chosen by that this CPU has and its OS enables, space-separated
+ * under /proc/cpuinfo's names on x86 ("avx2 fma avx_vnni avx512f ...", and os_ymm/os_zmm for the
+ * register state XCR0 enables), "asimd" on aarch64: for reports (g4 bench). */
+const char *g4_kernels_cpu_flags(void);
+
 /* The level names, best first, as "avx512vnni|avxvnni|...". */
 const char *g4_kernels_names(void);
 
