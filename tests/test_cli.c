@@ -187,6 +187,31 @@ static void test_bench(void) {
     CHECK(rc == 0 && cJSON_IsString(wt) && strcmp(wt->valuestring, "mapped") == 0, "bench --weights mapped: exit %d, output %s", rc, out);
     cJSON_Delete(j);
     free(out);
+    /* --kernels: reps alternate between the levels; each level's figures, its ratio to the first */
+    snprintf(args, sizeof args, "bench -m %s -p 4 -n 2 -r 2 --bandwidth off --kernels portable,%s --json", tiny_dir(), g4_kernels_best()->name);
+    rc = run(args);
+    out = slurp(out_path);
+    j = cJSON_Parse(out);
+    const cJSON *by = j ? cJSON_GetObjectItemCaseSensitive(j, "by_kernels") : NULL;
+    CHECK(rc == 0 && cJSON_GetArraySize(by) == 2, "bench --kernels: exit %d, output %s", rc, out);
+    const cJSON *top = j ? cJSON_GetObjectItemCaseSensitive(j, "kernels") : NULL;
+    CHECK(cJSON_IsString(top) && !strcmp(top->valuestring, "portable"), "bench --kernels: the top-level figures are the first level's");
+    for (int l = 0; l < cJSON_GetArraySize(by); l++) {
+        const cJSON *e = cJSON_GetArrayItem(by, l), *name = cJSON_GetObjectItemCaseSensitive(e, "kernels");
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(e, "prefill_ratio"), *dr = cJSON_GetObjectItemCaseSensitive(e, "decode_ratio");
+        const cJSON *ds = cJSON_GetObjectItemCaseSensitive(e, "decode_tok_s");
+        const char *want = l ? g4_kernels_best()->name : "portable";
+        CHECK(cJSON_IsString(name) && !strcmp(name->valuestring, want) && cJSON_IsNumber(ds) && ds->valuedouble > 0 &&
+                  cJSON_IsNumber(pr) && pr->valuedouble > 0 && cJSON_IsNumber(dr) && dr->valuedouble > 0 &&
+                  (l || (pr->valuedouble == 1 && dr->valuedouble == 1)),
+              "bench --kernels: level %d (%s): name, speed and ratios", l, want);
+    }
+    cJSON_Delete(j);
+    free(out);
+    snprintf(args, sizeof args, "bench -m %s --kernels avx2,bogus", tiny_dir());
+    expect_error(args, "bogus is not a level");
+    snprintf(args, sizeof args, "bench -m %s --kernels portable,portable", tiny_dir());
+    expect_error(args, "given twice");
     snprintf(args, sizeof args, "bench -m %s --weights disk", tiny_dir());
     expect_error(args, "--weights");
     snprintf(args, sizeof args, "bench -m %s -t 0", tiny_dir());
