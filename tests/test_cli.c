@@ -208,6 +208,24 @@ static void test_bench(void) {
     }
     cJSON_Delete(j);
     free(out);
+    /* --alternate steps: decode steps alternate too, each level's median step and its ratio */
+    snprintf(args, sizeof args, "bench -m %s -p 4 -n 6 -r 1 --bandwidth off --kernels portable,%s --alternate steps --json", tiny_dir(),
+             g4_kernels_best()->name);
+    rc = run(args);
+    out = slurp(out_path);
+    j = cJSON_Parse(out);
+    by = j ? cJSON_GetObjectItemCaseSensitive(j, "by_kernels") : NULL;
+    int steps_ok = rc == 0 && cJSON_GetArraySize(by) == 2;
+    for (int l = 0; steps_ok && l < 2; l++) {
+        const cJSON *e = cJSON_GetArrayItem(by, l), *m = cJSON_GetObjectItemCaseSensitive(e, "decode_step_s_median");
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(e, "decode_step_ratio");
+        steps_ok = cJSON_IsNumber(m) && m->valuedouble > 0 && cJSON_IsNumber(r) && r->valuedouble > 0 && (l || r->valuedouble == 1);
+    }
+    CHECK(steps_ok, "bench --alternate steps: exit %d, output %s", rc, out);
+    cJSON_Delete(j);
+    free(out);
+    snprintf(args, sizeof args, "bench -m %s --alternate steps", tiny_dir());
+    expect_error(args, "--alternate steps needs --kernels");
     snprintf(args, sizeof args, "bench -m %s --kernels avx2,bogus", tiny_dir());
     expect_error(args, "bogus is not a level");
     snprintf(args, sizeof args, "bench -m %s --kernels portable,portable", tiny_dir());

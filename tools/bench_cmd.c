@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "generate/sampler.h"
 #include "kernels/kernels.h"
+#include "model/probe.h"
 #include "util/err.h"
 
 /* --kernels: the levels compared, at most this many */
@@ -23,8 +24,9 @@
 typedef struct {
     const char *dir;
     int threads, prompt, gen, reps, json, bandwidth;
-    /* --kernels A,B,...: the reps alternate between these levels, round after round */
-    int n_levels;
+    /* --kernels A,B,...: the reps alternate between these levels, round after round; with
+     * --alternate steps the decode steps of every rep do as well */
+    int n_levels, alt_steps;
     char levels[BENCH_MAX_LEVELS][32];
     int logits; /* LOGITS_GREEDY, LOGITS_FULL (every logit of every step) or LOGITS_TOP (what top-k sampling needs) */
     g4_options o;
@@ -94,6 +96,9 @@ typedef struct {
     double prefill_tok_s, decode_tok_s;
     double read_bw; /* bytes/s around the decode (0: not measured) */
     double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
+    /* --alternate steps: each decode step's seconds and the level (index into --kernels) it ran */
+    double *step_s;
+    int *step_level;
 } bench_rep;
 
 enum { LOGITS_GREEDY, LOGITS_FULL, LOGITS_TOP };
@@ -127,8 +132,10 @@ static int eval_step(g4_session *s, const bench_args *b, g4_sampler *greedy, con
     return 0;
 }
 
-/* probe: NULL, or the bandwidth probe to run around the decode (into r->read_bw). */
-static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, bench_rep *r) {
+/* probe: NULL, or the bandwidth probe to run around the decode (into r->read_bw). level: the
+ * rep's level (index into b->levels, or 0): with --alternate steps its decode steps cycle through
+ * the levels from that one, each timed on its own. */
+static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, int level, bench_rep *r) {
     int V = g4_model_vocab_size(m);
     g4_options o = b->o;
     o.ctx = b->prompt + b->gen + 1;
@@ -154,8 +161,16 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
     double bw0 = probe ? bw_probe_measure(probe) : 0;
     g4_session_set_profiling(s, 1);
     double t2 = now_s();
-    for (int i = 0; i < b->gen; i++)
+    for (int i = 0; i < b->gen; i++) {
+        double ts = 0;
+        if (r->step_s) {
+            r->step_level[i] = (level + i) % b->n_levels;
+            g4_session_set_kernels(s, b->levels[r->step_level[i]]);
+            ts = now_s();
+        }
         if (eval_step(s, b, greedy, &next, 1, logits, cand, vals, &next) != 0) goto done;
+        if (r->step_s) r->step_s[i] = now_s() - ts;
+    }
     double t3 = now_s();
     g4_session_profile(s, r->prof_decode);
     double bw1 = probe ? bw_probe_measure(probe) : 0;
@@ -238,12 +253,16 @@ static int parse_bench(args_t *a, bench_args *b) {
             if ((v = flag_value(a, "--logits", &bad)) && parse_choice(a->cmd, "--logits", v, logits_kinds, &b->logits)) bad = 1;
         } else if (flag_is(a, "--kernels")) {
             if ((v = flag_value(a, "--kernels", &bad)) && parse_levels(v, b)) return 1;
+        } else if (flag_is(a, "--alternate")) {
+            static const char *const alts[] = {"reps", "steps", NULL};
+            if ((v = flag_value(a, "--alternate", &bad)) && parse_choice(a->cmd, "--alternate", v, alts, &b->alt_steps)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
         else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
     if (!b->dir) return die("g4 bench needs -m DIR%s", "");
     if (b->prompt + b->gen < 1) return die("g4 bench: -p and -n are both 0%s", "");
+    if (b->alt_steps && b->n_levels < 2) return die("g4 bench: --alternate steps needs --kernels with two levels or more%s", "");
     return 0;
 }
 
@@ -345,6 +364,18 @@ static double round_ratio(const bench_rep *reps, const int *rep_of, int rounds, 
     return m;
 }
 
+/* --alternate steps: the median seconds of level l's decode steps over every rep (0: none). */
+static double step_median(const bench_rep *reps, int total, int gen, int l) {
+    double *t = calloc((size_t)total * (size_t)(gen > 0 ? gen : 1), sizeof *t);
+    int n = 0;
+    for (int i = 0; t && i < total; i++)
+        for (int k = 0; k < gen; k++)
+            if (reps[i].step_level[k] == l) t[n++] = reps[i].step_s[k];
+    double m = n ? median(t, n) : 0;
+    free(t);
+    return m;
+}
+
 int cmd_bench(args_t *a) {
     bench_args b;
     if (parse_bench(a, &b) != 0) return 1;
@@ -372,7 +403,12 @@ int cmd_bench(args_t *a) {
         rep_of[round * L + l] = i;
         if (b.n_levels) setenv("G4_DISPATCH", b.levels[l], 1);
         rep_level[i] = g4_kernels_get()->name;
-        if (run_rep(m, &b, 1234u + (unsigned)round, probing ? &probe : NULL, &reps[i]) != 0) rc = die_lib();
+        if (b.alt_steps) {
+            reps[i].step_s = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_s);
+            reps[i].step_level = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_level);
+            if (!reps[i].step_s || !reps[i].step_level) rc = die("g4 bench: out of memory%s", "");
+        }
+        if (rc == 0 && run_rep(m, &b, 1234u + (unsigned)round, probing ? &probe : NULL, l, &reps[i]) != 0) rc = die_lib();
         if (!b.json && rc == 0) {
             const bench_rep *r = &reps[i];
             double frac = r->read_bw > 0 ? r->decode_tok_s * bytes / r->read_bw : 0;
@@ -426,6 +462,10 @@ int cmd_bench(args_t *a) {
                            "\"prefill_ratio\": %.4f, \"decode_ratio\": %.4f",
                            l ? ", " : "", b.levels[l], x->pmed, x->pmin, x->pmax, x->dmed, x->dmin, x->dmax, x->fmed,
                            round_ratio(reps, rep_of, b.reps, L, l, 0), round_ratio(reps, rep_of, b.reps, L, l, 1));
+                    if (b.alt_steps) {
+                        double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
+                        printf(", \"decode_step_s_median\": %.6f, \"decode_step_ratio\": %.4f", ml, ml > 0 ? m0 / ml : 0);
+                    }
                     print_ops(stdout, "prefill", last[l]->prof_prefill, b.prompt, 1);
                     print_ops(stdout, "decode", last[l]->prof_decode, b.gen, 1);
                     printf("}");
@@ -435,7 +475,9 @@ int cmd_bench(args_t *a) {
             printf("}\n");
         } else {
             printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps%s\n", b.dir, b.n_levels ? "compared" : kname, b.threads,
-                   act_name(b.o.act), logits_kinds[b.logits], b.reps, b.n_levels ? " per level, alternating" : "");
+                   act_name(b.o.act), logits_kinds[b.logits], b.reps,
+                   b.alt_steps ? " per level, alternating (and their decode steps alternating: each rep's decode figures and profile mix the levels)"
+                   : b.n_levels ? " per level, alternating" : "");
             print_kernels(stdout, 0, &b);
             printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
             printf("  peak resident   %.1f MiB\n", peak / 1048576);
@@ -447,6 +489,12 @@ int cmd_bench(args_t *a) {
                 printf("\n  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)", b.gen, x->dmed, x->dmin, x->dmax);
                 if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 1), b.levels[0]);
                 printf("\n");
+                if (b.alt_steps) {
+                    double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
+                    printf("  decode steps    %.2f ms median of this level's steps (%.2f tok/s)", 1e3 * ml, ml > 0 ? 1 / ml : 0);
+                    if (l) printf("; %.3fx %s (median step times)", ml > 0 ? m0 / ml : 0, b.levels[0]);
+                    printf("\n");
+                }
                 if (x->bw > 0)
                     printf("  read bandwidth  %.2f GB/s median (%s loads), measured around each decode -> roofline %.2f tok/s at %.2f MB/token;\n"
                            "                  decode at %.2f of it (median of the reps' own ratios)\n",
@@ -456,6 +504,10 @@ int cmd_bench(args_t *a) {
                 print_ops(stdout, "decode", last[l]->prof_decode, b.gen, 0);
             }
         }
+    }
+    for (int i = 0; reps && i < total; i++) {
+        free(reps[i].step_s);
+        free(reps[i].step_level);
     }
     free(reps);
     free(rep_of);
