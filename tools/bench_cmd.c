@@ -96,9 +96,11 @@ typedef struct {
     double prefill_tok_s, decode_tok_s;
     double read_bw; /* bytes/s around the decode (0: not measured) */
     double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
-    /* --alternate steps: each decode step's seconds and the level (index into --kernels) it ran */
+    /* --alternate steps: each decode step's seconds and the level (index into --kernels) it ran,
+     * and each level's per-operation seconds summed over its steps */
     double *step_s;
     int *step_level;
+    double step_prof[BENCH_MAX_LEVELS][G4_PROF_COUNT];
 } bench_rep;
 
 enum { LOGITS_GREEDY, LOGITS_FULL, LOGITS_TOP };
@@ -161,6 +163,7 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
     double bw0 = probe ? bw_probe_measure(probe) : 0;
     g4_session_set_profiling(s, 1);
     double t2 = now_s();
+    double before[G4_PROF_COUNT] = {0}, after[G4_PROF_COUNT];
     for (int i = 0; i < b->gen; i++) {
         double ts = 0;
         if (r->step_s) {
@@ -169,7 +172,11 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
             ts = now_s();
         }
         if (eval_step(s, b, greedy, &next, 1, logits, cand, vals, &next) != 0) goto done;
-        if (r->step_s) r->step_s[i] = now_s() - ts;
+        if (r->step_s) {
+            r->step_s[i] = now_s() - ts;
+            g4_session_profile(s, after);
+            for (int k = 0; k < G4_PROF_COUNT; k++) r->step_prof[r->step_level[i]][k] += after[k] - before[k], before[k] = after[k];
+        }
     }
     double t3 = now_s();
     g4_session_profile(s, r->prof_decode);
@@ -493,7 +500,14 @@ int cmd_bench(args_t *a) {
                     double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
                     printf("  decode steps    %.2f ms median of this level's steps (%.2f tok/s)", 1e3 * ml, ml > 0 ? 1 / ml : 0);
                     if (l) printf("; %.3fx %s (median step times)", ml > 0 ? m0 / ml : 0, b.levels[0]);
-                    printf("\n");
+                    double ops[G4_PROF_COUNT] = {0};
+                    int steps = 0;
+                    for (int i = 0; i < total; i++) {
+                        for (int k = 0; k < G4_PROF_COUNT; k++) ops[k] += reps[i].step_prof[l][k];
+                        for (int k = 0; k < b.gen; k++) steps += reps[i].step_level[k] == l;
+                    }
+                    printf("\ntime per operation and token over this level's decode steps (every rep):\n");
+                    print_ops(stdout, "steps", ops, steps, 0);
                 }
                 if (x->bw > 0)
                     printf("  read bandwidth  %.2f GB/s median (%s loads), measured around each decode -> roofline %.2f tok/s at %.2f MB/token;\n"
