@@ -5,8 +5,8 @@
  *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
  *       src/kernels/{ref,dispatch,attention,pool,avx2,avx512vnni,avxvnni,cpu_x86,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
- *   ./bench_kernels [quick|attention|full [LEVELS]]   (quick: fewer shapes, shorter runs; attention: only
- *   that; LEVELS: a comma-separated subset of portable,avx2,avxvnni,avx512vnni,neon). The levels
+ *   ./bench_kernels [quick|attention|decode|full [LEVELS]]   (quick: fewer shapes, shorter runs; attention:
+ *   only that; decode: one decode step's int8 matmuls, E2B's, in order, against plain loads of the same bytes; LEVELS: a comma-separated subset of portable,avx2,avxvnni,avx512vnni,neon). The levels
  *   of a shape run in turn, round after round, and each level after avx2 is also given as its
  *   speed-up over avx2 in the same rounds. */
 #define _POSIX_C_SOURCE 200809L
@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "kernels/pool.h"
 #include "stream_bw.h"
 #include "quant/pack.h"
 
@@ -208,6 +209,175 @@ static void bench_attention(const battn *s, int quick) {
     free(out);
 }
 
+/* ---- one decode step's int8 matmuls (E2B's linears in layer order, then the lm_head) ---- */
+
+typedef struct {
+    g4_qweight w;
+    int8_t *x;
+    int32_t *acc;
+} step_matrix;
+
+/* E2B's decoder linears (model.md; g4 inspect on `g4 synth --preset e2b`): layers 0-14 own their
+ * KV (q, k, v, o, 4-bit MLP of 6144), 15-34 read it (q, o, 2-bit MLP of 12288); every fifth layer
+ * is a full-attention one (head dim 512, else 256); each has the two 8-bit per-layer-input
+ * linears. The BF16 per_layer_model_projection is left out: every level runs it alike. */
+static int e2b_step_shapes(int in[], int out[], int bits[]) {
+    int n = 0;
+#define ADD(I, O, B) (in[n] = (I), out[n] = (O), bits[n] = (B), n++)
+    for (int l = 0; l < 35; l++) {
+        int hd = l % 5 == 4 ? 512 : 256, producer = l < 15;
+        ADD(1536, 8 * hd, 4);
+        if (producer) ADD(1536, hd, 4), ADD(1536, hd, 4);
+        ADD(8 * hd, 1536, 4);
+        if (producer) ADD(1536, 6144, 4), ADD(1536, 6144, 4), ADD(6144, 1536, 4);
+        else ADD(1536, 12288, 2), ADD(1536, 12288, 2), ADD(12288, 1536, 2);
+        ADD(1536, 256, 8), ADD(256, 1536, 8);
+    }
+    ADD(1536, 262144, 2); /* lm_head: greedy decode's one int8 row */
+#undef ADD
+    return n;
+}
+
+/* The plain read of a matrix's rows that a matmul could at best match: every 64-byte line loaded
+ * and summed (64-byte loads where the CPU has AVX-512, else 32-byte ones), split over the pool as
+ * the matmuls split their rows. */
+typedef struct {
+    const g4_qweight *w;
+    uint64_t sum;
+} load_job;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static uint64_t sum_lines_512(const uint8_t *p, size_t bytes) {
+    __m512i a = _mm512_setzero_si512(), b = a;
+    size_t i = 0;
+    for (; i + 128 <= bytes; i += 128) {
+        a = _mm512_add_epi64(a, _mm512_loadu_si512((const void *)(p + i)));
+        b = _mm512_add_epi64(b, _mm512_loadu_si512((const void *)(p + i + 64)));
+    }
+    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(a, b)) + (i < bytes ? p[i] : 0);
+}
+__attribute__((target("avx2"))) static uint64_t sum_lines_256(const uint8_t *p, size_t bytes) {
+    __m256i a = _mm256_setzero_si256(), b = a;
+    size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+        a = _mm256_add_epi64(a, _mm256_loadu_si256((const __m256i *)(p + i)));
+        b = _mm256_add_epi64(b, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+    }
+    a = _mm256_add_epi64(a, b);
+    return (uint64_t)_mm256_extract_epi64(a, 0) + (uint64_t)_mm256_extract_epi64(a, 3) + (i < bytes ? p[i] : 0);
+}
+static int loads_512;
+#endif
+
+static void load_rows(void *ctx, int o0, int o1) {
+    load_job *j = ctx;
+    const g4_qweight *w = j->w;
+    const uint8_t *p = w->w + (size_t)o0 * w->row_bytes;
+    size_t bytes = (size_t)(o1 - o0) * w->row_bytes;
+    uint64_t s = 0;
+#if defined(__x86_64__)
+    s = loads_512 ? sum_lines_512(p, bytes) : sum_lines_256(p, bytes);
+#else
+    for (size_t i = 0; i < bytes; i += 64) s += p[i];
+#endif
+    __atomic_fetch_add(&j->sum, s, __ATOMIC_RELAXED);
+}
+
+typedef struct {
+    const g4_kernels *k[N_ALL_LEVELS];
+    step_matrix *m;
+    int count;
+    uint64_t sink;
+} step_call;
+
+/* variant N_ALL_LEVELS: the plain loads */
+static void run_step(void *ctx, int variant) {
+    step_call *c = ctx;
+    for (int i = 0; i < c->count; i++) {
+        step_matrix *m = &c->m[i];
+        if (variant < N_ALL_LEVELS) {
+            c->k[variant]->matmul_i8(&m->w, m->x, 1, m->acc);
+        } else {
+            load_job j = {&m->w, 0};
+            g4_pool_for(m->w.out, 4, (double)m->w.out * m->w.in, load_rows, &j);
+            c->sink += j.sum;
+        }
+    }
+}
+
+/* The matmuls of one decode step, every level (and the plain loads) in turn, rounds times: the
+ * median step time of each, its speed over avx2, and its time over the loads'. The matrices are
+ * 64-byte aligned, as the resident weights are, and 690 MB in all, so each step reads them from
+ * DRAM as a decode step does. */
+static void bench_decode_step(int rounds) {
+    int in[400], out[400], bits[400];
+    int count = e2b_step_shapes(in, out, bits);
+    step_matrix *m = calloc((size_t)count, sizeof *m);
+    size_t total = 0;
+    for (int i = 0; i < count; i++) {
+        size_t rb = g4_packed_row_bytes(bits[i], (size_t)in[i]), bytes = rb * (size_t)out[i];
+        uint8_t *w = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        float *scale = malloc(sizeof(float) * (size_t)out[i]);
+        m[i].x = malloc((size_t)in[i]);
+        m[i].acc = malloc(sizeof(int32_t) * (size_t)out[i]);
+        for (size_t b = 0; b < bytes; b += 8) {
+            uint64_t r = rnd();
+            memcpy(w + b, &r, bytes - b < 8 ? bytes - b : 8);
+        }
+        for (int o = 0; o < out[i]; o++) scale[o] = 0.01f;
+        for (int k = 0; k < in[i]; k++) m[i].x[k] = (int8_t)rnd();
+        m[i].w = (g4_qweight){.bits = bits[i], .in = in[i], .out = out[i], .row_bytes = rb, .w = w, .w_scale = scale};
+        total += bytes;
+    }
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    loads_512 = __builtin_cpu_supports("avx512f");
+#endif
+    step_call c = {.m = m, .count = count};
+    const int V = N_ALL_LEVELS + 1;
+    int on[N_ALL_LEVELS + 1];
+    for (int l = 0; l < N_ALL_LEVELS; l++) on[l] = level_on[l] && l > 0 && (c.k[l] = g4_kernels_level(all_levels[l])) != NULL;
+    on[N_ALL_LEVELS] = 1;
+    double *t = calloc((size_t)V * (size_t)rounds, sizeof *t);
+    g4_kernels_set_threads(2);
+    for (int r = 0; r < rounds; r++)
+        for (int v = 0; v < V; v++) {
+            if (!on[v]) continue;
+            double t0 = now_s();
+            run_step(&c, v);
+            t[(size_t)v * rounds + r] = now_s() - t0;
+        }
+    double med[N_ALL_LEVELS + 1];
+    for (int v = 0; v < V; v++) {
+        if (!on[v]) continue;
+        double *tv = t + (size_t)v * rounds;
+        for (int a = 1; a < rounds; a++) /* insertion sort: a few dozen values */
+            for (int b = a; b > 0 && tv[b] < tv[b - 1]; b--) {
+                double x = tv[b];
+                tv[b] = tv[b - 1], tv[b - 1] = x;
+            }
+        med[v] = rounds % 2 ? tv[rounds / 2] : (tv[rounds / 2 - 1] + tv[rounds / 2]) / 2;
+    }
+    printf("decode step: %d int8 matmuls, %.1f MB, 2 threads, %d rounds (median step)\n", count, total / 1e6, rounds);
+    for (int v = 0; v < V; v++) {
+        if (!on[v]) continue;
+        printf("  %-12s %8.2f ms  %6.2f GB/s", v < N_ALL_LEVELS ? all_levels[v] : loads_512 ? "loads (64 B)" : "loads (32 B)", med[v] * 1e3,
+               total / med[v] / 1e9);
+        if (v != 1 && on[1]) printf("  %.3fx avx2", med[1] / med[v]);
+        printf("  %.3f of the loads' time\n", med[v] / med[N_ALL_LEVELS]);
+    }
+    fflush(stdout);
+    for (int i = 0; i < count; i++) {
+        free((void *)m[i].w.w);
+        free((void *)m[i].w.w_scale);
+        free(m[i].x);
+        free(m[i].acc);
+    }
+    free(m);
+    free(t);
+    (void)c.sink;
+}
+
 /* Other processes sharing the cores skew every number here; say how busy the machine was. */
 static void print_load(const char *when) {
     char buf[128] = "?";
@@ -252,6 +422,11 @@ int main(int argc, char **argv) {
         {"pmp 1536x8960 bf16", 1536, 8960, 16},
         {"lm_head 1536x262144 q2", 1536, 262144, 2},
     };
+    if (argc > 1 && strcmp(argv[1], "decode") == 0) {
+        bench_decode_step(quick ? 10 : 40);
+        print_load("at end");
+        return 0;
+    }
     int only_attention = argc > 1 && strcmp(argv[1], "attention") == 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes && !only_attention; i++)
         if (!quick || i != 1) bench_shape(&shapes[i], quick);
