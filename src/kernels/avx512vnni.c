@@ -239,8 +239,12 @@ static void i8_rows(void *ctx, int o0, int o1) {
  * streamed on its own, front to back, with a prefetch I8_PREFETCH bytes ahead (as in avx2.c:
  * interleaving rows turns one stream into several, which measured slower from DRAM), and its
  * fields are extracted once for the RT activation rows. Four rows' sums are then reduced
- * together. With one activation row, two blocks a step keep several add chains in flight. */
-#define I8_PREFETCH 2048
+ * together. With one activation row, two blocks a step keep several add chains in flight.
+ * The prefetch runs 6 KiB ahead, not avx2.c's 2 KiB: over one E2B decode step's 276 matmuls
+ * (bench_kernels decode, 2 threads, distances alternating in one process, 40 rounds) 6 KiB took
+ * 0.83 and 0.87 of 2 KiB's time in two runs on the Zen 5 development machine, and was the fastest
+ * of 1, 2, 3, 4, 5, 6, 8, 12 and 16 KiB in each of three runs. */
+#define I8_PREFETCH 6144
 INLINE void prefetch_ahead(const uint8_t *p, size_t ahead) {
     _mm_prefetch((const char *)(uintptr_t)((uintptr_t)p + ahead), _MM_HINT_T0);
 }
