@@ -251,15 +251,17 @@ INLINE void prefetch_ahead(const uint8_t *p, size_t ahead) {
 
 /* acc[set][t] += weight block v against prepared activation row x[t] (at xoff). c (0 or 1) is the
  * block's parity: with several activation rows, odd and even blocks add to two sets (RT chains
- * each); with one row the fields spread over four sets as well, so that four add chains are in
- * flight. */
-INLINE void row_block(__m512i acc[4][MAX_RT], __m512i v, const uint8_t *const x[MAX_RT], size_t xoff, int c, const int BITS,
+ * each); with one row each field of each parity has a set of its own (up to 8 chains), since a
+ * single chain of vpdpbusd, one per field, would be bound by its latency (4-5 cycles) rather than
+ * by the loads. */
+#define ROW_SETS(BITS, RT) ((RT) > 1 ? 2 : 2 * ((BITS) == 2 ? 4 : (BITS) == 4 ? 2 : 1))
+INLINE void row_block(__m512i acc[8][MAX_RT], __m512i v, const uint8_t *const x[MAX_RT], size_t xoff, int c, const int BITS,
                       const int RT) {
     const int fields = BITS == 2 ? 4 : BITS == 4 ? 2 : 1;
 #pragma GCC unroll 4
     for (int f = 0; f < fields; f++) {
         __m512i wf = field(v, f, BITS);
-        int set = RT > 1 ? c : BITS == 2 ? f : BITS == 4 ? 2 * c + f : c;
+        int set = RT > 1 ? c : c * fields + f;
 #pragma GCC unroll 4
         for (int t = 0; t < RT; t++) acc[set][t] = dpbusd(acc[set][t], wf, load_x(x[t] + xoff + (size_t)BLK * f));
     }
@@ -269,9 +271,12 @@ INLINE void row_block(__m512i acc[4][MAX_RT], __m512i v, const uint8_t *const x[
 INLINE void row_dot(const uint8_t *row, const uint8_t *const x[MAX_RT], int nfull, int tail, __m512i sums[MAX_RT], const int BITS,
                     const int RT) {
     const size_t xb = block_xbytes(BITS);
-    __m512i acc[4][MAX_RT];
+    const int sets = ROW_SETS(BITS, RT);
+    __m512i acc[8][MAX_RT];
+#pragma GCC unroll 8
+    for (int k = 0; k < sets; k++)
 #pragma GCC unroll 4
-    for (int t = 0; t < RT; t++) acc[0][t] = acc[1][t] = acc[2][t] = acc[3][t] = _mm512_setzero_si512();
+        for (int t = 0; t < RT; t++) acc[k][t] = _mm512_setzero_si512();
     int b = 0;
     for (; b + 2 <= nfull; b += 2) {
         prefetch_ahead(row + (size_t)b * BLK, I8_PREFETCH);
@@ -282,9 +287,11 @@ INLINE void row_dot(const uint8_t *row, const uint8_t *const x[MAX_RT], int nful
     if (b < nfull) row_block(acc, load_block(row, b, 0, 1), x, (size_t)b * xb, 0, BITS, RT);
     if (tail) row_block(acc, load_block(row, nfull, byte_mask(tail), 0), x, (size_t)nfull * xb, 1, BITS, RT);
 #pragma GCC unroll 4
-    for (int t = 0; t < RT; t++)
-        sums[t] = RT > 1 || BITS == 8 ? _mm512_add_epi32(acc[0][t], acc[1][t])
-                                      : _mm512_add_epi32(_mm512_add_epi32(acc[0][t], acc[1][t]), _mm512_add_epi32(acc[2][t], acc[3][t]));
+    for (int t = 0; t < RT; t++) {
+        sums[t] = acc[0][t];
+#pragma GCC unroll 8
+        for (int k = 1; k < sets; k++) sums[t] = _mm512_add_epi32(sums[t], acc[k][t]);
+    }
 }
 
 INLINE void i8_rows_few(const i8_job *j, int o0, int o1, const int BITS, const int RT) {
