@@ -4,8 +4,11 @@
  * do in a real decode step.
  *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
- *       src/kernels/{ref,dispatch,attention,pool,avx2,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
- *   ./bench_kernels [quick|attention]   (quick: fewer shapes, shorter runs; attention: only that) */
+ *       src/kernels/{ref,dispatch,attention,pool,avx2,avx512vnni,avxvnni,cpu_x86,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
+ *   ./bench_kernels [quick|attention|decode|full [LEVELS]]   (quick: fewer shapes, shorter runs; attention:
+ *   only that; decode: one decode step's int8 matmuls, E2B's, in order, against plain loads of the same bytes; LEVELS: a comma-separated subset of portable,avx2,avxvnni,avx512vnni,neon). The levels
+ *   of a shape run in turn, round after round, and each level after avx2 is also given as its
+ *   speed-up over avx2 in the same rounds. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdint.h>
@@ -15,6 +18,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "kernels/pool.h"
 #include "stream_bw.h"
 #include "quant/pack.h"
 
@@ -42,26 +46,35 @@ typedef struct {
     int in, out, bits;
 } bshape;
 
-/* Seconds per call of call(ctx): the best of 5 batches, since other processes on the machine
- * only ever slow a batch down. */
-static double best_per_call(void (*call)(void *ctx), void *ctx, int quick) {
-    double budget = (quick ? 0.3 : 1.0) / 5, per = 1e30;
-    for (int batch = 0; batch < 5; batch++) {
-        double t0 = now_s(), dt;
-        int c = 0;
-        do {
-            call(ctx);
-            c++;
-            dt = now_s() - t0;
-        } while (dt < budget);
-        if (dt / c < per) per = dt / c;
-    }
-    return per;
+/* The levels compared, in this order (bench_kernels' second argument can name a subset). */
+static const char *all_levels[] = {"portable", "avx2", "avxvnni", "avx512vnni", "neon"};
+#define N_ALL_LEVELS 5
+static int level_on[N_ALL_LEVELS] = {1, 1, 1, 1, 1};
+
+/* Seconds per call of call(ctx, level) for each level l with on[l]: the best of 5 rounds, each
+ * round running every level once in turn, so a busy spell on the shared machine slows all of
+ * them alike (others only ever slow a batch down). */
+static void best_per_call(void (*call)(void *ctx, int level), void *ctx, const int on[N_ALL_LEVELS], int quick,
+                          double per[N_ALL_LEVELS]) {
+    double budget = (quick ? 0.3 : 1.0) / 5;
+    for (int l = 0; l < N_ALL_LEVELS; l++) per[l] = 1e30;
+    for (int round = 0; round < 5; round++)
+        for (int l = 0; l < N_ALL_LEVELS; l++) {
+            if (!on[l]) continue;
+            double t0 = now_s(), dt;
+            int c = 0;
+            do {
+                call(ctx, l);
+                c++;
+                dt = now_s() - t0;
+            } while (dt < budget);
+            if (dt / c < per[l]) per[l] = dt / c;
+        }
 }
 
 /* One matmul per call, each on the next copy of the weights. */
 typedef struct {
-    const g4_kernels *k;
+    const g4_kernels *k[N_ALL_LEVELS];
     g4_qweight *qw;
     uint8_t **w;
     int copies, calls, op, n;
@@ -71,11 +84,11 @@ typedef struct {
     float *y;
 } matmul_call;
 
-static void run_matmul(void *ctx) {
+static void run_matmul(void *ctx, int level) {
     matmul_call *m = ctx;
     m->qw->w = m->w[m->calls++ % m->copies];
-    if (m->op == 0) m->k->matmul_i8(m->qw, m->xi, m->n, m->acc);
-    else m->k->matmul_f32(m->qw, m->xf, m->n, m->y);
+    if (m->op == 0) m->k[level]->matmul_i8(m->qw, m->xi, m->n, m->acc);
+    else m->k[level]->matmul_f32(m->qw, m->xf, m->n, m->y);
 }
 
 static void bench_shape(const bshape *s, int quick) {
@@ -85,7 +98,7 @@ static void bench_shape(const bshape *s, int quick) {
     if (copies < 2) copies = 2;
     uint8_t **w = malloc(sizeof *w * (size_t)copies);
     for (int c = 0; c < copies; c++) {
-        w[c] = malloc(wbytes);
+        w[c] = aligned_alloc(64, (wbytes + 63) & ~(size_t)63); /* 64-byte aligned, as the resident weights are (model.c) */
         for (size_t i = 0; i < wbytes; i += 8) {
             uint64_t r = rnd();
             memcpy(w[c] + i, &r, wbytes - i < 8 ? wbytes - i : 8);
@@ -103,30 +116,35 @@ static void bench_shape(const bshape *s, int quick) {
         xi[i] = (int8_t)rnd();
         xf[i] = (float)(int8_t)rnd() * 0.01f;
     }
-    static const char *levels[] = {"portable", "avx2", "neon"};
     static const int ns[] = {1, 64};
     for (int op = 0; op < 2; op++) {
         if (op == 0 && s->bits == 16) continue; /* BF16 runs in float only */
-        for (int li = 0; li < 3; li++) {
-            const g4_kernels *k = g4_kernels_level(levels[li]);
-            if (!k) continue;
-            for (int ni = 0; ni < 2; ni++) {
-                int n = ns[ni];
-                double macs = (double)s->in * s->out * n;
+        for (int ni = 0; ni < 2; ni++) {
+            int n = ns[ni];
+            double macs = (double)s->in * s->out * n;
+            matmul_call mc = {.w = w, .copies = copies, .op = op, .n = n, .xi = xi, .acc = acc, .xf = xf, .y = y};
+            int on[N_ALL_LEVELS];
+            for (int l = 0; l < N_ALL_LEVELS; l++) {
+                mc.k[l] = g4_kernels_level(all_levels[l]);
                 /* the reference at n = 64 on the big shapes takes minutes: skip what it cannot finish */
-                if (li == 0 && macs > 1e9) continue;
-                for (int threads = 1; threads <= 2; threads++) {
-                    g4_kernels_set_threads(threads);
-                    g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0],
-                                     .w_scale = scale};
-                    matmul_call mc = {k, &qw, w, copies, 0, op, n, xi, acc, xf, y};
-                    double per = best_per_call(run_matmul, &mc, quick);
-                    double gbs = (double)(wbytes + sbytes) / per / 1e9;
-                    printf("%-22s %-4s %-8s n=%-2d thr=%d  %9.3f ms  %7.2f GB/s  %7.2f GMAC/s  %9.1f tok/s(this)  %6.1f tok/s(model@GB/s)\n",
-                           s->name, op == 0 ? "i8" : "f32", k->name, n, threads, per * 1e3, gbs, macs / per / 1e9,
-                           n / per, gbs * 1e9 / MODEL_BYTES);
-                    fflush(stdout);
+                on[l] = level_on[l] && mc.k[l] && !(l == 0 && macs > 1e9);
+            }
+            for (int threads = 1; threads <= 2; threads++) {
+                g4_kernels_set_threads(threads);
+                g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0], .w_scale = scale};
+                mc.qw = &qw;
+                double per[N_ALL_LEVELS];
+                best_per_call(run_matmul, &mc, on, quick, per);
+                for (int l = 0; l < N_ALL_LEVELS; l++) {
+                    if (!on[l]) continue;
+                    double gbs = (double)(wbytes + sbytes) / per[l] / 1e9;
+                    printf("%-22s %-4s %-10s n=%-2d thr=%d  %9.3f ms  %7.2f GB/s  %7.2f GMAC/s  %9.1f tok/s(this)  %6.1f tok/s(model@GB/s)",
+                           s->name, op == 0 ? "i8" : "f32", all_levels[l], n, threads, per[l] * 1e3, gbs, macs / per[l] / 1e9, n / per[l],
+                           gbs * 1e9 / MODEL_BYTES);
+                    if (l > 1 && on[1]) printf("  %.3fx avx2", per[1] / per[l]);
+                    printf("\n");
                 }
+                fflush(stdout);
             }
         }
     }
@@ -147,13 +165,13 @@ typedef struct {
 } battn;
 
 typedef struct {
-    const g4_kernels *k;
+    const g4_kernels *k[N_ALL_LEVELS];
     const g4_attn *a;
 } attention_call;
 
-static void run_attention(void *ctx) {
+static void run_attention(void *ctx, int level) {
     const attention_call *c = ctx;
-    c->k->attention(c->a);
+    c->k[level]->attention(c->a);
 }
 
 static void bench_attention(const battn *s, int quick) {
@@ -169,23 +187,195 @@ static void bench_attention(const battn *s, int quick) {
     g4_attn_row row = {.kq = k, .vq = v, .k_scale = 0.02f, .v_scale = 0.01f, .lo = 0, .hi = s->positions - 1};
     g4_attn a = {.n = 1, .n_heads = heads, .head_dim = s->head_dim, .kv_width = kv_width, .group = heads, .q = q,
                  .out = out, .rows = &row};
-    static const char *levels[] = {"portable", "avx2", "neon"};
-    for (int li = 0; li < 3; li++) {
-        const g4_kernels *kl = g4_kernels_level(levels[li]);
-        if (!kl) continue;
-        for (int threads = 1; threads <= 2; threads++) {
-            g4_kernels_set_threads(threads);
-            attention_call ac = {kl, &a};
-            double per = best_per_call(run_attention, &ac, quick);
-            printf("%-22s attn %-8s n=1  thr=%d  %9.3f ms  %7.2f GFLOP/s\n", s->name, kl->name, threads, per * 1e3,
-                   4.0 * heads * s->head_dim * s->positions / per / 1e9);
-            fflush(stdout);
+    attention_call ac = {.a = &a};
+    int on[N_ALL_LEVELS];
+    for (int l = 0; l < N_ALL_LEVELS; l++) on[l] = level_on[l] && (ac.k[l] = g4_kernels_level(all_levels[l])) != NULL;
+    for (int threads = 1; threads <= 2; threads++) {
+        g4_kernels_set_threads(threads);
+        double per[N_ALL_LEVELS];
+        best_per_call(run_attention, &ac, on, quick, per);
+        for (int l = 0; l < N_ALL_LEVELS; l++) {
+            if (!on[l]) continue;
+            printf("%-22s attn %-10s n=1  thr=%d  %9.3f ms  %7.2f GFLOP/s", s->name, all_levels[l], threads, per[l] * 1e3,
+                   4.0 * heads * s->head_dim * s->positions / per[l] / 1e9);
+            if (l > 1 && on[1]) printf("  %.3fx avx2", per[1] / per[l]);
+            printf("\n");
         }
+        fflush(stdout);
     }
     free(k);
     free(v);
     free(q);
     free(out);
+}
+
+/* ---- one decode step's int8 matmuls (E2B's linears in layer order, then the lm_head) ---- */
+
+typedef struct {
+    g4_qweight w;
+    int8_t *x;
+    int32_t *acc;
+} step_matrix;
+
+/* E2B's decoder linears (model.md; g4 inspect on `g4 synth --preset e2b`): layers 0-14 own their
+ * KV (q, k, v, o, 4-bit MLP of 6144), 15-34 read it (q, o, 2-bit MLP of 12288); every fifth layer
+ * is a full-attention one (head dim 512, else 256); each has the two 8-bit per-layer-input
+ * linears. The BF16 per_layer_model_projection is left out: every level runs it alike. */
+static int e2b_step_shapes(int in[], int out[], int bits[]) {
+    int n = 0;
+#define ADD(I, O, B) (in[n] = (I), out[n] = (O), bits[n] = (B), n++)
+    for (int l = 0; l < 35; l++) {
+        int hd = l % 5 == 4 ? 512 : 256, producer = l < 15;
+        ADD(1536, 8 * hd, 4);
+        if (producer) ADD(1536, hd, 4), ADD(1536, hd, 4);
+        ADD(8 * hd, 1536, 4);
+        if (producer) ADD(1536, 6144, 4), ADD(1536, 6144, 4), ADD(6144, 1536, 4);
+        else ADD(1536, 12288, 2), ADD(1536, 12288, 2), ADD(12288, 1536, 2);
+        ADD(1536, 256, 8), ADD(256, 1536, 8);
+    }
+    ADD(1536, 262144, 2); /* lm_head: greedy decode's one int8 row */
+#undef ADD
+    return n;
+}
+
+/* The plain read of a matrix's rows that a matmul could at best match: every 64-byte line loaded
+ * and summed (64-byte loads where the CPU has AVX-512, else 32-byte ones), split over the pool as
+ * the matmuls split their rows. */
+typedef struct {
+    const g4_qweight *w;
+    uint64_t sum;
+} load_job;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static uint64_t sum_lines_512(const uint8_t *p, size_t bytes) {
+    __m512i a = _mm512_setzero_si512(), b = a;
+    size_t i = 0;
+    for (; i + 128 <= bytes; i += 128) {
+        a = _mm512_add_epi64(a, _mm512_loadu_si512((const void *)(p + i)));
+        b = _mm512_add_epi64(b, _mm512_loadu_si512((const void *)(p + i + 64)));
+    }
+    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(a, b)) + (i < bytes ? p[i] : 0);
+}
+__attribute__((target("avx2"))) static uint64_t sum_lines_256(const uint8_t *p, size_t bytes) {
+    __m256i a = _mm256_setzero_si256(), b = a;
+    size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+        a = _mm256_add_epi64(a, _mm256_loadu_si256((const __m256i *)(p + i)));
+        b = _mm256_add_epi64(b, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+    }
+    a = _mm256_add_epi64(a, b);
+    return (uint64_t)_mm256_extract_epi64(a, 0) + (uint64_t)_mm256_extract_epi64(a, 3) + (i < bytes ? p[i] : 0);
+}
+static int loads_512;
+#endif
+
+static void load_rows(void *ctx, int o0, int o1) {
+    load_job *j = ctx;
+    const g4_qweight *w = j->w;
+    const uint8_t *p = w->w + (size_t)o0 * w->row_bytes;
+    size_t bytes = (size_t)(o1 - o0) * w->row_bytes;
+    uint64_t s = 0;
+#if defined(__x86_64__)
+    s = loads_512 ? sum_lines_512(p, bytes) : sum_lines_256(p, bytes);
+#else
+    for (size_t i = 0; i < bytes; i += 64) s += p[i];
+#endif
+    __atomic_fetch_add(&j->sum, s, __ATOMIC_RELAXED);
+}
+
+typedef struct {
+    const g4_kernels *k[N_ALL_LEVELS];
+    step_matrix *m;
+    int count;
+    uint64_t sink;
+} step_call;
+
+/* variant N_ALL_LEVELS: the plain loads */
+static void run_step(void *ctx, int variant) {
+    step_call *c = ctx;
+    for (int i = 0; i < c->count; i++) {
+        step_matrix *m = &c->m[i];
+        if (variant < N_ALL_LEVELS) {
+            c->k[variant]->matmul_i8(&m->w, m->x, 1, m->acc);
+        } else {
+            load_job j = {&m->w, 0};
+            g4_pool_for(m->w.out, 4, (double)m->w.out * m->w.in, load_rows, &j);
+            c->sink += j.sum;
+        }
+    }
+}
+
+/* The matmuls of one decode step, every level (and the plain loads) in turn, rounds times: the
+ * median step time of each, its speed over avx2, and its time over the loads'. The matrices are
+ * 64-byte aligned, as the resident weights are, and 690 MB in all, so each step reads them from
+ * DRAM as a decode step does. */
+static void bench_decode_step(int rounds) {
+    int in[400], out[400], bits[400];
+    int count = e2b_step_shapes(in, out, bits);
+    step_matrix *m = calloc((size_t)count, sizeof *m);
+    size_t total = 0;
+    for (int i = 0; i < count; i++) {
+        size_t rb = g4_packed_row_bytes(bits[i], (size_t)in[i]), bytes = rb * (size_t)out[i];
+        uint8_t *w = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        float *scale = malloc(sizeof(float) * (size_t)out[i]);
+        m[i].x = malloc((size_t)in[i]);
+        m[i].acc = malloc(sizeof(int32_t) * (size_t)out[i]);
+        for (size_t b = 0; b < bytes; b += 8) {
+            uint64_t r = rnd();
+            memcpy(w + b, &r, bytes - b < 8 ? bytes - b : 8);
+        }
+        for (int o = 0; o < out[i]; o++) scale[o] = 0.01f;
+        for (int k = 0; k < in[i]; k++) m[i].x[k] = (int8_t)rnd();
+        m[i].w = (g4_qweight){.bits = bits[i], .in = in[i], .out = out[i], .row_bytes = rb, .w = w, .w_scale = scale};
+        total += bytes;
+    }
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    loads_512 = __builtin_cpu_supports("avx512f");
+#endif
+    step_call c = {.m = m, .count = count};
+    const int V = N_ALL_LEVELS + 1;
+    int on[N_ALL_LEVELS + 1];
+    for (int l = 0; l < N_ALL_LEVELS; l++) on[l] = level_on[l] && l > 0 && (c.k[l] = g4_kernels_level(all_levels[l])) != NULL;
+    on[N_ALL_LEVELS] = 1;
+    double *t = calloc((size_t)V * (size_t)rounds, sizeof *t);
+    g4_kernels_set_threads(2);
+    for (int r = 0; r < rounds; r++)
+        for (int v = 0; v < V; v++) {
+            if (!on[v]) continue;
+            double t0 = now_s();
+            run_step(&c, v);
+            t[(size_t)v * rounds + r] = now_s() - t0;
+        }
+    double med[N_ALL_LEVELS + 1];
+    for (int v = 0; v < V; v++) {
+        if (!on[v]) continue;
+        double *tv = t + (size_t)v * rounds;
+        for (int a = 1; a < rounds; a++) /* insertion sort: a few dozen values */
+            for (int b = a; b > 0 && tv[b] < tv[b - 1]; b--) {
+                double x = tv[b];
+                tv[b] = tv[b - 1], tv[b - 1] = x;
+            }
+        med[v] = rounds % 2 ? tv[rounds / 2] : (tv[rounds / 2 - 1] + tv[rounds / 2]) / 2;
+    }
+    printf("decode step: %d int8 matmuls, %.1f MB, 2 threads, %d rounds (median step)\n", count, total / 1e6, rounds);
+    for (int v = 0; v < V; v++) {
+        if (!on[v]) continue;
+        printf("  %-12s %8.2f ms  %6.2f GB/s", v < N_ALL_LEVELS ? all_levels[v] : loads_512 ? "loads (64 B)" : "loads (32 B)", med[v] * 1e3,
+               total / med[v] / 1e9);
+        if (v != 1 && on[1]) printf("  %.3fx avx2", med[1] / med[v]);
+        printf("  %.3f of the loads' time\n", med[v] / med[N_ALL_LEVELS]);
+    }
+    fflush(stdout);
+    for (int i = 0; i < count; i++) {
+        free((void *)m[i].w.w);
+        free((void *)m[i].w.w_scale);
+        free(m[i].x);
+        free(m[i].acc);
+    }
+    free(m);
+    free(t);
+    (void)c.sink;
 }
 
 /* Other processes sharing the cores skew every number here; say how busy the machine was. */
@@ -201,6 +391,14 @@ static void print_load(const char *when) {
 
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+    if (argc > 2) /* a comma-separated subset of the levels */
+        for (int l = 0; l < N_ALL_LEVELS; l++) {
+            char pat[32];
+            snprintf(pat, sizeof pat, ",%s,", all_levels[l]);
+            char list[256];
+            snprintf(list, sizeof list, ",%s,", argv[2]);
+            level_on[l] = strstr(list, pat) != NULL;
+        }
     print_load("at start");
     size_t words = ((size_t)1 << 30) / 8;
     uint64_t *buf = aligned_alloc(64, words * 8);
@@ -224,6 +422,11 @@ int main(int argc, char **argv) {
         {"pmp 1536x8960 bf16", 1536, 8960, 16},
         {"lm_head 1536x262144 q2", 1536, 262144, 2},
     };
+    if (argc > 1 && strcmp(argv[1], "decode") == 0) {
+        bench_decode_step(quick ? 10 : 40);
+        print_load("at end");
+        return 0;
+    }
     int only_attention = argc > 1 && strcmp(argv[1], "attention") == 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes && !only_attention; i++)
         if (!quick || i != 1) bench_shape(&shapes[i], quick);

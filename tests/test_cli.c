@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "testutil.h"
 
 static char tmp[256], out_path[512], err_path[512];
@@ -154,6 +155,22 @@ static void test_bench(void) {
 #endif
         CHECK(cJSON_IsString(loads) && strcmp(loads->valuestring, want_loads) == 0, "bench: read_bw_loads %s, want %s",
               cJSON_IsString(loads) ? loads->valuestring : "(missing)", want_loads);
+        /* the kernel level it ran, the one it would choose unforced, and the CPU flags behind that */
+        const cJSON *kern = cJSON_GetObjectItemCaseSensitive(j, "kernels"), *best = cJSON_GetObjectItemCaseSensitive(j, "kernels_best");
+        const cJSON *env = cJSON_GetObjectItemCaseSensitive(j, "kernels_env"), *flags = cJSON_GetObjectItemCaseSensitive(j, "cpu_flags");
+        CHECK(cJSON_IsString(kern) && strcmp(kern->valuestring, g4_kernels_get()->name) == 0, "bench: kernels %s, want %s",
+              cJSON_IsString(kern) ? kern->valuestring : "(missing)", g4_kernels_get()->name);
+        CHECK(cJSON_IsString(best) && strcmp(best->valuestring, g4_kernels_best()->name) == 0, "bench: kernels_best %s, want %s",
+              cJSON_IsString(best) ? best->valuestring : "(missing)", g4_kernels_best()->name);
+        const char *outer = getenv("G4_DISPATCH");
+        CHECK(outer && *outer ? cJSON_IsString(env) && strcmp(env->valuestring, outer) == 0 : cJSON_IsNull(env), "bench: kernels_env");
+        char joined[512] = "";
+        int strings = cJSON_IsArray(flags);
+        for (const cJSON *f = flags ? flags->child : NULL; f; f = f->next) {
+            strings &= cJSON_IsString(f);
+            if (cJSON_IsString(f)) snprintf(joined + strlen(joined), sizeof joined - strlen(joined), "%s%s", joined[0] ? " " : "", f->valuestring);
+        }
+        CHECK(strings && strcmp(joined, g4_kernels_cpu_flags()) == 0, "bench: cpu_flags [%s], want [%s]", joined, g4_kernels_cpu_flags());
         const cJSON *ops = cJSON_GetObjectItemCaseSensitive(j, "ops_decode_s");
         double total = 0;
         for (const cJSON *o = ops ? ops->child : NULL; o; o = o->next) total += o->valuedouble;
@@ -170,6 +187,49 @@ static void test_bench(void) {
     CHECK(rc == 0 && cJSON_IsString(wt) && strcmp(wt->valuestring, "mapped") == 0, "bench --weights mapped: exit %d, output %s", rc, out);
     cJSON_Delete(j);
     free(out);
+    /* --kernels: reps alternate between the levels; each level's figures, its ratio to the first */
+    snprintf(args, sizeof args, "bench -m %s -p 4 -n 2 -r 2 --bandwidth off --kernels portable,%s --json", tiny_dir(), g4_kernels_best()->name);
+    rc = run(args);
+    out = slurp(out_path);
+    j = cJSON_Parse(out);
+    const cJSON *by = j ? cJSON_GetObjectItemCaseSensitive(j, "by_kernels") : NULL;
+    CHECK(rc == 0 && cJSON_GetArraySize(by) == 2, "bench --kernels: exit %d, output %s", rc, out);
+    const cJSON *top = j ? cJSON_GetObjectItemCaseSensitive(j, "kernels") : NULL;
+    CHECK(cJSON_IsString(top) && !strcmp(top->valuestring, "portable"), "bench --kernels: the top-level figures are the first level's");
+    for (int l = 0; l < cJSON_GetArraySize(by); l++) {
+        const cJSON *e = cJSON_GetArrayItem(by, l), *name = cJSON_GetObjectItemCaseSensitive(e, "kernels");
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(e, "prefill_ratio"), *dr = cJSON_GetObjectItemCaseSensitive(e, "decode_ratio");
+        const cJSON *ds = cJSON_GetObjectItemCaseSensitive(e, "decode_tok_s");
+        const char *want = l ? g4_kernels_best()->name : "portable";
+        CHECK(cJSON_IsString(name) && !strcmp(name->valuestring, want) && cJSON_IsNumber(ds) && ds->valuedouble > 0 &&
+                  cJSON_IsNumber(pr) && pr->valuedouble > 0 && cJSON_IsNumber(dr) && dr->valuedouble > 0 &&
+                  (l || (pr->valuedouble == 1 && dr->valuedouble == 1)),
+              "bench --kernels: level %d (%s): name, speed and ratios", l, want);
+    }
+    cJSON_Delete(j);
+    free(out);
+    /* --alternate steps: decode steps alternate too, each level's median step and its ratio */
+    snprintf(args, sizeof args, "bench -m %s -p 4 -n 6 -r 1 --bandwidth off --kernels portable,%s --alternate steps --json", tiny_dir(),
+             g4_kernels_best()->name);
+    rc = run(args);
+    out = slurp(out_path);
+    j = cJSON_Parse(out);
+    by = j ? cJSON_GetObjectItemCaseSensitive(j, "by_kernels") : NULL;
+    int steps_ok = rc == 0 && cJSON_GetArraySize(by) == 2;
+    for (int l = 0; steps_ok && l < 2; l++) {
+        const cJSON *e = cJSON_GetArrayItem(by, l), *m = cJSON_GetObjectItemCaseSensitive(e, "decode_step_s_median");
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(e, "decode_step_ratio");
+        steps_ok = cJSON_IsNumber(m) && m->valuedouble > 0 && cJSON_IsNumber(r) && r->valuedouble > 0 && (l || r->valuedouble == 1);
+    }
+    CHECK(steps_ok, "bench --alternate steps: exit %d, output %s", rc, out);
+    cJSON_Delete(j);
+    free(out);
+    snprintf(args, sizeof args, "bench -m %s --alternate steps", tiny_dir());
+    expect_error(args, "--alternate steps needs --kernels");
+    snprintf(args, sizeof args, "bench -m %s --kernels avx2,bogus", tiny_dir());
+    expect_error(args, "bogus is not a level");
+    snprintf(args, sizeof args, "bench -m %s --kernels portable,portable", tiny_dir());
+    expect_error(args, "given twice");
     snprintf(args, sizeof args, "bench -m %s --weights disk", tiny_dir());
     expect_error(args, "--weights");
     snprintf(args, sizeof args, "bench -m %s -t 0", tiny_dir());

@@ -471,6 +471,7 @@ static void check_fixture(const char *dir) {
 }
 
 int main(void) {
+    if (!check_dispatch_level()) return check_report("fixture");
     check_fixture(tiny_dir());
     /* a second shape, generated with the same fixture generator (tests/fixtures/tiny-b/README.md) */
     check_fixture("tests/fixtures/tiny-b");

@@ -252,6 +252,7 @@ static void check_threads(const g4_model *m, const int32_t *ids, int n) {
 }
 
 int main(void) {
+    if (!check_dispatch_level()) return check_report("generate");
     char path[8192];
     snprintf(path, sizeof path, "%s/golden.json", tiny_dir());
     cJSON *golden = read_json(path);

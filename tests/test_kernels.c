@@ -125,8 +125,8 @@ static void run_level(const g4_kernels *k, problem *p, const shape *s, const cha
     }
 }
 
-static const char *level_names[] = {"portable", "avx2", "neon"};
-#define N_LEVELS 3
+static const char *level_names[] = {"portable", "avx2", "avxvnni", "avx512vnni", "neon"};
+#define N_LEVELS 5
 
 static void check_shape(const shape *s, const char *what) {
     problem p;
@@ -174,6 +174,22 @@ static void fixed_shapes(void) {
         {.bits = 2, .in = 12288, .out = 5, .n = 2, .extreme = 2},
         {.bits = 4, .in = 12288, .out = 5, .n = 1, .extreme = 2},
         {.bits = 8, .in = 12288, .out = 5, .n = 3, .extreme = 2},
+        /* the VNNI levels' 64-byte blocks: rows of whole blocks, one byte short of them and one
+         * past, a prefill chunk of E2B's width, and tiles over several K slices */
+        {.bits = 2, .in = 1536, .out = 21, .n = 64},
+        {.bits = 4, .in = 1532, .out = 10, .n = 7},
+        {.bits = 2, .in = 260, .out = 9, .n = 1},
+        {.bits = 8, .in = 129, .out = 9, .n = 6},
+        {.bits = 2, .in = 8191, .out = 7, .n = 6},
+        {.bits = 4, .in = 4097, .out = 6, .n = 7},
+        {.bits = 8, .in = 4097, .out = 9, .n = 9},
+        /* int32 wrap-around: 140,000 products of -128 x -128 (8-bit) and 2^21 + 9 of -8 x -128
+         * (4-bit) sum past 2^31, which the reference's sums wrap modulo 2^32 (vpdpbusd does not
+         * saturate, and neither may any level) */
+        {.bits = 8, .in = 140000, .out = 3, .n = 1, .extreme = 1},
+        {.bits = 8, .in = 140000, .out = 5, .n = 5, .extreme = 1},
+        {.bits = 8, .in = 140001, .out = 2, .n = 2, .extreme = 1},
+        {.bits = 4, .in = (1 << 21) + 9, .out = 2, .n = 1, .extreme = 1},
     };
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "big");
 }
@@ -646,10 +662,14 @@ static int cpu_has(const char *feature) {
  * it beats, with its own features. */
 typedef struct {
     const char *level;
-    const char *features[4]; /* NULL-terminated */
+    const char *features[8]; /* NULL-terminated */
 } level_need;
 
 static const level_need level_needs[] = {
+#if defined(__x86_64__)
+    {"avx512vnni", {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx2", "fma", NULL}},
+    {"avxvnni", {"avx_vnni", "avx2", "fma", NULL}},
+#endif
 #if defined(__x86_64__) || defined(__i386__)
     {"avx2", {"avx2", "fma", NULL}},
 #endif
@@ -671,7 +691,7 @@ static void dispatch_matches_cpu(void) {
     for (size_t i = 0; i < sizeof level_needs / sizeof *level_needs; i++) {
         const level_need *ln = &level_needs[i];
         int has = 1;
-        char list[128] = "";
+        char list[160] = "";
         for (int f = 0; ln->features[f]; f++) {
             int h = cpu_has(ln->features[f]);
             CHECK(h >= 0, "cannot read whether the CPU has %s", ln->features[f]);

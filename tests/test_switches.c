@@ -312,6 +312,7 @@ static void test_every_linear_path(void) {
 }
 
 int main(void) {
+    if (!check_dispatch_level()) return check_report("switches");
     model = g4_model_load(tiny_dir());
     CHECK(model != NULL, "%s", g4_last_error());
     if (!model) return check_report("switches");

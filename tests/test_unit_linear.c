@@ -225,6 +225,7 @@ static void check_fixture_cases(const char *dir) {
 }
 
 int main(void) {
+    if (!check_dispatch_level()) return check_report("unit_linear");
     check_fixture_cases(tiny_dir());
     check_fixture_cases("tests/fixtures/tiny-b");
     return check_report("unit_linear");

@@ -12,8 +12,30 @@
 #include "check.h"
 #include "format/safetensors.h"
 #include "g4.h"
+#include "kernels/kernels.h"
 #include "model/capture.h"
 #include "util/file.h"
+
+/* `make dispatch-test` runs the model-level tests again under each kernel level, named by
+ * G4_DISPATCH. Returns 1 when the program is to run its checks: G4_DISPATCH is unset, or it names
+ * a level this build and CPU have and the sessions get that level (checked). Returns 0 after a
+ * SKIP_FEATURE line when the CPU lacks the level, having checked that the dispatcher falls back to
+ * the best level instead: the model-level checks would only repeat that level's run. */
+static inline int check_dispatch_level(void) {
+    const char *want = getenv("G4_DISPATCH");
+    if (!want || !*want) return 1;
+    const g4_kernels *got = g4_kernels_get();
+    if (g4_kernels_level(want)) {
+        CHECK(strcmp(got->name, want) == 0, "G4_DISPATCH=%s gave the %s level", want, got->name);
+        printf("ok kernels: the sessions run level %s, as G4_DISPATCH asks\n", got->name);
+        return 1;
+    }
+    CHECK(got == g4_kernels_best(), "G4_DISPATCH=%s (not on this CPU) gave %s, not the best level %s", want, got->name,
+          g4_kernels_best()->name);
+    SKIP_FEATURE("G4_DISPATCH=%s: this build or CPU lacks the level (it falls back to %s); the model-level checks are skipped", want,
+                 got->name);
+    return 0;
+}
 
 static inline const char *tiny_dir(void) {
     static char buf[4096];

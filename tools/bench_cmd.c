@@ -14,11 +14,19 @@
 #include "../bench/stream_bw.h"
 #include "cli.h"
 #include "kernels/kernels.h"
+#include "model/probe.h"
 #include "util/err.h"
+
+/* --kernels: the levels compared, at most this many */
+#define BENCH_MAX_LEVELS 5
 
 typedef struct {
     const char *dir;
     int threads, prompt, gen, reps, json, bandwidth;
+    /* --kernels A,B,...: the reps alternate between these levels, round after round; with
+     * --alternate steps the decode steps of every rep do as well */
+    int n_levels, alt_steps;
+    char levels[BENCH_MAX_LEVELS][32];
     int logits; /* LOGITS_GREEDY, LOGITS_FULL (every logit of every step) or LOGITS_TOP (what top-k sampling needs) */
     g4_options o;
 } bench_args;
@@ -87,6 +95,11 @@ typedef struct {
     double prefill_tok_s, decode_tok_s;
     double read_bw; /* bytes/s around the decode (0: not measured) */
     double prof_prefill[G4_PROF_COUNT], prof_decode[G4_PROF_COUNT];
+    /* --alternate steps: each decode step's seconds and the level (index into --kernels) it ran,
+     * and each level's per-operation seconds summed over its steps */
+    double *step_s;
+    int *step_level;
+    double step_prof[BENCH_MAX_LEVELS][G4_PROF_COUNT];
 } bench_rep;
 
 enum { LOGITS_GREEDY, LOGITS_FULL, LOGITS_TOP };
@@ -106,9 +119,11 @@ static g4_generate_params bench_generation(const bench_args *b) {
     return p;
 }
 
-/* probe: NULL, or the bandwidth probe to run around the decode (into r->read_bw). Without a
- * prompt (-p 0) token 2 stands in for one, and the prefill is not reported. */
-static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, bench_rep *r) {
+/* probe: NULL, or the bandwidth probe to run around the decode (into r->read_bw). level: the
+ * rep's level (index into b->levels, or 0): with --alternate steps its decode steps cycle through
+ * the levels from that one, each timed on its own. Without a prompt (-p 0) token 2 stands in for
+ * one, and the prefill is not reported. */
+static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, int level, bench_rep *r) {
     int V = g4_model_vocab_size(m), n_prompt = b->prompt > 0 ? b->prompt : 1;
     g4_options o = b->o;
     o.ctx = b->prompt + b->gen + 1;
@@ -134,8 +149,21 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
     double bw0 = probe ? bw_probe_measure(probe) : 0;
     g4_session_set_profiling(s, 1);
     double t2 = now_s();
-    for (int i = 0; i < b->gen; i++)
+    double before[G4_PROF_COUNT] = {0}, after[G4_PROF_COUNT];
+    for (int i = 0; i < b->gen; i++) {
+        double ts = 0;
+        if (r->step_s) {
+            r->step_level[i] = (level + i) % b->n_levels;
+            g4_session_set_kernels(s, b->levels[r->step_level[i]]);
+            ts = now_s();
+        }
         if (g4_stepper_step(st, &token) < 0) goto done;
+        if (r->step_s) {
+            r->step_s[i] = now_s() - ts;
+            g4_session_profile(s, after);
+            for (int k = 0; k < G4_PROF_COUNT; k++) r->step_prof[r->step_level[i]][k] += after[k] - before[k], before[k] = after[k];
+        }
+    }
     double t3 = now_s();
     g4_session_profile(s, r->prof_decode);
     double bw1 = probe ? bw_probe_measure(probe) : 0;
@@ -164,6 +192,30 @@ static const char *weights_name(const g4_model *m) { return g4_model_weights_res
 
 static const char *act_name(g4_act_mode a) { return a == G4_ACT_FLOAT ? "float" : a == G4_ACT_FAKE ? "fake" : "int"; }
 
+/* --kernels A,B,...: each a level this CPU has, none twice. */
+static int parse_levels(const char *v, bench_args *b) {
+    b->n_levels = 0;
+    for (const char *c = v; *c;) {
+        size_t len = strcspn(c, ",");
+        char name[32];
+        if (len == 0 || len >= sizeof name) return die("g4 bench: --kernels %s: expected levels separated by commas", v);
+        memcpy(name, c, len);
+        name[len] = 0;
+        if (!g4_kernels_level(name)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "%s is not a level this CPU has (levels: %s)", name, g4_kernels_names());
+            return die("g4 bench: --kernels: %s", msg);
+        }
+        for (int i = 0; i < b->n_levels; i++)
+            if (!strcmp(b->levels[i], name)) return die("g4 bench: --kernels: %s given twice", name);
+        if (b->n_levels == BENCH_MAX_LEVELS) return die("g4 bench: --kernels %s: too many levels", v);
+        memcpy(b->levels[b->n_levels++], name, len + 1);
+        c += len;
+        c += *c == ',';
+    }
+    return b->n_levels ? 0 : die("g4 bench: --kernels needs at least one level%s", "");
+}
+
 static int parse_bench(args_t *a, bench_args *b) {
     int bad = 0;
     memset(b, 0, sizeof *b);
@@ -189,13 +241,52 @@ static int parse_bench(args_t *a, bench_args *b) {
             if ((v = flag_value(a, "--bandwidth", &bad)) && parse_choice(a->cmd, "--bandwidth", v, onoff, &b->bandwidth)) bad = 1;
         } else if (flag_is(a, "--logits")) {
             if ((v = flag_value(a, "--logits", &bad)) && parse_choice(a->cmd, "--logits", v, logits_kinds, &b->logits)) bad = 1;
+        } else if (flag_is(a, "--kernels")) {
+            if ((v = flag_value(a, "--kernels", &bad)) && parse_levels(v, b)) return 1;
+        } else if (flag_is(a, "--alternate")) {
+            static const char *const alts[] = {"reps", "steps", NULL};
+            if ((v = flag_value(a, "--alternate", &bad)) && parse_choice(a->cmd, "--alternate", v, alts, &b->alt_steps)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
         else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
     if (!b->dir) return die("g4 bench needs -m DIR%s", "");
     if (b->prompt + b->gen < 1) return die("g4 bench: -p and -n are both 0%s", "");
+    if (b->alt_steps && b->n_levels < 2) return die("g4 bench: --alternate steps needs --kernels with two levels or more%s", "");
     return 0;
+}
+
+/* The kernel level in use, the one the dispatcher would choose unforced, G4_DISPATCH and the CPU
+ * flags the choice is made from, as JSON fields (each run says what it measured) or a line. */
+static void print_kernels(FILE *f, int json, const bench_args *b) {
+    const char *env = getenv("G4_DISPATCH"), *flags = g4_kernels_cpu_flags();
+    if (!json) {
+        fprintf(f, "  kernels         ");
+        if (b->n_levels)
+            for (int l = 0; l < b->n_levels; l++) fprintf(f, "%s%s", l ? ", " : "compared: ", b->levels[l]);
+        else fprintf(f, "%s (G4_DISPATCH %s)", g4_kernels_get()->name, env && *env ? env : "unset");
+        fprintf(f, "; this CPU's best: %s; CPU flags: %s\n", g4_kernels_best()->name, *flags ? flags : "none");
+        return;
+    }
+    fprintf(f, ", \"kernels_best\": \"%s\", \"kernels_env\": ", g4_kernels_best()->name);
+    if (env && *env) {
+        fputc('"', f);
+        for (const char *c = env; *c; c++) /* as a JSON string, whatever it holds */
+            if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+            else if ((unsigned char)*c < 0x20) fprintf(f, "\\u%04x", *c);
+            else fputc(*c, f);
+        fputc('"', f);
+    } else {
+        fprintf(f, "null");
+    }
+    fprintf(f, ", \"cpu_flags\": [");
+    for (const char *c = flags; *c;) {
+        size_t len = strcspn(c, " ");
+        fprintf(f, "%s\"%.*s\"", c == flags ? "" : ", ", (int)len, c);
+        c += len;
+        c += *c == ' ';
+    }
+    fprintf(f, "]");
 }
 
 /* ops: seconds per operation over `tokens` tokens. */
@@ -215,6 +306,66 @@ static void print_ops(FILE *f, const char *what, const double *ops, int tokens, 
     fprintf(f, "\n");
 }
 
+/* One level's reps: medians (and spread) of prefill and decode speed, bandwidth and roofline
+ * fraction. */
+typedef struct {
+    double pmed, pmin, pmax, dmed, dmin, dmax, bw, fmed;
+} bench_summary;
+
+/* Statistics of reps[at[0]], reps[at[1]], ... (n of them). */
+static bench_summary summarise(const bench_rep *reps, const int *at, int n, double bytes) {
+    double *pf = calloc((size_t)n, sizeof *pf), *dc = calloc((size_t)n, sizeof *dc);
+    double *bws = calloc((size_t)n, sizeof *bws), *frac = calloc((size_t)n, sizeof *frac);
+    bench_summary r = {0};
+    if (pf && dc && bws && frac) {
+        for (int i = 0; i < n; i++) {
+            const bench_rep *p = &reps[at[i]];
+            pf[i] = p->prefill_tok_s, dc[i] = p->decode_tok_s, bws[i] = p->read_bw;
+            frac[i] = bws[i] > 0 ? dc[i] * bytes / bws[i] : 0;
+        }
+        r.pmin = r.pmax = pf[0], r.dmin = r.dmax = dc[0];
+        for (int i = 1; i < n; i++) {
+            r.pmin = pf[i] < r.pmin ? pf[i] : r.pmin;
+            r.pmax = pf[i] > r.pmax ? pf[i] : r.pmax;
+            r.dmin = dc[i] < r.dmin ? dc[i] : r.dmin;
+            r.dmax = dc[i] > r.dmax ? dc[i] : r.dmax;
+        }
+        r.pmed = median(pf, n), r.dmed = median(dc, n), r.bw = median(bws, n), r.fmed = median(frac, n);
+    }
+    free(pf);
+    free(dc);
+    free(bws);
+    free(frac);
+    return r;
+}
+
+/* The median over rounds of level l's speed over level 0's in the same round (prefill: what = 0,
+ * decode: 1): neighbours in time share the machine's state, so a drifting machine moves both. */
+static double round_ratio(const bench_rep *reps, const int *rep_of, int rounds, int n_levels, int l, int what) {
+    double *r = calloc((size_t)rounds, sizeof *r);
+    if (!r) return 0;
+    for (int k = 0; k < rounds; k++) {
+        const bench_rep *a = &reps[rep_of[k * n_levels + l]], *b = &reps[rep_of[k * n_levels]];
+        double num = what ? a->decode_tok_s : a->prefill_tok_s, den = what ? b->decode_tok_s : b->prefill_tok_s;
+        r[k] = den > 0 ? num / den : 0;
+    }
+    double m = median(r, rounds);
+    free(r);
+    return m;
+}
+
+/* --alternate steps: the median seconds of level l's decode steps over every rep (0: none). */
+static double step_median(const bench_rep *reps, int total, int gen, int l) {
+    double *t = calloc((size_t)total * (size_t)(gen > 0 ? gen : 1), sizeof *t);
+    int n = 0;
+    for (int i = 0; t && i < total; i++)
+        for (int k = 0; k < gen; k++)
+            if (reps[i].step_level[k] == l) t[n++] = reps[i].step_s[k];
+    double m = n ? median(t, n) : 0;
+    free(t);
+    return m;
+}
+
 int cmd_bench(args_t *a) {
     bench_args b;
     if (parse_bench(a, &b) != 0) return 1;
@@ -225,71 +376,139 @@ int cmd_bench(args_t *a) {
     g4_model *m = load_model(b.dir);
     if (!m) return die_lib();
     double load_s = now_s() - t0;
-    bench_rep *reps = calloc((size_t)b.reps, sizeof *reps);
-    double *pf = calloc((size_t)b.reps, sizeof *pf), *dc = calloc((size_t)b.reps, sizeof *dc);
-    double *bws = calloc((size_t)b.reps, sizeof *bws), *frac = calloc((size_t)b.reps, sizeof *frac);
+    /* With --kernels each round runs every level once, in turn (the order reversed every other
+     * round, so a trend over a round favours none): a session takes its level from G4_DISPATCH
+     * when it is made, and the pool threads never read the environment. Without it, one level:
+     * the one G4_DISPATCH or the CPU gives. */
+    const int L = b.n_levels ? b.n_levels : 1, total = b.reps * L;
+    const char *outer = getenv("G4_DISPATCH");
+    char *saved_env = outer ? strdup(outer) : NULL;
+    bench_rep *reps = calloc((size_t)total, sizeof *reps);
+    int *rep_of = calloc((size_t)total, sizeof *rep_of); /* [round][level] -> rep index */
+    const char **rep_level = calloc((size_t)total, sizeof *rep_level);
     double bytes = (double)g4_model_decode_bytes(m);
-    int rc = 0;
-    for (int i = 0; i < b.reps && rc == 0; i++) {
-        if (run_rep(m, &b, 1234u + (unsigned)i, probing ? &probe : NULL, &reps[i]) != 0) rc = die_lib();
-        bws[i] = reps[i].read_bw;
-        pf[i] = reps[i].prefill_tok_s;
-        dc[i] = reps[i].decode_tok_s;
-        frac[i] = bws[i] > 0 ? dc[i] * bytes / bws[i] : 0;
+    int rc = reps && rep_of && rep_level ? 0 : die("g4 bench: out of memory%s", "");
+    for (int i = 0; i < total && rc == 0; i++) {
+        int round = i / L, l = round % 2 ? L - 1 - i % L : i % L;
+        rep_of[round * L + l] = i;
+        if (b.n_levels) setenv("G4_DISPATCH", b.levels[l], 1);
+        rep_level[i] = g4_kernels_get()->name;
+        if (b.alt_steps) {
+            reps[i].step_s = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_s);
+            reps[i].step_level = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_level);
+            if (!reps[i].step_s || !reps[i].step_level) rc = die("g4 bench: out of memory%s", "");
+        }
+        if (rc == 0 && run_rep(m, &b, 1234u + (unsigned)round, probing ? &probe : NULL, l, &reps[i]) != 0) rc = die_lib();
         if (!b.json && rc == 0) {
-            fprintf(stderr, "rep %d: prefill %.2f tok/s, decode %.2f tok/s", i + 1, pf[i], dc[i]);
-            if (bws[i] > 0) fprintf(stderr, ", read bandwidth %.2f GB/s: decode at %.2f of its roofline", bws[i] / 1e9, frac[i]);
+            const bench_rep *r = &reps[i];
+            double frac = r->read_bw > 0 ? r->decode_tok_s * bytes / r->read_bw : 0;
+            fprintf(stderr, "rep %d%s%s: prefill %.2f tok/s, decode %.2f tok/s", i + 1, b.n_levels ? " " : "", b.n_levels ? rep_level[i] : "",
+                    r->prefill_tok_s, r->decode_tok_s);
+            if (r->read_bw > 0) fprintf(stderr, ", read bandwidth %.2f GB/s: decode at %.2f of its roofline", r->read_bw / 1e9, frac);
             fprintf(stderr, "\n");
         }
     }
+    if (b.n_levels) {
+        if (saved_env) setenv("G4_DISPATCH", saved_env, 1);
+        else unsetenv("G4_DISPATCH");
+    }
+    free(saved_env);
     if (probing) bw_probe_stop(&probe);
     if (rc == 0) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         double peak = (double)ru.ru_maxrss * 1024;
-        double bw = median(bws, b.reps), fmed = median(frac, b.reps);
-        double pmin = pf[0], pmax = pf[0], dmin = dc[0], dmax = dc[0];
-        for (int i = 1; i < b.reps; i++) {
-            pmin = pf[i] < pmin ? pf[i] : pmin;
-            pmax = pf[i] > pmax ? pf[i] : pmax;
-            dmin = dc[i] < dmin ? dc[i] : dmin;
-            dmax = dc[i] > dmax ? dc[i] : dmax;
+        bench_summary sum[BENCH_MAX_LEVELS];
+        const bench_rep *last[BENCH_MAX_LEVELS];
+        int *at = calloc((size_t)b.reps, sizeof *at);
+        for (int l = 0; l < L && at; l++) {
+            for (int k = 0; k < b.reps; k++) at[k] = rep_of[k * L + l];
+            sum[l] = summarise(reps, at, b.reps, bytes);
+            last[l] = &reps[rep_of[(b.reps - 1) * L + l]];
         }
-        double pmed = median(pf, b.reps), dmed = median(dc, b.reps);
-        double roof = bw > 0 ? bw / bytes : 0;
-        const bench_rep *last = &reps[b.reps - 1];
+        free(at);
+        const bench_summary *s0 = &sum[0]; /* the top-level figures: the first (or only) level's */
+        double roof = s0->bw > 0 ? s0->bw / bytes : 0;
+        const char *kname = rep_level[rep_of[0]];
         if (b.json) {
             printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"logits\": \"%s\", \"prompt_tokens\": %d, "
                    "\"gen_tokens\": %d, \"reps\": %d, \"load_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, "
                    "\"prefill_tok_s_max\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, "
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
                    "\"roofline_fraction\": %.4f, \"read_bw_loads\": \"%s\", \"weights\": \"%s\"",
-                   b.dir, g4_kernels_get()->name, b.threads, act_name(b.o.act), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, pmed, pmin, pmax,
-                   dmed, dmin, dmax, peak, bytes, bw, roof, fmed, bw > 0 ? g4_stream_loads() : "off", weights_name(m));
-            print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 1);
-            print_ops(stdout, "decode", last->prof_decode, b.gen, 1);
+                   b.dir, kname, b.threads, act_name(b.o.act), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, s0->pmed, s0->pmin,
+                   s0->pmax, s0->dmed, s0->dmin, s0->dmax, peak, bytes, s0->bw, roof, s0->fmed, s0->bw > 0 ? g4_stream_loads() : "off",
+                   weights_name(m));
+            print_kernels(stdout, 1, &b);
+            print_ops(stdout, "prefill", last[0]->prof_prefill, b.prompt, 1);
+            print_ops(stdout, "decode", last[0]->prof_decode, b.gen, 1);
+            if (b.n_levels) {
+                /* every level's figures, and its speed over the first level's (median over rounds) */
+                printf(", \"by_kernels\": [");
+                for (int l = 0; l < L; l++) {
+                    const bench_summary *x = &sum[l];
+                    printf("%s{\"kernels\": \"%s\", \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, \"prefill_tok_s_max\": %.3f, "
+                           "\"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, \"roofline_fraction\": %.4f, "
+                           "\"prefill_ratio\": %.4f, \"decode_ratio\": %.4f",
+                           l ? ", " : "", b.levels[l], x->pmed, x->pmin, x->pmax, x->dmed, x->dmin, x->dmax, x->fmed,
+                           round_ratio(reps, rep_of, b.reps, L, l, 0), round_ratio(reps, rep_of, b.reps, L, l, 1));
+                    if (b.alt_steps) {
+                        double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
+                        printf(", \"decode_step_s_median\": %.6f, \"decode_step_ratio\": %.4f", ml, ml > 0 ? m0 / ml : 0);
+                    }
+                    print_ops(stdout, "prefill", last[l]->prof_prefill, b.prompt, 1);
+                    print_ops(stdout, "decode", last[l]->prof_decode, b.gen, 1);
+                    printf("}");
+                }
+                printf("]");
+            }
             printf("}\n");
         } else {
-            printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps\n", b.dir, g4_kernels_get()->name,
-                   b.threads, act_name(b.o.act), logits_kinds[b.logits], b.reps);
+            printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps%s\n", b.dir, b.n_levels ? "compared" : kname, b.threads,
+                   act_name(b.o.act), logits_kinds[b.logits], b.reps,
+                   b.alt_steps ? " per level, alternating (and their decode steps alternating: each rep's decode figures and profile mix the levels)"
+                   : b.n_levels ? " per level, alternating" : "");
+            print_kernels(stdout, 0, &b);
             printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
-            printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.prompt, pmed, pmin, pmax);
-            printf("  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)\n", b.gen, dmed, dmin, dmax);
             printf("  peak resident   %.1f MiB\n", peak / 1048576);
-            if (bw > 0)
-                printf("  read bandwidth  %.2f GB/s median (%s loads), measured around each decode -> roofline %.2f tok/s at %.2f MB/token;\n"
-                       "                  decode at %.2f of it (median of the reps' own ratios)\n",
-                       bw / 1e9, g4_stream_loads(), roof, bytes / 1e6, fmed);
-            printf("time per operation and token (last rep):\n");
-            print_ops(stdout, "prefill", last->prof_prefill, b.prompt, 0);
-            print_ops(stdout, "decode", last->prof_decode, b.gen, 0);
+            for (int l = 0; l < L; l++) {
+                const bench_summary *x = &sum[l];
+                if (b.n_levels) printf("level %s:\n", b.levels[l]);
+                printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)", b.prompt, x->pmed, x->pmin, x->pmax);
+                if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 0), b.levels[0]);
+                printf("\n  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)", b.gen, x->dmed, x->dmin, x->dmax);
+                if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 1), b.levels[0]);
+                printf("\n");
+                if (b.alt_steps) {
+                    double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
+                    printf("  decode steps    %.2f ms median of this level's steps (%.2f tok/s)", 1e3 * ml, ml > 0 ? 1 / ml : 0);
+                    if (l) printf("; %.3fx %s (median step times)", ml > 0 ? m0 / ml : 0, b.levels[0]);
+                    double ops[G4_PROF_COUNT] = {0};
+                    int steps = 0;
+                    for (int i = 0; i < total; i++) {
+                        for (int k = 0; k < G4_PROF_COUNT; k++) ops[k] += reps[i].step_prof[l][k];
+                        for (int k = 0; k < b.gen; k++) steps += reps[i].step_level[k] == l;
+                    }
+                    printf("\ntime per operation and token over this level's decode steps (every rep):\n");
+                    print_ops(stdout, "steps", ops, steps, 0);
+                }
+                if (x->bw > 0)
+                    printf("  read bandwidth  %.2f GB/s median (%s loads), measured around each decode -> roofline %.2f tok/s at %.2f MB/token;\n"
+                           "                  decode at %.2f of it (median of the reps' own ratios)\n",
+                           x->bw / 1e9, g4_stream_loads(), x->bw / bytes, bytes / 1e6, x->fmed);
+                printf("time per operation and token (last rep):\n");
+                print_ops(stdout, "prefill", last[l]->prof_prefill, b.prompt, 0);
+                print_ops(stdout, "decode", last[l]->prof_decode, b.gen, 0);
+            }
         }
     }
+    for (int i = 0; reps && i < total; i++) {
+        free(reps[i].step_s);
+        free(reps[i].step_level);
+    }
     free(reps);
-    free(pf);
-    free(dc);
-    free(bws);
-    free(frac);
+    free(rep_of);
+    free(rep_level);
     g4_model_free(m);
     return rc;
 }

@@ -148,6 +148,8 @@ static void usage(FILE *f) {
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
             "  g4 synth --preset e2b|tiny -o DIR      write a random checkpoint in the real layout\n"
             "  g4 bench -m DIR [-t N] [-p 512] [-n 128] [-r 3] [--json] [--bandwidth on|off] [--logits greedy|full|top]\n"
+            "           [--kernels LEVEL,LEVEL... [--alternate reps|steps]]  reps (and decode steps) alternate between kernel\n"
+            "           levels; each level's speed over the first's\n"
             "           [engine options]\n"
             "                                         load, prefill and decode speed, memory, per-operation time;\n"
             "                                         --logits full computes every logit (sampling without top-k),\n"

@@ -673,7 +673,7 @@ static void f32_rows(void *ctx, int o0, int o1) {
     }
 }
 
-static void avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
+void g4_avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
     if (w->bits != 16) {
         g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? avx2_matmul_i8 : g4_ref_matmul_i8);
@@ -702,7 +702,7 @@ INLINE __m256 quant_scaled(const g4_quantizer *q, __m256 x) {
 /* The vector paths cover the default rules only: half-even rounding and zero point 0. */
 static int quant_vectorizable(const g4_quantizer *q) { return q->round == G4_ROUND_HALF_EVEN && q->zero_point == 0; }
 
-static void avx2_quantize(const g4_quantizer *q, const float *x, size_t n, int8_t *codes) {
+void g4_avx2_quantize(const g4_quantizer *q, const float *x, size_t n, int8_t *codes) {
     if (!quant_vectorizable(q)) {
         g4_ref_quantize(q, x, n, codes);
         return;
@@ -721,7 +721,7 @@ static void avx2_quantize(const g4_quantizer *q, const float *x, size_t n, int8_
     g4_ref_quantize(q, x + i, n - i, codes + i);
 }
 
-static void avx2_fake_quant(const g4_quantizer *q, float *x, size_t n) {
+void g4_avx2_fake_quant(const g4_quantizer *q, float *x, size_t n) {
     if (!quant_vectorizable(q) || q->scale == 0) {
         g4_ref_fake_quant(q, x, n);
         return;
@@ -733,7 +733,7 @@ static void avx2_fake_quant(const g4_quantizer *q, float *x, size_t n) {
     g4_ref_fake_quant(q, x + i, n - i);
 }
 
-static void avx2_requant_f32(const int32_t *acc, int n, int out, const float *m32, float s_out, float *y) {
+void g4_avx2_requant_f32(const int32_t *acc, int n, int out, const float *m32, float s_out, float *y) {
     const __m256 so = _mm256_set1_ps(s_out);
     for (int t = 0; t < n; t++) {
         const int32_t *a = acc + (size_t)t * out;
@@ -748,7 +748,7 @@ static void avx2_requant_f32(const int32_t *acc, int n, int out, const float *m3
     }
 }
 
-static void avx2_acc_scale(const int32_t *acc, int n, int out, float s_in, const float *w_scale, float *y) {
+void g4_avx2_acc_scale(const int32_t *acc, int n, int out, float s_in, const float *w_scale, float *y) {
     const __m256 si = _mm256_set1_ps(s_in);
     for (int t = 0; t < n; t++) {
         const int32_t *a = acc + (size_t)t * out;
@@ -800,7 +800,7 @@ static void gelu_table_for(float scale, float table[256]) {
     pthread_mutex_unlock(&gelu_mu);
 }
 
-static void avx2_gelu_mul(float *g, const float *m, size_t n, float scale) {
+void g4_avx2_gelu_mul(float *g, const float *m, size_t n, float scale) {
     if (!(scale > 0) || !(scale < INFINITY) || n < 64) {
         g4_portable_gelu_mul(g, m, n, scale);
         return;
@@ -1012,7 +1012,7 @@ static void avx2_softmax_div(float *sc, int n8, float sum) {
 
 G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values, avx2_softmax)
 
-static void avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_ops); }
+void g4_avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_ops); }
 
 /* ------------------------------------------------------------------ softcap --------------- */
 
@@ -1043,7 +1043,7 @@ static void softcap_span(float *x, size_t n, float cap) {
     g4_ref_softcap(x + i, n - i, cap);
 }
 
-static void avx2_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, cap, softcap_span, 4.0); }
+void g4_avx2_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, cap, softcap_span, 4.0); }
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -1053,15 +1053,15 @@ static void avx2_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n
 
 const g4_kernels g4_kernels_avx2 = {
     .name = "avx2",
-    .matmul_f32 = avx2_matmul_f32,
+    .matmul_f32 = g4_avx2_matmul_f32,
     .matmul_i8 = avx2_matmul_i8,
-    .quantize = avx2_quantize,
-    .fake_quant = avx2_fake_quant,
-    .requant_f32 = avx2_requant_f32,
-    .acc_scale = avx2_acc_scale,
-    .gelu_mul = avx2_gelu_mul,
-    .attention = avx2_attention,
-    .softcap = avx2_softcap,
+    .quantize = g4_avx2_quantize,
+    .fake_quant = g4_avx2_fake_quant,
+    .requant_f32 = g4_avx2_requant_f32,
+    .acc_scale = g4_avx2_acc_scale,
+    .gelu_mul = g4_avx2_gelu_mul,
+    .attention = g4_avx2_attention,
+    .softcap = g4_avx2_softcap,
 };
 
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_x86.h"
 #include "kernels.h"
 #include "levels.h"
 #include "pool.h"
@@ -129,32 +130,55 @@ void g4_portable_attention(const g4_attn *a) {
 
 const g4_kernels g4_kernels_portable = G4_PORTABLE_KERNELS("portable");
 
+/* Every level, best first, with whether this build and CPU can run it. */
+static const struct {
+    const g4_kernels *k;
+    int (*supported)(void);
+} levels[] = {
+    {&g4_kernels_avx512vnni, g4_avx512vnni_supported},
+    {&g4_kernels_avxvnni, g4_avxvnni_supported},
+    {&g4_kernels_avx2, g4_avx2_supported},
+    {&g4_kernels_neon, g4_neon_supported},
+    {&g4_kernels_portable, NULL},
+};
+#define N_LEVELS (sizeof levels / sizeof *levels)
+
 const g4_kernels *g4_kernels_level(const char *name) {
     if (!name) return NULL;
-    if (strcmp(name, "portable") == 0) return &g4_kernels_portable;
-    if (strcmp(name, "avx2") == 0) return g4_avx2_supported() ? &g4_kernels_avx2 : NULL;
-    if (strcmp(name, "neon") == 0) return g4_neon_supported() ? &g4_kernels_neon : NULL;
+    for (size_t i = 0; i < N_LEVELS; i++)
+        if (strcmp(name, levels[i].k->name) == 0) return !levels[i].supported || levels[i].supported() ? levels[i].k : NULL;
     return NULL;
 }
 
-static const g4_kernels *best_level(void) {
-    if (g4_avx2_supported()) return &g4_kernels_avx2;
-    if (g4_neon_supported()) return &g4_kernels_neon;
+const g4_kernels *g4_kernels_best(void) {
+    for (size_t i = 0; i < N_LEVELS; i++)
+        if (!levels[i].supported || levels[i].supported()) return levels[i].k;
     return &g4_kernels_portable;
 }
 
+const char *g4_kernels_cpu_flags(void) {
+#if defined(__aarch64__)
+    return "asimd";
+#else
+    return g4_x86_cpu_flags();
+#endif
+}
+
+const char *g4_kernels_names(void) { return "avx512vnni|avxvnni|avx2|neon|portable"; }
+
 const g4_kernels *g4_kernels_get(void) {
     const char *force = getenv("G4_DISPATCH");
-    const g4_kernels *best = best_level();
+    const g4_kernels *best = g4_kernels_best();
     if (!force || !*force) return best;
     const g4_kernels *k = g4_kernels_level(force);
     if (k) return k;
     /* Sessions call this once each; one warning per process is enough. */
     static atomic_int warned;
     if (!atomic_exchange(&warned, 1)) {
-        int known = !strcmp(force, "avx2") || !strcmp(force, "neon");
-        fprintf(stderr, "g4: G4_DISPATCH=%s %s; using %s\n", force,
-                known ? "is not supported on this CPU" : "is unknown (portable|avx2|neon)", best->name);
+        int known = 0;
+        for (size_t i = 0; i < N_LEVELS; i++) known |= !strcmp(force, levels[i].k->name);
+        fprintf(stderr, "g4: G4_DISPATCH=%s %s (%s); using %s\n", force, known ? "is not supported on this CPU" : "is unknown",
+                g4_kernels_names(), best->name);
     }
     return best;
 }

@@ -201,12 +201,25 @@ typedef struct {
 } g4_kernels;
 
 /* The kernel set chosen for this CPU: the best supported level, or the one forced by
- * G4_DISPATCH=portable|avx2|neon (an unknown or unsupported value falls back to the best level
- * with a one-line warning on stderr). */
+ * G4_DISPATCH=avx512vnni|avxvnni|avx2|neon|portable (an unknown or unsupported value falls back to
+ * the best level with a one-line warning on stderr). Best first: avx512vnni, avxvnni, avx2, neon,
+ * portable. */
 const g4_kernels *g4_kernels_get(void);
 
-/* The kernel set of one level by name ("portable", "avx2", "neon"), or NULL when this build or
- * CPU does not have it. Tests and benchmarks use it to compare levels in one process. */
+/* The level g4_kernels_get chooses when G4_DISPATCH is unset. */
+const g4_kernels *g4_kernels_best(void);
+
+/* The CPU features the levels are chosen by that this CPU has and its OS enables, space-separated
+ * under /proc/cpuinfo's names on x86 ("avx2 fma avx_vnni avx512f ...", and os_ymm/os_zmm for the
+ * register state XCR0 enables), "asimd" on aarch64: for reports (g4 bench). */
+const char *g4_kernels_cpu_flags(void);
+
+/* The level names, best first, as "avx512vnni|avxvnni|...". */
+const char *g4_kernels_names(void);
+
+/* The kernel set of one level by name ("avx512vnni", "avxvnni", "avx2", "neon", "portable"), or
+ * NULL when this build or CPU does not have it. Tests and benchmarks use it to compare levels in
+ * one process. */
 const g4_kernels *g4_kernels_level(const char *name);
 
 /* Threads the matmuls use, the caller included. n <= 0 restores the default (online CPUs).

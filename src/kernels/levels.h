@@ -33,6 +33,26 @@ double g4_attention_work(const g4_attn *a);
 extern const g4_kernels g4_kernels_avx2;
 int g4_avx2_supported(void);
 
+/* The AVX2 level's kernels (kernels/avx2.c; x86 only), which the VNNI levels reuse for everything
+ * but the int8 matmuls. matmul_f32 runs float x codes through the AVX2 int8 matmul, so a level
+ * calls it for BF16 weights only. */
+void g4_avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
+void g4_avx2_quantize(const g4_quantizer *q, const float *x, size_t n, int8_t *codes);
+void g4_avx2_fake_quant(const g4_quantizer *q, float *x, size_t n);
+void g4_avx2_requant_f32(const int32_t *acc, int n, int out, const float *m32, float s_out, float *y);
+void g4_avx2_acc_scale(const int32_t *acc, int n, int out, float s_in, const float *w_scale, float *y);
+void g4_avx2_gelu_mul(float *g, const float *m, size_t n, float scale);
+void g4_avx2_attention(const g4_attn *a);
+void g4_avx2_softcap(float *x, size_t n, float cap);
+
+/* x86-64: AVX-512 VNNI (kernels/avx512vnni.c: F, BW, VL, VNNI and VBMI, with the OS saving the ZMM
+ * state) and AVX-VNNI (kernels/avxvnni.c: the VEX form of vpdpbusd on 256-bit vectors, for CPUs
+ * without AVX-512). Elsewhere their tables are the portable ones and the checks say 0. */
+extern const g4_kernels g4_kernels_avx512vnni;
+int g4_avx512vnni_supported(void);
+extern const g4_kernels g4_kernels_avxvnni;
+int g4_avxvnni_supported(void);
+
 /* aarch64: NEON (kernels/neon.c), always present on aarch64, 0 elsewhere. */
 extern const g4_kernels g4_kernels_neon;
 int g4_neon_supported(void);

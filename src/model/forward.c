@@ -1318,6 +1318,13 @@ static const g4_linear *find_layer_linear(const g4_model *m, const char *module)
     return NULL;
 }
 
+int g4_session_set_kernels(g4_session *s, const char *level) {
+    const g4_kernels *k = g4_kernels_level(level);
+    if (!k) return -1;
+    s->k = k;
+    return 0;
+}
+
 int g4_session_linear_rows(const g4_session *s, const char *module, long long *int_rows, long long *float_rows) {
     const g4_model *m = s->m;
     const g4_linear *L = find_layer_linear(m, module);

@@ -29,4 +29,9 @@ int g4_session_run_linear(g4_session *s, const char *module, const float *x, int
  * or a scale of 0) or the layer keeps no cache (a KV consumer). */
 const int8_t *g4_session_kv_codes(const g4_session *s, int seq, int layer, int v, float *scale, int *width);
 
+/* Makes the session's later evaluations run on the kernel level named `level` (as G4_DISPATCH names
+ * them; every level gives the same bits, so only the speed changes): g4 bench alternates decode
+ * steps between levels this way. Returns -1, changing nothing, when this build or CPU lacks it. */
+int g4_session_set_kernels(g4_session *s, const char *level);
+
 #endif
