@@ -214,6 +214,26 @@ static void zero_scale_case(void) {
 }
 
 /* The same tensors split over two shards with an index: loads and gives the same logits. */
+/* g4_st_pread (the embedding gathers' way around the mapping) gives the mapped bytes, and refuses
+ * a range that runs past its file or lies outside every mapping. */
+static void pread_case(void) {
+    g4_safetensors st = {0};
+    CHECK(g4_st_open_dir(&st, tiny_dir()) == 0, "open %s: %s", tiny_dir(), g4_last_error());
+    const g4_tensor *t = g4_st_find(&st, "model.language_model.embed_tokens_per_layer.embedding_quantized");
+    CHECK(t != NULL && t->nbytes > 100, "fixture lacks the per-layer embedding table");
+    if (t && t->nbytes > 100) {
+        unsigned char *buf = malloc(t->nbytes);
+        CHECK(g4_st_pread(&st, t->data, t->nbytes, buf) == 0 && memcmp(buf, t->data, t->nbytes) == 0,
+              "pread of the whole table differs from the mapping");
+        CHECK(g4_st_pread(&st, t->data + 37, 61, buf) == 0 && memcmp(buf, t->data + 37, 61) == 0, "pread of an inner range differs");
+        const g4_mapped_file *f = &st.maps[t->file];
+        CHECK(g4_st_pread(&st, f->data + f->size - 8, 16, buf) != 0, "a range past the end of the file was read");
+        CHECK(g4_st_pread(&st, buf, 8, buf + 8) != 0, "memory outside the mappings was read as a file");
+        free(buf);
+    }
+    g4_st_close(&st);
+}
+
 static void sharded_case(void) {
     st_parts p = split_original();
     cJSON *h1 = cJSON_CreateObject(), *h2 = cJSON_CreateObject(), *index = cJSON_CreateObject(), *wm = cJSON_CreateObject();
@@ -312,6 +332,7 @@ int main(void) {
     config_case("bad_layer_types", "\"full_attention\",\n      \"sliding_attention\"", "\"global\",\n      \"sliding_attention\"",
                 "layer_types[4]", "config.json");
     sharded_case();
+    pread_case();
 
     free(orig_st);
     free(orig_config);

@@ -107,6 +107,12 @@ void g4_st_advise_random(const g4_safetensors *st, const g4_tensor *t) {
 
 void g4_st_release(const g4_safetensors *st, const g4_tensor *t) { g4_st_release_bytes(st, t->data, t->nbytes); }
 
+int g4_st_pread(const g4_safetensors *st, const void *p, size_t len, void *out) {
+    for (int i = 0; i < st->n_files; i++)
+        if (g4_pread_mapped(&st->maps[i], p, len, out) == 0) return 0;
+    return -1;
+}
+
 void g4_st_release_bytes(const g4_safetensors *st, const void *p, size_t len) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
     for (int i = 0; i < st->n_files; i++) {
@@ -245,6 +251,7 @@ static int add_file(g4_safetensors *st, const char *path) {
     st->paths[st->n_files] = strdup(path);
     if (!st->paths[st->n_files]) return g4_fail("%s: out of memory", path);
     memset(&st->maps[st->n_files], 0, sizeof st->maps[0]);
+    st->maps[st->n_files].fd = -1;
     int idx = st->n_files++;
     if (g4_map_file(path, &st->maps[idx]) != 0 || load_header(st, idx) != 0) return -1;
     return idx;

@@ -60,6 +60,9 @@ void g4_st_release(const g4_safetensors *st, const g4_tensor *t);
 /* The same for the pages that bytes [p, p + len) of one mapped file lie on; bytes outside every
  * mapping are ignored. */
 void g4_st_release_bytes(const g4_safetensors *st, const void *p, size_t len);
+/* Copies bytes [p, p + len) of a mapped file from the file (pread), leaving its pages out of the
+ * process; -1 when they are not in one mapping or the read fails. */
+int g4_st_pread(const g4_safetensors *st, const void *p, size_t len, void *out);
 
 /* Little-endian loads that are safe on unaligned data. */
 float g4_load_f32(const uint8_t *p);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 int g4_map_file(const char *path, g4_mapped_file *out) {
     out->data = NULL;
     out->size = 0;
+    out->fd = -1;
     int fd = open(path, O_RDONLY);
     if (fd < 0) return g4_fail("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -30,13 +32,31 @@ int g4_map_file(const char *path, g4_mapped_file *out) {
         }
         out->data = p;
         out->size = (size_t)st.st_size;
+        out->fd = fd;
+        return 0;
     }
     close(fd);
     return 0;
 }
 
+int g4_pread_mapped(const g4_mapped_file *f, const void *p, size_t len, void *out) {
+    uintptr_t a = (uintptr_t)p, base = (uintptr_t)f->data;
+    if (f->fd < 0 || a < base || a - base > f->size || len > f->size - (a - base)) return -1;
+    for (size_t done = 0; done < len;) {
+        ssize_t r = pread(f->fd, (char *)out + done, len - done, (off_t)(a - base + done));
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) continue;
+            return -1;
+        }
+        done += (size_t)r;
+    }
+    return 0;
+}
+
 void g4_unmap_file(g4_mapped_file *f) {
     if (f->data) munmap((void *)f->data, f->size);
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
     f->data = NULL;
     f->size = 0;
 }

@@ -7,10 +7,14 @@
 typedef struct {
     const unsigned char *data; /* NULL for an empty file */
     size_t size;
+    int fd; /* the file, kept open for g4_pread_mapped while mapped; -1 when none */
 } g4_mapped_file;
 
 int g4_map_file(const char *path, g4_mapped_file *out);
 void g4_unmap_file(g4_mapped_file *f);
+/* Copies len bytes at p, which lies inside f's mapping, from the file instead of through the
+ * mapping: the pages stay out of the process's resident set. 0 on success. */
+int g4_pread_mapped(const g4_mapped_file *f, const void *p, size_t len, void *out);
 /* Reads a whole file into a NUL-terminated malloc'd buffer. */
 int g4_read_file(const char *path, char **out, size_t *size);
 int g4_file_exists(const char *path);
