@@ -352,7 +352,7 @@ int g4_chat_strip_thinking(const char *text, size_t len, char **out, size_t *out
  *  - thought: every "<|channel>...<channel|>" span, its markers and "thought\n" header dropped;
  *  - tool call: every "<|tool_call>...<tool_call|>" span, its markers kept (the text can go back
  *    into a model message as it is); inside it only "<tool_call|>" is a marker;
- *  - answer: the rest. A stray closer ("<channel|>", "<tool_call|>") in the answer is dropped. */
+ *  - answer: the rest. A stray "<channel|>" in the answer is dropped (a stray "<tool_call|>" is text). */
 typedef enum { G4_SPAN_ANSWER = 0, G4_SPAN_THOUGHT = 1, G4_SPAN_TOOL_CALL = 2 } g4_span;
 
 typedef struct {
@@ -603,9 +603,10 @@ typedef int (*g4_reply_fn)(void *user, const g4_reply_delta *d);
 
 /* Feeds g4_conversation_prompt's tokens and generates the reply, calling on_delta (may be NULL)
  * for every generated token, then once with token -1. The reply joins the conversation as a model
- * message (after the thought the prompt opened, if any). Fails before feeding anything, the new
- * messages kept, when there is nothing new to reply to or the prompt does not fit the context
- * that is left. */
+ * message (after the thought the prompt opened, if any). With nothing added since the last reply
+ * the model goes on where it stopped (e.g. after its budget ran out): the new reply continues the
+ * turn. Fails before feeding anything, the new messages kept, when there is nothing to reply to
+ * (no message yet) or the prompt does not fit the context that is left. */
 int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, g4_generate_result *res);
 /* The last reply: its tokens (a stop id included); its text (the deltas' text joined); its spans
  * (answer, thinking, tool calls: free with g4_chat_reply_free). */

@@ -133,13 +133,15 @@ static void call_name(const char *span, size_t len, const char **name, size_t *n
 /* ---------------------------------------------------------------- the sink */
 
 /* Rendering goes to text, or straight to ids (tok != NULL), where template parts may hold
- * control tokens and message contents may not. While `quiet`, nothing is written: a
- * continuation walks the whole conversation (every message's rendering depends on its
- * neighbours) but writes only what the sequence does not hold yet. */
+ * control tokens and message contents may not. Contents that follow one another (two model
+ * messages in one turn) are encoded together, as the rendered text would be. While `quiet`,
+ * nothing is written: a continuation walks the whole conversation (every message's rendering
+ * depends on its neighbours) but writes only what the sequence does not hold yet. */
 struct sink {
     const g4_tokenizer *tok;
     int quiet;
     g4_textbuf text;
+    g4_textbuf content; /* contents not encoded yet */
     int32_t *ids;
     size_t n_ids, cap_ids;
 };
@@ -157,15 +159,27 @@ static int sink_ids_append(struct sink *s, const int32_t *ids, size_t n) {
     return 0;
 }
 
-static int sink_emit(struct sink *s, const char *str, size_t n, int trusted) {
-    if (s->quiet) return 0;
-    if (!s->tok) return g4_textbuf_append(&s->text, str, n);
+static int sink_encode(struct sink *s, const char *str, size_t n, int trusted) {
     int32_t *ids = NULL;
     size_t k = 0;
     if (g4_tokenizer_encode(s->tok, str, n, trusted, &ids, &k)) return -1;
     int rc = sink_ids_append(s, ids, k);
     free(ids);
     return rc;
+}
+
+static int sink_flush(struct sink *s) {
+    if (!s->tok || !s->content.n) return 0;
+    int rc = sink_encode(s, s->content.p, s->content.n, 0);
+    g4_textbuf_clear(&s->content);
+    return rc;
+}
+
+static int sink_emit(struct sink *s, const char *str, size_t n, int trusted) {
+    if (s->quiet) return 0;
+    if (!s->tok) return g4_textbuf_append(&s->text, str, n);
+    if (!trusted) return g4_textbuf_append(&s->content, str, n);
+    return sink_flush(s) || sink_encode(s, str, n, 1) ? -1 : 0;
 }
 
 static int emit_template(struct sink *s, const char *str) { return sink_emit(s, str, strlen(str), 1); }
@@ -399,7 +413,8 @@ static int render(struct sink *s, const g4_chat_message *msgs, size_t n, size_t 
     }
     s->quiet = 0;
     *opens_thought = 0;
-    return o->add_generation_prompt ? render_generation_prompt(s, &w, opens_thought) : 0;
+    if (o->add_generation_prompt && render_generation_prompt(s, &w, opens_thought)) return -1;
+    return sink_flush(s);
 }
 
 int g4_chat_check(const g4_chat_message *msgs, size_t n, const g4_chat_options *opt) { return check_input(msgs, n, opt, 0); }
@@ -436,7 +451,9 @@ int g4_chat_encode_from(const g4_tokenizer *tok, const g4_chat_message *msgs, si
     struct sink s = {0};
     s.tok = tok;
     /* The first append guarantees a non-NULL array even for an empty result. */
-    if (sink_ids_append(&s, NULL, 0) || render(&s, msgs, n, resume, opt, opens_thought)) {
+    int rc = sink_ids_append(&s, NULL, 0) || render(&s, msgs, n, resume, opt, opens_thought);
+    free(s.content.p);
+    if (rc) {
         free(s.ids);
         return -1;
     }

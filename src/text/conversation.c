@@ -62,6 +62,7 @@ struct g4_conversation {
     g4_spans *spans;
     g4_reply_fn on_delta;
     void *user;
+    int failed; /* the reply's own work failed (not the caller's stop): g4_last_error says why */
 };
 
 static void free_messages(g4_conversation *c, size_t from) {
@@ -252,8 +253,14 @@ static int is_stop(const g4_conversation *c, int32_t id) {
     return 0;
 }
 
+/* Stops the generation for a failure of the conversation's own (out of memory). */
+static int fail_reply(g4_conversation *c) {
+    c->failed = 1;
+    return 1;
+}
+
 static int deliver(g4_conversation *c, int32_t token, const char *text, size_t len, const g4_span_text *spans, int n_spans) {
-    if (g4_textbuf_append(&c->reply_text, text, len)) return 1;
+    if (g4_textbuf_append(&c->reply_text, text, len)) return fail_reply(c);
     if (!c->on_delta) return 0;
     g4_reply_delta d = {token, text, len, spans, n_spans};
     return c->on_delta(c->user, &d);
@@ -262,13 +269,14 @@ static int deliver(g4_conversation *c, int32_t token, const char *text, size_t l
 /* Each generated token: its final text through the splitter, to the caller. */
 static int on_token(void *user, int32_t id) {
     g4_conversation *c = user;
-    if (ids_append(&c->reply, &id, 1)) return 1;
+    if (ids_append(&c->reply, &id, 1)) return fail_reply(c);
     if (is_stop(c, id)) return deliver(c, id, "", 0, NULL, 0);
     const char *bytes;
     size_t len;
     const g4_span_text *spans;
     int n_spans;
-    if (g4_detokenizer_push(c->detok, id, &bytes, &len) || g4_spans_push(c->spans, bytes, len, &spans, &n_spans)) return 1;
+    if (g4_detokenizer_push(c->detok, id, &bytes, &len) || g4_spans_push(c->spans, bytes, len, &spans, &n_spans))
+        return fail_reply(c);
     return deliver(c, id, bytes, len, spans, n_spans);
 }
 
@@ -280,7 +288,7 @@ static int finish_reply(g4_conversation *c) {
     int n_spans;
     if (g4_detokenizer_flush(c->detok, &bytes, &len) || g4_spans_finish(c->spans, bytes, len, &spans, &n_spans)) return -1;
     deliver(c, -1, bytes, len, spans, n_spans);
-    return 0;
+    return c->failed ? -1 : 0;
 }
 
 /* The sequence now holds the prompt and every reply token but the last; the reply becomes the
@@ -314,15 +322,17 @@ int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, 
     if (!res) res = &local;
     memset(res, 0, sizeof *res);
     if (g4_conversation_prompt(c, &ids, &n)) return -1;
-    if (n == 0) return g4_fail("conversation: nothing new to reply to (add a message first)");
+    if (n == 0) return g4_fail("conversation: nothing to reply to (add a message first)");
     g4_spans_free(c->spans);
     if (!(c->spans = g4_spans_new(c->prompt_opens_thought, 1))) return -1;
     g4_detokenizer_reset(c->detok);
     c->reply.n = 0;
     g4_textbuf_clear(&c->reply_text);
     c->on_delta = on_delta, c->user = user;
+    c->failed = 0;
     int pos = g4_session_seq_pos(c->s, c->o.seq);
     int rc = g4_generate_seq(c->s, c->o.seq, ids, (int)n, &c->o.gen, on_token, c, res);
+    if (rc == 0 && c->failed) rc = -1;
     if (rc == 0) rc = finish_reply(c);
     if (rc == 0) rc = commit_reply(c);
     /* a failure before the prompt went in leaves the conversation as it was */

@@ -25,7 +25,9 @@ enum state {
 enum counts { COUNTS_NOTHING, COUNTS_THOUGHT, COUNTS_CALL };
 
 /* A marker read in one state. A tool call keeps its markers in its text, so that the call can be
- * handed back as a model message exactly as the model wrote it; a thought loses them. */
+ * handed back as a model message exactly as the model wrote it; a thought loses them. A stray
+ * "<channel|>" in the answer closes a thought the prompt may have opened (spec C.3) and goes; a
+ * stray "<tool_call|>" closes nothing and stays answer text. */
 struct marker {
     const char *text;
     size_t len;
@@ -42,7 +44,6 @@ static const struct marker markers[] = {
     {CLOSE_THOUGHT, LIT_LEN(CLOSE_THOUGHT), IN_THOUGHT, IN_ANSWER, 0, 0, COUNTS_NOTHING},
     {OPEN_CALL, LIT_LEN(OPEN_CALL), IN_ANSWER, IN_TOOL_CALL, 1, 1, COUNTS_CALL},
     {CLOSE_CALL, LIT_LEN(CLOSE_CALL), IN_TOOL_CALL, IN_ANSWER, 1, 1, COUNTS_NOTHING},
-    {CLOSE_CALL, LIT_LEN(CLOSE_CALL), IN_ANSWER, IN_ANSWER, 0, 1, COUNTS_NOTHING},         /* a stray closer is dropped */
 };
 
 struct piece {
