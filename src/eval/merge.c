@@ -82,13 +82,13 @@ static int read_shard(shard_file *f) {
     if (!f->r.header) return g4_fail("%s: no header record (not a g4 eval results file)", f->path);
     if (f->r.dropped_tail_line) return g4_fail("%s: line %d is incomplete (is that run still going?)", f->path, f->r.dropped_tail_line);
     if (!f->r.summary) return g4_fail("%s: no summary record: the run has not finished (rerun its command to complete it)", f->path);
-    if (summary_count(f->r.summary) != f->r.n_q)
-        return g4_fail("%s: its summary counts %d questions, the file holds %d", f->path, summary_count(f->r.summary), f->r.n_q);
     if (header_shard(f) != 0) return -1;
     for (int i = 0; i < f->r.n_q; i++)
         if (!g4_eval_in_shard(f->r.q[i].index, f->shard, f->n_shards))
             return g4_fail("%s:%d: question %d is not in shard %d/%d (%d mod %d is %d)", f->path, f->r.q[i].line, f->r.q[i].index,
                            f->shard, f->n_shards, f->r.q[i].index, f->n_shards, f->r.q[i].index % f->n_shards);
+    if (summary_count(f->r.summary) != f->r.n_q)
+        return g4_fail("%s: its summary counts %d questions, the file holds %d", f->path, summary_count(f->r.summary), f->r.n_q);
     return g4_read_file(f->path, &f->text, &f->size);
 }
 

@@ -85,7 +85,7 @@ static const option table[] = {
     {{"ctx", NULL, NULL, "N in [1, 1048576]", "ctx", "4096", G4_OPTION_RESULT, 1, "context length in tokens (per sequence)"},
      VALUE_INT, offsetof(g4_options, ctx), 1, 1 << 20, NULL},
     {{"threads", "-t", NULL, "N in [1, 256], or auto", "threads", "auto", G4_OPTION_RUN, 1,
-      "worker threads for the matmuls (auto: all cores, or what g4_set_threads said)"},
+      "worker threads for the matmuls (auto: as they are, one per CPU unless set)"},
      VALUE_INT, offsetof(g4_options, threads), 1, 256, "auto"},
     CHOICE("weights", "weights", weights, weight_kinds, "resident", G4_OPTION_RUN,
            "copy the streamed weights into huge-page memory at load (faster decode) or read them mapped"),
