@@ -148,15 +148,15 @@ int g4_threads(void);
 const char *g4_last_error(void);
 
 g4_model *g4_model_load(const char *dir);
-/* g4_model_load or g4_model_load_mapped as o->weights says, after setting the threads to
- * o->threads (when not 0). */
-g4_model *g4_model_load_options(const char *dir, const g4_options *o);
 /* g4_model_load copies the weights every token streams into memory backed by transparent huge
  * pages where the system has them (faster decode, slower load, same resident memory);
  * g4_model_load_mapped leaves them in the read-only file mapping (pages shared with other
  * processes reading the same file). g4_model_weights_resident says which one a model got. */
 g4_model *g4_model_load_mapped(const char *dir);
 int g4_model_weights_resident(const g4_model *m);
+/* g4_model_load or g4_model_load_mapped as o->weights says, after setting the threads to
+ * o->threads (g4_set_threads) unless it is 0. */
+g4_model *g4_model_load_options(const char *dir, const g4_options *o);
 void g4_model_free(g4_model *m);
 int g4_model_vocab_size(const g4_model *m);
 /* Stop ids from generation_config.json / config.json (eos). */
