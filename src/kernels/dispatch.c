@@ -3,7 +3,6 @@
  * g4_ref_matmul_* exactly whatever the thread count. */
 #include <math.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +11,7 @@
 #include "levels.h"
 #include "pool.h"
 #include "quant/int8.h"
+#include "util/err.h"
 
 typedef struct {
     const g4_qweight *w;
@@ -177,8 +177,8 @@ const g4_kernels *g4_kernels_get(void) {
     if (!atomic_exchange(&warned, 1)) {
         int known = 0;
         for (size_t i = 0; i < N_LEVELS; i++) known |= !strcmp(force, levels[i].k->name);
-        fprintf(stderr, "g4: G4_DISPATCH=%s %s (%s); using %s\n", force, known ? "is not supported on this CPU" : "is unknown",
-                g4_kernels_names(), best->name);
+        g4_warn("G4_DISPATCH=%s %s (%s); using %s", force, known ? "is not supported on this CPU" : "is unknown", g4_kernels_names(),
+                best->name);
     }
     return best;
 }

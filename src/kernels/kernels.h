@@ -202,8 +202,8 @@ typedef struct {
 
 /* The kernel set chosen for this CPU: the best supported level, or the one forced by
  * G4_DISPATCH=avx512vnni|avxvnni|avx2|neon|portable (an unknown or unsupported value falls back to
- * the best level with a one-line warning on stderr). Best first: avx512vnni, avxvnni, avx2, neon,
- * portable. */
+ * the best level with a one-line warning, through g4_set_log's function). Best first: avx512vnni,
+ * avxvnni, avx2, neon, portable. */
 const g4_kernels *g4_kernels_get(void);
 
 /* The level g4_kernels_get chooses when G4_DISPATCH is unset. */

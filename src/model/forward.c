@@ -40,8 +40,8 @@ struct g4_session {
     int row_seq[CHUNK], row_pos[CHUNK];
     /* Resolved switches: which quantization points are on, and the rules they use. */
     int q_linear, q_kv, q_pmp;
-    g4_round_rule round;
-    g4_qdiv_rule qdiv;
+    g4_round round;
+    g4_qdiv qdiv;
     g4_requant **rq; /* [n_linears] per-row requantization (int mode, rules other than f32) */
     float **rq_f32;  /* [n_linears] per-row f32 multipliers (int mode, requant f32: XNNPACK's rule) */
     long long *rows_int, *rows_float; /* [n_linears] token rows each linear ran through either path (probe.h) */
@@ -92,12 +92,6 @@ static double clock_s(void) {
     do { \
         if ((s)->profiling) (s)->prof[op] += clock_s() - prof_t0_; \
     } while (0)
-
-void g4_options_default(g4_options *o) {
-    *o = (g4_options){.act = G4_ACT_INT, .linear_quant = 1, .kv_quant = 1, .pmp_quant = 1, .pmp_out_raw = 0,
-                      .pmp_s_in = 0.038878f, .pmp_s_out = 0.002353f, .round = G4_ROUND_EVEN,
-                      .qdiv = G4_QDIV_DEFAULT, .requant = G4_REQ_F32, .ctx = 4096};
-}
 
 /* ---- elementwise operations (all fp32, no quantization) ---- */
 
@@ -1061,9 +1055,12 @@ static int resolve_options(g4_session *s) {
     if (o->lmhead_dynamic_q8 && lm_head_static_input(s))
         g4_warn("--lmhead-dynamic-q8 has no effect: lm_head.input_activation_scale is %g, a static input quantization that takes precedence",
                 s->m->lm_head.s_in);
-    s->round = o->round == G4_ROUND_AWAY ? G4_ROUND_HALF_AWAY : G4_ROUND_HALF_EVEN;
-    if (o->qdiv == G4_QDIV_DEFAULT) s->qdiv = o->act == G4_ACT_INT ? G4_QDIV_RECIP : G4_QDIV_DIV;
-    else s->qdiv = o->qdiv == G4_QDIV_DIVIDE ? G4_QDIV_DIV : G4_QDIV_RECIP;
+    g4_options resolved = *o;
+    g4_options_resolve(&resolved); /* what the engine chooses is decided in one place (options.c) */
+    if (resolved.round != G4_ROUND_EVEN && resolved.round != G4_ROUND_AWAY) return g4_fail("unknown rounding rule %d", (int)o->round);
+    if (resolved.qdiv != G4_QDIV_RECIPROCAL && resolved.qdiv != G4_QDIV_DIVIDE) return g4_fail("unknown quantizer division %d", (int)o->qdiv);
+    s->round = resolved.round;
+    s->qdiv = resolved.qdiv;
     if (s->q_pmp) {
         g4_quantizer q;
         if (g4_quantizer_init(&q, o->pmp_s_in, 0, s->round, s->qdiv) || g4_quantizer_init(&q, o->pmp_s_out, 0, s->round, s->qdiv))
@@ -1074,14 +1071,12 @@ static int resolve_options(g4_session *s) {
 
 /* L's per-row requantization table, when it runs in integers with a quantized output. */
 static int build_requant_table(g4_session *s, const g4_linear *L) {
-    static const g4_requant_mode modes[] = {G4_REQUANT_F32,        G4_REQUANT_F64,           G4_REQUANT_TFL_DOUBLE,
-                                            G4_REQUANT_TFL_SINGLE, G4_REQUANT_TFL_NEON_4ROW, G4_REQUANT_TFL_REF};
     if (!runs_int(s, L) || L->s_out == 0) return 0;
     g4_requant *rq = malloc(sizeof *rq * (size_t)L->w.out);
     if (!rq) return g4_fail("out of memory for requantization tables");
     /* every rule is validated the same way; f32 then keeps only its multipliers (4 bytes a row) */
-    int rc = g4_requant_init_rows(rq, (size_t)L->w.out, modes[s->o.requant], L->s_in, L->w.w_scale, L->s_out, 0);
-    if (rc == 0 && s->o.requant == G4_REQ_F32) {
+    int rc = g4_requant_init_rows(rq, (size_t)L->w.out, s->o.requant, L->s_in, L->w.w_scale, L->s_out, 0);
+    if (rc == 0 && s->o.requant == G4_REQUANT_F32) {
         float *m32 = malloc(sizeof *m32 * (size_t)L->w.out);
         if (!m32) rc = g4_fail("out of memory for requantization tables");
         for (int o = 0; m32 && o < L->w.out; o++) m32[o] = rq[o].scale_f32;
@@ -1101,7 +1096,7 @@ static int build_requant_tables(g4_session *s) {
     s->rq = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq);
     s->rq_f32 = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq_f32);
     if (!s->rq || !s->rq_f32) return g4_fail("out of memory for requantization tables");
-    if (s->o.requant < G4_REQ_F32 || s->o.requant > G4_REQ_TFL_REF) return g4_fail("unknown requant rule %d", (int)s->o.requant);
+    if (s->o.requant < G4_REQUANT_F32 || s->o.requant > G4_REQUANT_TFL_REF) return g4_fail("unknown requant rule %d", (int)s->o.requant);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const g4_linear *lins[9];
         int count = g4_layer_linears(&m->layers[l], g4_layer_is_producer(m, l), lins);
