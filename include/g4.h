@@ -190,6 +190,10 @@ void g4_session_set_trace(g4_session *s, g4_trace_fn fn, void *user);
 int g4_session_n_seq(const g4_session *s);
 int g4_session_seq_pos(const g4_session *s, int seq);
 void g4_session_reset_seq(g4_session *s, int seq);
+/* Keeps the first n tokens of sequence seq's cache and drops the rest: the next token goes at
+ * position n, and the sequence computes what it would after feeding those n tokens alone (a
+ * shared prompt prefix reused, g4 serve's prompt cache). Fails when n is past what it holds. */
+int g4_session_truncate_seq(g4_session *s, int seq, int n);
 
 /* ---- decoding: one call for a batch of rows ----
  *
@@ -479,6 +483,25 @@ typedef struct {
 
 int g4_chat_parse_reply(const char *text, size_t len, g4_chat_reply *reply);
 void g4_chat_reply_free(g4_chat_reply *reply);
+
+/* Tools given the OpenAI way (JSON) in Gemma's tool syntax, and back, by the upstream E2B
+ * template's rules (its format_function_declaration, format_parameters and format_argument
+ * macros): keys in Jinja's dictsort order (case ignored), strings in <|"|>, numbers as Python
+ * prints them, except that JSON keeps no int/float distinction: an integral number is written as
+ * an int (2, where the template writes 2.0 for a JSON 2.0). Results are malloc'd.
+ *
+ * g4_tool_declaration: one tool object {"type":"function","function":{"name","description",
+ * "parameters"[,"response"]}} as JSON text -> "declaration:NAME{...}", for g4_chat_options.tools.
+ * g4_tool_call_text: a call the way the model writes it, "<|tool_call>call:NAME{ARGS}<tool_call|>",
+ * from its name and arguments (a JSON object as text; empty or null: none), as the template
+ * renders an assistant message's tool_calls; it goes into a model message's content.
+ * g4_tool_arguments_json: a call's arguments as the model wrote them ("{city:<|"|>Paris<|"|>}",
+ * g4_tool_call.arguments) -> JSON text ({"city":"Paris"}); JSON "strings" and bare words are
+ * taken too (a bare word that is no number, true, false or null is a string). Fails on anything
+ * else, on text after the closing brace, or past 64 levels of nesting. */
+int g4_tool_declaration(const char *tool_json, size_t len, char **out);
+int g4_tool_call_text(const char *name, const char *args_json, size_t len, char **out);
+int g4_tool_arguments_json(const char *args, size_t len, char **json);
 
 /* Streaming version for showing a reply while it is generated, for thought and answer: push
  * decoded text as it comes (e.g. from g4_detokenizer), get back the bytes that are final, split

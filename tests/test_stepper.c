@@ -372,6 +372,45 @@ static void check_refusals(void) {
     g4_session_free(s);
 }
 
+/* g4_session_truncate_seq: a sequence that fed prompt A then generated, cut back to A's first k
+ * tokens and given C, generates what A[0, k) + C gives from scratch (greedy and sampled, no
+ * penalty: the stepper's repetition window sees only the prompt it is given). Cutting past what
+ * the sequence holds, or a sequence the session lacks, is refused. */
+static void check_truncate(void) {
+    job jobs[3];
+    make_jobs(jobs, 3);
+    g4_session *s = session(G4_ACT_INT, 2, 128);
+    g4_stepper *st = g4_stepper_new(s, 0);
+    for (int k = 0; k < 3; k += 2) { /* job 0 greedy, job 2 top-k sampling */
+        const job *a = &jobs[k];
+        int keep = a->n_prompt / 2;
+        g4_session_reset_seq(s, 1);
+        CHECK(g4_stepper_add(st, 1, a->prompt, a->n_prompt, &a->p) == 0, "%s", g4_last_error());
+        run_out(st, 2);
+        int held = g4_session_seq_pos(s, 1);
+        CHECK(held > a->n_prompt, "the first generation holds %d tokens", held);
+        CHECK(g4_session_truncate_seq(s, 1, held + 1) != 0 && g4_session_seq_pos(s, 1) == held, "cutting past the end was accepted");
+        CHECK(g4_session_truncate_seq(s, 1, keep) == 0 && g4_session_seq_pos(s, 1) == keep, "%s", g4_last_error());
+        job c = jobs[1];
+        c.p = a->p;
+        outcome got = {0}, want;
+        CHECK(g4_stepper_add(st, 1, c.prompt, c.n_prompt, &c.p) == 0, "%s", g4_last_error());
+        run_out(st, 2);
+        got = stepped(st, 1);
+        job whole = c;
+        memcpy(whole.prompt, a->prompt, sizeof *whole.prompt * (size_t)keep);
+        memcpy(whole.prompt + keep, c.prompt, sizeof *whole.prompt * (size_t)c.n_prompt);
+        whole.n_prompt = keep + c.n_prompt;
+        want = reference(G4_ACT_INT, 128, &whole);
+        CHECK(same_outcome(&got, &want), "job %d: after truncating to %d tokens: %d tokens, stop %d; from scratch %d, stop %d", k, keep, got.n,
+              got.stop, want.n, want.stop);
+    }
+    CHECK(g4_session_truncate_seq(s, 2, 0) != 0 && g4_session_truncate_seq(s, 0, -1) != 0, "a bad sequence or length was accepted");
+    g4_stepper_free(st);
+    g4_session_free(s);
+    printf("ok a sequence cut back to a prefix continues as that prefix would\n");
+}
+
 int main(void) {
     g4_model *m = g4_model_load(tiny_dir());
     CHECK(m != NULL, "%s", g4_last_error());
@@ -383,6 +422,7 @@ int main(void) {
     check_cancel();
     check_stops();
     check_refusals();
+    check_truncate();
     g4_model_free(m);
     return check_report("stepper");
 }

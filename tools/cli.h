@@ -51,5 +51,6 @@ int cmd_chat(args_t *a);
 int cmd_run_text(args_t *a);
 int cmd_bench(args_t *a);                    /* tools/bench_cmd.c */
 int cmd_eval(args_t *a);                     /* tools/eval_cmd.c */
+int cmd_serve(args_t *a);                    /* tools/serve_cmd.c */
 
 #endif

@@ -141,6 +141,11 @@ static void usage(FILE *f) {
             "      -f FILE or standard input give the prompt; --system TEXT, --think on|off, --show-thinking,\n"
             "      --chat-form e2b|26b, --parse-special on|off (raw prompts), --ignore-eos, --verbose (ids on stderr)\n"
             "  g4 chat -m DIR                         interactive chat (/reset, /think on|off, /exit; Ctrl-C stops an answer)\n"
+            "  g4 serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel 4] [--queue 4xN] [--ctx N] [--api-key KEY]\n"
+            "        [--alias NAME] [--max-body 4M] [--max-messages 1024] [--max-tools 128] [--timeout 60] [--drain-timeout 30]\n"
+            "        [--prompt-cache on|off] [--prompt-chunk 64] [--max-unread 1M] [--verbose] [engine options]\n"
+            "                                         OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions,\n"
+            "                                         /v1/models, /health, /metrics; N conversations batched together\n"
             "  g4 tokenize (-m DIR | --tokenizer FILE) [--add-bos] [--plain] [--decode]\n"
             "                                         JSON lines: a string -> its ids (--decode: ids -> string)\n"
             "  g4 eval gsm8k -m DIR --data test.jsonl --out run.jsonl [--n N] [--offset K] [--max-tokens N] [--think off|on]\n"
@@ -191,6 +196,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "bench")) return cmd_bench(&a);
     if (!strcmp(argv[1], "eval")) return cmd_eval(&a);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&a);
-    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, tokenize, eval, inspect, bench, synth, help)\n", argv[1]);
+    if (!strcmp(argv[1], "serve")) return cmd_serve(&a);
+    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, serve, tokenize, eval, inspect, bench, synth, help)\n", argv[1]);
     return 1;
 }

@@ -1307,6 +1307,15 @@ void g4_session_reset_seq(g4_session *s, int seq) {
     s->seq_pos[seq] = 0;
     s->argmax_hold[seq] = 0;
 }
+/* The cache is indexed by position, so keeping a prefix is only moving the position back: the
+ * next token overwrites what followed (sliding layers read positions before their own only). */
+int g4_session_truncate_seq(g4_session *s, int seq, int n) {
+    if (seq < 0 || seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, s->n_seq);
+    if (n < 0 || n > s->seq_pos[seq]) return g4_fail("sequence %d holds %d tokens: it cannot keep %d", seq, s->seq_pos[seq], n);
+    s->seq_pos[seq] = n;
+    s->argmax_hold[seq] = 0;
+    return 0;
+}
 void g4_session_reset(g4_session *s) {
     for (int i = 0; i < s->n_seq; i++) g4_session_reset_seq(s, i);
     s->n_kept = 0;

@@ -1,0 +1,173 @@
+/* Tools between OpenAI's JSON and Gemma's tool syntax (src/text/tools.c):
+ *  - declarations and calls against the real upstream E2B template run through Jinja2
+ *    (tests/fixtures/chat/tool_cases.jsonl, made by make_tool_cases.py): every schema feature the
+ *    template reads (enum, nullable, items, nested objects, an object without properties, a type
+ *    list, a response) and every argument type (numbers as Python prints them, nesting, unicode);
+ *  - a call the template renders, parsed back, gives the arguments it was rendered from;
+ *  - the parser on what a model may write besides (spaces, JSON strings, bare words) and what it
+ *    refuses (unclosed strings, missing colons, text after the arguments, deep nesting), each
+ *    refusal a one-line message;
+ *  - a declaration the converter writes, rendered into a prompt, is the template's system turn. */
+#define _POSIX_C_SOURCE 200809L
+#include "testutil.h"
+
+#define CASES "tests/fixtures/chat/tool_cases.jsonl"
+
+static int one_line(const char *msg) { return msg && *msg && !strchr(msg, '\n'); }
+
+/* The text of a call between "{" after its name and its closing marker, i.e. g4_tool_call.arguments. */
+static char *call_arguments(const char *call_text) {
+    g4_chat_reply r;
+    char *args = NULL;
+    if (g4_chat_parse_reply(call_text, strlen(call_text), &r) == 0 && r.n_tool_calls == 1) args = strdup(r.tool_calls[0].arguments);
+    g4_chat_reply_free(&r);
+    return args;
+}
+
+static void check_declaration(const cJSON *row) {
+    const char *name = cJSON_GetObjectItem(row, "name")->valuestring, *want = cJSON_GetObjectItem(row, "text")->valuestring;
+    char *json = cJSON_PrintUnformatted(cJSON_GetObjectItem(row, "tool")), *got = NULL;
+    int rc = g4_tool_declaration(json, strlen(json), &got);
+    CHECK(rc == 0, "declaration \"%s\": %s", name, g4_last_error());
+    if (rc == 0) CHECK(strcmp(got, want) == 0, "declaration \"%s\":\n   got  %s\n   want %s", name, got, want);
+    free(got);
+    free(json);
+}
+
+static void check_call(const cJSON *row) {
+    const char *name = cJSON_GetObjectItem(row, "name")->valuestring, *want = cJSON_GetObjectItem(row, "text")->valuestring;
+    const cJSON *args = cJSON_GetObjectItem(row, "arguments");
+    char *json = cJSON_PrintUnformatted(args), *got = NULL, *back = NULL;
+    int rc = g4_tool_call_text(cJSON_GetObjectItem(row, "function")->valuestring, json, strlen(json), &got);
+    CHECK(rc == 0, "call \"%s\": %s", name, g4_last_error());
+    if (rc == 0) CHECK(strcmp(got, want) == 0, "call \"%s\":\n   got  %s\n   want %s", name, got, want);
+    /* the template's text (not ours) parsed back */
+    char *gemma = call_arguments(want);
+    CHECK(gemma != NULL, "call \"%s\": g4_chat_parse_reply found no call in the template's text", name);
+    if (gemma) {
+        rc = g4_tool_arguments_json(gemma, strlen(gemma), &back);
+        CHECK(rc == 0, "call \"%s\": parsing %s: %s", name, gemma, g4_last_error());
+        cJSON *parsed = rc == 0 ? cJSON_Parse(back) : NULL;
+        CHECK(parsed && cJSON_Compare(parsed, args, 1), "call \"%s\": %s parsed to %s, not %s", name, gemma, back ? back : "-", json);
+        cJSON_Delete(parsed);
+    }
+    free(gemma);
+    free(back);
+    free(got);
+    free(json);
+}
+
+static void check_fixture(void) {
+    char *text;
+    CHECK(g4_read_file(CASES, &text, NULL) == 0, "cannot read %s", CASES);
+    if (!text) return;
+    int n_decl = 0, n_call = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *row = cJSON_Parse(line);
+        CHECK(row != NULL, "%s: a line is not JSON", CASES);
+        if (!row) continue;
+        const char *kind = cJSON_GetObjectItem(row, "kind")->valuestring;
+        if (!strcmp(kind, "declaration")) check_declaration(row), n_decl++;
+        else check_call(row), n_call++;
+        cJSON_Delete(row);
+    }
+    free(text);
+    CHECK(n_decl >= 15 && n_call >= 8, "%s: %d declarations and %d calls (expected at least 15 and 8)", CASES, n_decl, n_call);
+    printf("ok %d declarations and %d calls as the template renders them\n", n_decl, n_call);
+}
+
+/* What a model may write, and the JSON it must give. */
+static void check_parse(const char *gemma, const char *want_json) {
+    char *got = NULL;
+    int rc = g4_tool_arguments_json(gemma, strlen(gemma), &got);
+    cJSON *g = rc == 0 ? cJSON_Parse(got) : NULL, *w = cJSON_Parse(want_json);
+    CHECK(rc == 0 && g && cJSON_Compare(g, w, 1), "%s -> %s, want %s (%s)", gemma, got ? got : "error", want_json, rc ? g4_last_error() : "");
+    cJSON_Delete(g);
+    cJSON_Delete(w);
+    free(got);
+}
+
+static void check_refused(const char *gemma, const char *why) {
+    char *got = NULL;
+    int rc = g4_tool_arguments_json(gemma, strlen(gemma), &got);
+    CHECK(rc != 0 && got == NULL, "%s (%s) was accepted: %s", gemma, why, got ? got : "");
+    CHECK(rc == 0 || one_line(g4_last_error()), "%s: the message is not one line", gemma);
+    free(got);
+}
+
+static void check_parser(void) {
+    check_parse("{}", "{}");
+    check_parse(" { a : 1 , b : <|\"|>x y<|\"|> } ", "{\"a\":1,\"b\":\"x y\"}");
+    check_parse("{<|\"|>odd key<|\"|>:true}", "{\"odd key\":true}");
+    check_parse("{s:\"json \\\"string\\\"\\n\"}", "{\"s\":\"json \\\"string\\\"\\n\"}");
+    check_parse("{\"k\":null}", "{\"k\":null}");
+    check_parse("{city:Paris,n:-12.5e3,t:false}", "{\"city\":\"Paris\",\"n\":-12500,\"t\":false}");
+    check_parse("{list:[1,[2,[]],{x:<|\"|>}{],:<|\"|>}]}", "{\"list\":[1,[2,[]],{\"x\":\"}{],:\"}]}");
+    check_parse("{word:1e,v:inf}", "{\"word\":\"1e\",\"v\":\"inf\"}");
+    check_parse("{text:<|\"|>a <tool_call|> b<|\"|>}", "{\"text\":\"a <tool_call|> b\"}");
+    check_refused("", "empty");
+    check_refused("[1]", "not an object");
+    check_refused("{a:<|\"|>open}", "unclosed string");
+    check_refused("{a:\"open}", "unclosed JSON string");
+    check_refused("{a 1}", "no colon");
+    check_refused("{a:1", "unclosed object");
+    check_refused("{a:[1,2}", "unclosed array");
+    check_refused("{a:}", "no value");
+    check_refused("{a:1} trailing", "text after");
+    check_refused("{a:1,,b:2}", "empty member");
+    char deep[400] = "{a:";
+    for (int i = 0; i < 70; i++) strcat(deep, "[");
+    check_refused(deep, "nested past the limit");
+    char *out = NULL;
+    CHECK(g4_tool_declaration("{\"function\":{}}", 15, &out) != 0 && one_line(g4_last_error()), "a function without a name was accepted");
+    free(out), out = NULL;
+    CHECK(g4_tool_declaration("{nope", 5, &out) != 0 && one_line(g4_last_error()), "a tool that is not JSON was accepted");
+    free(out), out = NULL;
+    CHECK(g4_tool_call_text("f", "[1]", 3, &out) != 0 && !out, "arguments that are no object were accepted");
+    CHECK(g4_tool_call_text("f", "", 0, &out) == 0 && out && !strcmp(out, "<|tool_call>call:f{}<tool_call|>"), "empty arguments: %s",
+          out ? out : g4_last_error());
+    free(out), out = NULL;
+    CHECK(g4_tool_call_text("f", " null ", 6, &out) == 0 && out && !strcmp(out, "<|tool_call>call:f{}<tool_call|>"), "null arguments: %s",
+          out ? out : g4_last_error());
+    free(out), out = NULL;
+    CHECK(g4_tool_call_text("", "{}", 2, &out) != 0, "a call without a name was accepted");
+    free(out);
+}
+
+/* The template_cases.jsonl case "tools declared" gives the template's whole prompt for the
+ * weather and sum tools: the declarations made here, rendered by g4, must give that text. */
+static void check_rendered_prompt(void) {
+    static const char *weather = "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"The weather in a city now.\","
+                                 "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"The city.\"}},"
+                                 "\"required\":[\"city\"]}}}";
+    static const char *sum = "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"description\":\"Adds two numbers.\",\"parameters\":{\"type\":"
+                             "\"object\",\"properties\":{\"a\":{\"type\":\"number\"},\"b\":{\"type\":\"number\"}},\"required\":[\"a\",\"b\"]}}}";
+    char *text, *want = NULL;
+    CHECK(g4_read_file("tests/fixtures/chat/template_cases.jsonl", &text, NULL) == 0, "cannot read template_cases.jsonl");
+    if (!text) return;
+    for (char *line = strtok(text, "\n"); line && !want; line = strtok(NULL, "\n")) {
+        cJSON *row = cJSON_Parse(line);
+        if (row && !strcmp(cJSON_GetObjectItem(row, "name")->valuestring, "tools declared")) want = strdup(cJSON_GetObjectItem(row, "text")->valuestring);
+        cJSON_Delete(row);
+    }
+    free(text);
+    CHECK(want != NULL, "template_cases.jsonl has no case \"tools declared\"");
+    char *decl[2] = {NULL, NULL}, *got = NULL;
+    size_t len;
+    int rc = g4_tool_declaration(weather, strlen(weather), &decl[0]) || g4_tool_declaration(sum, strlen(sum), &decl[1]);
+    g4_chat_options o = g4_chat_default_options();
+    o.tools = (const char *const *)decl;
+    o.n_tools = 2;
+    g4_chat_message m = {G4_CHAT_USER, "Weather in Paris?"};
+    rc = rc || g4_chat_render(&m, 1, &o, &got, &len);
+    CHECK(rc == 0 && want && !strcmp(got, want), "the prompt with converted declarations:\n   got  %s\n   want %s", got ? got : g4_last_error(),
+          want ? want : "-");
+    free(decl[0]), free(decl[1]), free(got), free(want);
+}
+
+int main(void) {
+    check_fixture();
+    check_parser();
+    check_rendered_prompt();
+    return check_report("test_tools");
+}

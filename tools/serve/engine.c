@@ -1,0 +1,523 @@
+/* g4 serve's engine (engine.h): the slots, the queue, the prompt cache and the one thread that
+ * steps the generation stepper. Lock order: the engine's mutex guards the queue, the slots'
+ * assignment and every job's output and flags; the stepper and the session are the engine
+ * thread's alone and run without the lock, so readers and new requests never wait for a step. */
+#define _POSIX_C_SOURCE 200809L
+#include "serve/engine.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "serve/reply.h"
+#include "text/textbuf.h"
+
+struct serve_job {
+    serve_request req;
+    int32_t *prompt;
+    int n_prompt, opens_thought, max_tokens;
+    char *prefill, *model_id;
+    char id[40];
+    long created;
+    uint64_t seed;       /* the request's, or a fresh one */
+    /* under the engine's mutex */
+    g4_textbuf out;      /* the reply so far: SSE events, or the whole body once done */
+    size_t read_at;      /* what the reader has taken of it */
+    int status;          /* 200, or the error's when the job failed before its response began */
+    int done, cancel, refs, admitted;
+    pthread_cond_t cond; /* output, or done */
+    serve_job *next;     /* in the queue */
+    /* the engine thread's */
+    serve_reply *reply;
+    int slot, n_cached, n_generated;
+    int script, script_at; /* test hook: the reply text's index, or -1 */
+    double t_submit, t_first;
+};
+
+typedef struct {
+    serve_job *job;  /* the request it runs, or NULL when idle */
+    int32_t *held;   /* what its KV cache holds, for the prompt cache */
+    int n_held;
+    long used;       /* when it last finished: the least recently used idle slot goes first */
+} slot;
+
+struct serve_engine {
+    g4_session *s;
+    const g4_tokenizer *tok;
+    serve_engine_config c;
+    g4_stepper *st;
+    int n_slots, ctx;
+    slot *slots;
+    g4_step_token *events;
+    g4_sampling defaults;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t work;   /* a new or cancelled job, or stopping */
+    serve_job *head, *tail;
+    int queued, active, live;
+    int draining, stopping;
+    double cut_at;         /* while draining: when the requests still running are cut short (0: never) */
+    long clock, script_next;
+    serve_stats stats;
+};
+
+static double now_mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* pthread_cond_timedwait on CLOCK_MONOTONIC (the conditions are made with that clock). */
+static void wait_until(pthread_cond_t *c, pthread_mutex_t *mu, double deadline) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)deadline;
+    ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
+    pthread_cond_timedwait(c, mu, &ts);
+}
+
+static int cond_init(pthread_cond_t *c) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(c, &a);
+    pthread_condattr_destroy(&a);
+    return rc;
+}
+
+/* Ids and seeds: a counter through splitmix64 from a start that differs per process. */
+static _Atomic uint64_t id_counter;
+static uint64_t random64(void) {
+    static uint64_t salt;
+    if (!salt) salt = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(now_mono() * 1e9);
+    uint64_t z = salt + atomic_fetch_add(&id_counter, 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+serve_job *serve_job_new(serve_request *r, int32_t *prompt, int n_prompt, int opens_thought, char *prefill, int max_tokens,
+                         const char *model_id) {
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j || cond_init(&j->cond) || !(j->model_id = strdup(model_id))) {
+        if (j) free(j->model_id);
+        free(j);
+        return NULL;
+    }
+    j->req = *r;
+    memset(r, 0, sizeof *r);
+    j->prompt = prompt, j->n_prompt = n_prompt, j->opens_thought = opens_thought, j->prefill = prefill, j->max_tokens = max_tokens;
+    snprintf(j->id, sizeof j->id, "%s-%016llx", j->req.kind == SERVE_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)random64());
+    j->created = (long)time(NULL);
+    j->seed = j->req.seed_given ? j->req.sampling.seed : random64();
+    j->status = 200;
+    j->refs = 1;
+    j->slot = j->script = -1;
+    return j;
+}
+
+static void job_free(serve_job *j) {
+    serve_request_free(&j->req);
+    serve_reply_free(j->reply);
+    free(j->prompt), free(j->prefill), free(j->model_id), free(j->out.p);
+    pthread_cond_destroy(&j->cond);
+    free(j);
+}
+
+/* Drops a reference (under the mutex); the last one frees the job. */
+static void job_unref(serve_engine *e, serve_job *j) {
+    if (--j->refs > 0) return;
+    if (j->admitted) e->live--;
+    job_free(j);
+}
+
+void serve_job_release(serve_engine *e, serve_job *j) {
+    pthread_mutex_lock(&e->mu);
+    if (!j->done) { /* the reader leaves first: the engine stops it at its next look */
+        j->cancel = 1;
+        pthread_cond_signal(&e->work);
+    }
+    job_unref(e, j);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void serve_job_cancel(serve_engine *e, serve_job *j) {
+    pthread_mutex_lock(&e->mu);
+    if (!j->done) {
+        j->cancel = 1;
+        pthread_cond_signal(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+int serve_job_stream(const serve_job *j) { return j->req.stream; }
+
+size_t serve_job_read(serve_engine *e, serve_job *j, char *buf, size_t cap, int timeout_ms, int *done) {
+    double deadline = now_mono() + timeout_ms / 1000.0;
+    pthread_mutex_lock(&e->mu);
+    while (j->read_at == j->out.n && !j->done && now_mono() < deadline) wait_until(&j->cond, &e->mu, deadline);
+    size_t n = j->out.n - j->read_at < cap ? j->out.n - j->read_at : cap;
+    if (n) memcpy(buf, j->out.p + j->read_at, n);
+    j->read_at += n;
+    if (j->read_at == j->out.n && !j->done) j->read_at = j->out.n = 0; /* all read: the buffer starts over */
+    *done = j->done && j->read_at == j->out.n;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+int serve_job_wait(serve_engine *e, serve_job *j, int timeout_ms) {
+    double deadline = now_mono() + timeout_ms / 1000.0;
+    pthread_mutex_lock(&e->mu);
+    while (!j->done && now_mono() < deadline) wait_until(&j->cond, &e->mu, deadline);
+    int done = j->done;
+    pthread_mutex_unlock(&e->mu);
+    return done;
+}
+
+const char *serve_job_output(serve_job *j, size_t *len) {
+    *len = j->out.n;
+    return j->out.p ? j->out.p : "";
+}
+
+int serve_job_status(const serve_job *j) { return j->status; }
+
+/* ---------------------------------------------------------------- finishing */
+
+/* What the slot's cache holds now: the prompt, then the generated tokens the stepper fed. */
+static void remember_held(serve_engine *e, slot *sl, const serve_job *j) {
+    int n_pos = g4_session_seq_pos(e->s, j->slot), n_gen;
+    const int32_t *gen = g4_stepper_tokens(e->st, j->slot, &n_gen);
+    int from_prompt = n_pos < j->n_prompt ? n_pos : j->n_prompt, from_gen = n_pos - from_prompt;
+    if (from_gen > n_gen) from_gen = n_gen;
+    memcpy(sl->held, j->prompt, sizeof *sl->held * (size_t)from_prompt);
+    if (from_gen > 0) memcpy(sl->held + from_prompt, gen, sizeof *sl->held * (size_t)from_gen);
+    sl->n_held = from_prompt + from_gen;
+}
+
+/* The job's end (under the mutex): the reply's last chunks, its slot free, its reader woken. */
+static void finish_job(serve_engine *e, serve_job *j, serve_finish why) {
+    if (j->slot >= 0) {
+        slot *sl = &e->slots[j->slot];
+        remember_held(e, sl, j);
+        sl->job = NULL;
+        sl->used = ++e->clock;
+        e->active--;
+    }
+    if (j->reply && serve_reply_finish(j->reply, why, j->n_prompt, j->n_cached, j->n_generated, &j->out) != 0) {
+        serve_error err;
+        serve_fail(&err, 500, "server_error", NULL, NULL, "out of memory while writing the reply");
+        g4_textbuf_clear(&j->out);
+        if (j->req.stream) serve_reply_error(&err, &j->out);
+        else {
+            char *s = serve_error_json(&err);
+            if (s) g4_textbuf_appends(&j->out, s);
+            free(s);
+            j->status = 500;
+        }
+    }
+    e->stats.finished++;
+    e->stats.generated_tokens += j->n_generated;
+    if (j->t_first > 0) e->stats.ttft_sum += j->t_first - j->t_submit, e->stats.ttft_count++;
+    j->done = 1;
+    pthread_cond_broadcast(&j->cond);
+    job_unref(e, j);
+}
+
+/* A job that cannot run: its error as the response (or, streaming, as an event after the role). */
+static void fail_job(serve_engine *e, serve_job *j, int status, const char *msg) {
+    serve_error err;
+    serve_fail(&err, status, status == 500 ? "server_error" : "invalid_request_error", NULL, NULL, "%s", msg);
+    serve_reply_free(j->reply);
+    j->reply = NULL;
+    if (j->req.stream) serve_reply_error(&err, &j->out); /* its 200 and event stream began at admission */
+    else {
+        char *s = serve_error_json(&err);
+        g4_textbuf_clear(&j->out);
+        if (s) g4_textbuf_appends(&j->out, s);
+        free(s);
+        j->status = status;
+    }
+    finish_job(e, j, SERVE_FINISH_STOP);
+}
+
+/* ---------------------------------------------------------------- starting */
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = 0;
+    while (n < na && n < nb && a[n] == b[n]) n++;
+    return n;
+}
+
+/* The idle slot for a prompt: the one sharing the longest prefix with it, else the least
+ * recently used (whose cache is the least likely to be asked for again). */
+static int choose_slot(const serve_engine *e, const serve_job *j, int use_cache, int *shared) {
+    int best = -1, best_shared = 0;
+    *shared = 0;
+    for (int q = 0; q < e->n_slots; q++) {
+        const slot *sl = &e->slots[q];
+        if (sl->job) continue;
+        int n = use_cache ? common_prefix(sl->held, sl->n_held, j->prompt, j->n_prompt) : 0;
+        if (best < 0 || n > best_shared || (n == best_shared && sl->used < e->slots[best].used)) best = q, best_shared = n;
+    }
+    *shared = best_shared;
+    return best;
+}
+
+/* The request's sampling: the model's defaults, each field the request gave in its place. */
+static g4_generate_params job_params(const serve_engine *e, const serve_job *j, const int *no_stops) {
+    g4_generate_params p = {.max_tokens = j->max_tokens, .sampling = e->defaults};
+    sampling_override(&p.sampling, &j->req.sampling, j->req.sampling_given);
+    p.sampling.seed = j->seed;
+    if (j->script >= 0) p.stop_ids = no_stops, p.n_stop_ids = 1; /* the scripted reply decides where it ends */
+    return p;
+}
+
+/* Puts the job in a slot: the prompt cache's prefix kept, the rest of the prompt to the stepper. */
+static void start_job(serve_engine *e, serve_job *j) {
+    static const int no_stops[1] = {-1};
+    if (e->c.n_script > 0) j->script = (int)(e->script_next++ % e->c.n_script);
+    g4_generate_params p = job_params(e, j, no_stops);
+    /* the repetition penalty's window is the prompt the stepper is given: a cached prefix would
+     * change it, so such requests start from an empty cache */
+    int use_cache = e->c.prompt_cache && p.sampling.repeat_penalty == 1.0f, shared;
+    int q = choose_slot(e, j, use_cache, &shared);
+    int keep = shared < j->n_prompt ? shared : j->n_prompt - 1; /* the stepper needs a token to feed */
+    serve_reply_config rc = {.kind = j->req.kind, .stream = j->req.stream, .include_usage = j->req.include_usage, .id = j->id,
+                             .model = j->model_id, .created = j->created, .stop = j->req.stop, .n_stop = j->req.n_stop,
+                             .tools = j->req.n_tools > 0 && j->req.tool_choice != SERVE_TOOLS_NONE, .opens_thought = j->opens_thought,
+                             .prefill = j->prefill};
+    j->reply = serve_reply_new(e->tok, &rc, &j->out);
+    if (!j->reply) return fail_job(e, j, 500, "out of memory for the reply");
+    if (keep > 0) g4_session_truncate_seq(e->s, q, keep);
+    else g4_session_reset_seq(e->s, q);
+    e->slots[q].n_held = keep;
+    if (g4_stepper_add(e->st, q, j->prompt + keep, j->n_prompt - keep, &p) != 0) {
+        e->slots[q].n_held = 0;
+        g4_session_reset_seq(e->s, q);
+        return fail_job(e, j, 400, g4_last_error());
+    }
+    e->slots[q].job = j;
+    j->slot = q;
+    j->n_cached = keep;
+    e->active++;
+    e->stats.cached_tokens += keep;
+    e->stats.prompt_tokens += j->n_prompt;
+}
+
+/* Queued jobs into the free slots, first come first served. */
+static void admit_jobs(serve_engine *e) {
+    while (e->head && e->active < e->n_slots) {
+        serve_job *j = e->head;
+        e->head = j->next;
+        if (!e->head) e->tail = NULL;
+        e->queued--;
+        start_job(e, j);
+    }
+}
+
+/* Jobs whose readers left: stopped where they stand. */
+static void drop_cancelled(serve_engine *e) {
+    for (int q = 0; q < e->n_slots; q++) {
+        serve_job *j = e->slots[q].job;
+        if (j && j->cancel) {
+            g4_stepper_cancel(e->st, q);
+            e->stats.cancelled++;
+            finish_job(e, j, SERVE_FINISH_STOP);
+        }
+    }
+    for (serve_job **p = &e->head; *p;) {
+        serve_job *j = *p;
+        if (!j->cancel) {
+            p = &j->next;
+            continue;
+        }
+        *p = j->next;
+        if (e->tail == j) e->tail = NULL;
+        for (serve_job *t = e->head; t; t = t->next) e->tail = t;
+        e->queued--;
+        e->stats.cancelled++;
+        finish_job(e, j, SERVE_FINISH_STOP);
+    }
+}
+
+/* Draining past its time: every request still running or waiting ends now, its reply complete
+ * with finish_reason "length". */
+static void cut_all(serve_engine *e) {
+    for (int q = 0; q < e->n_slots; q++)
+        if (e->slots[q].job) {
+            g4_stepper_cancel(e->st, q);
+            finish_job(e, e->slots[q].job, SERVE_FINISH_LENGTH);
+        }
+    while (e->head) {
+        serve_job *j = e->head;
+        e->head = j->next;
+        e->queued--;
+        fail_job(e, j, 503, "the server shut down before the request could start");
+    }
+    e->tail = NULL;
+}
+
+/* ---------------------------------------------------------------- a step's tokens */
+
+/* One token of a step for its job: through the reply (the scripted text's token in its place
+ * under the test hook); a stop string, the end of a script or a client that stopped reading ends
+ * the job there. */
+static void deliver(serve_engine *e, const g4_step_token *ev) {
+    serve_job *j = e->slots[ev->seq].job;
+    if (!j) return;
+    int ended = 0;
+    if (ev->token >= 0) {
+        int32_t t = ev->token;
+        int is_stop = ev->finished && ev->stop == G4_STOP_EOS;
+        if (j->script >= 0) t = e->c.script[j->script][j->script_at++], is_stop = 0;
+        if (j->t_first == 0) j->t_first = now_mono();
+        j->n_generated++;
+        int rc = serve_reply_token(j->reply, t, is_stop, &j->out);
+        if (rc < 0) {
+            g4_stepper_cancel(e->st, ev->seq);
+            return fail_job(e, j, 500, "out of memory while writing the reply");
+        }
+        ended = rc == 1 || (j->script >= 0 && j->script_at == e->c.script_len[j->script]);
+    }
+    if (ev->finished && !ended) {
+        finish_job(e, j, ev->stop == G4_STOP_EOS || ev->stop == G4_STOP_USER ? SERVE_FINISH_STOP : SERVE_FINISH_LENGTH);
+    } else if (ended) {
+        g4_stepper_cancel(e->st, ev->seq);
+        finish_job(e, j, SERVE_FINISH_STOP);
+    } else if (j->req.stream && j->out.n - j->read_at > e->c.max_unread) {
+        g4_stepper_cancel(e->st, ev->seq); /* its client stopped reading */
+        e->stats.cancelled++;
+        finish_job(e, j, SERVE_FINISH_LENGTH);
+    } else {
+        pthread_cond_broadcast(&j->cond);
+    }
+}
+
+static void *engine_main(void *arg) {
+    serve_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        drop_cancelled(e);
+        if (e->draining && e->cut_at > 0 && now_mono() >= e->cut_at) cut_all(e);
+        admit_jobs(e);
+        if (e->active == 0) {
+            if (e->stopping && !e->head) break;
+            if (e->draining && e->cut_at > 0) wait_until(&e->work, &e->mu, e->cut_at);
+            else pthread_cond_wait(&e->work, &e->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        int n = g4_stepper_step(e->st, e->events);
+        if (e->c.step_ms > 0) nanosleep(&(struct timespec){e->c.step_ms / 1000, (long)(e->c.step_ms % 1000) * 1000000L}, NULL);
+        char err[256];
+        if (n < 0) snprintf(err, sizeof err, "generation failed: %s", g4_last_error());
+        pthread_mutex_lock(&e->mu);
+        g4_stepper_stats ss;
+        g4_stepper_get_stats(e->st, &ss);
+        e->stats.decode_s = ss.decode_s, e->stats.prefill_s = ss.prefill_s;
+        for (int i = 0; i < n; i++) deliver(e, &e->events[i]);
+        if (n < 0)
+            for (int q = 0; q < e->n_slots; q++)
+                if (e->slots[q].job) {
+                    g4_stepper_cancel(e->st, q);
+                    fail_job(e, e->slots[q].job, 500, err);
+                }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- the engine */
+
+serve_engine *serve_engine_new(g4_session *s, const g4_tokenizer *tok, const serve_engine_config *c) {
+    serve_engine *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->s = s, e->tok = tok, e->c = *c;
+    e->n_slots = g4_session_n_seq(s);
+    e->ctx = g4_session_ctx(s);
+    g4_model_sampling_defaults(g4_session_model(s), &e->defaults);
+    e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
+    e->events = calloc((size_t)e->n_slots, sizeof *e->events);
+    int ok = e->slots && e->events && (e->st = g4_stepper_new(s, c->prompt_chunk)) && !pthread_mutex_init(&e->mu, NULL) && !cond_init(&e->work);
+    for (int q = 0; ok && q < e->n_slots; q++) ok = (e->slots[q].held = malloc(sizeof *e->slots[q].held * (size_t)(e->ctx + 1))) != NULL;
+    e->stats.slots = e->n_slots;
+    if (ok && pthread_create(&e->thread, NULL, engine_main, e) == 0) {
+        e->thread_started = 1;
+        return e;
+    }
+    serve_engine_free(e, 0);
+    return NULL;
+}
+
+void serve_engine_drain(serve_engine *e, double cut_after_s) {
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    if (cut_after_s >= 0 && e->cut_at == 0) e->cut_at = now_mono() + (cut_after_s > 0 ? cut_after_s : 1e-9);
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void serve_engine_free(serve_engine *e, double drain_s) {
+    if (!e) return;
+    if (e->thread_started) {
+        serve_engine_drain(e, drain_s);
+        pthread_mutex_lock(&e->mu);
+        e->stopping = 1;
+        pthread_cond_signal(&e->work);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    for (int q = 0; e->slots && q < e->n_slots; q++) free(e->slots[q].held);
+    free(e->slots);
+    free(e->events);
+    g4_stepper_free(e->st);
+    free(e);
+}
+
+int serve_engine_submit(serve_engine *e, serve_job *j, serve_error *err) {
+    pthread_mutex_lock(&e->mu);
+    int rc = 0;
+    if (e->draining) {
+        rc = serve_fail(err, 503, "server_error", "shutting_down", NULL, "the server is shutting down");
+    } else if (e->queued + e->active >= e->n_slots + e->c.queue) {
+        e->stats.rejected_busy++;
+        rc = serve_fail(err, 503, "server_error", "server_busy", NULL,
+                        "the server is busy: all %d slots and the %d places of the queue are taken; retry later", e->n_slots, e->c.queue);
+    } else {
+        j->refs++;
+        j->admitted = 1;
+        j->t_submit = now_mono();
+        e->live++;
+        e->queued++;
+        e->stats.admitted++;
+        if (e->tail) e->tail->next = j;
+        else e->head = j;
+        e->tail = j;
+        pthread_cond_signal(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int serve_engine_live(serve_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int n = e->live;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void serve_engine_stats(serve_engine *e, serve_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->stats;
+    st->active = e->active;
+    st->queued = e->queued;
+    st->draining = e->draining;
+    pthread_mutex_unlock(&e->mu);
+}

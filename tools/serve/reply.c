@@ -1,0 +1,354 @@
+/* g4 serve's replies (reply.h): a request's tokens into OpenAI's JSON, streamed or whole. */
+#define _POSIX_C_SOURCE 200809L
+#include "serve/reply.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/reply.h"
+
+static const char CLOSE_CALL[] = "<tool_call|>";
+
+/* ---------------------------------------------------------------- stop strings */
+
+/* Text waiting for the stop strings: what could still be the start of one is held back. */
+typedef struct {
+    char *const *stop;
+    int n_stop;
+    g4_textbuf held;
+    int matched;
+} stop_matcher;
+
+/* The longest end of s[0, n) that begins some stop string (and is shorter than it). */
+static size_t partial_stop(const stop_matcher *m, const char *s, size_t n) {
+    size_t best = 0;
+    for (int k = 0; k < m->n_stop; k++) {
+        size_t len = strlen(m->stop[k]);
+        for (size_t take = len - 1 < n ? len - 1 : n; take > best; take--)
+            if (!memcmp(s + n - take, m->stop[k], take)) {
+                best = take;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Pushes text; *released (into rel) is what can go out. Sets matched at the first stop string:
+ * what precedes it goes out, the rest never does. */
+static int stop_push(stop_matcher *m, const char *text, size_t len, int final, g4_textbuf *rel) {
+    if (m->matched) return 0;
+    if (g4_textbuf_append(&m->held, text, len)) return -1;
+    const char *h = m->held.p ? m->held.p : "";
+    size_t n = m->held.n, cut = n;
+    for (int k = 0; k < m->n_stop; k++) {
+        size_t sl = strlen(m->stop[k]);
+        for (size_t i = 0; i + sl <= n && i < cut; i++)
+            if (!memcmp(h + i, m->stop[k], sl)) {
+                cut = i;
+                m->matched = 1;
+                break;
+            }
+    }
+    size_t out = m->matched ? cut : final ? n : n - partial_stop(m, h, n);
+    if (g4_textbuf_append(rel, h, out)) return -1;
+    if (m->matched) {
+        g4_textbuf_clear(&m->held);
+        return 0;
+    }
+    memmove(m->held.p, h + out, n - out);
+    m->held.n = n - out;
+    m->held.p[m->held.n] = 0;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the reply */
+
+typedef struct {
+    char *name, *arguments; /* arguments as JSON text */
+} call;
+
+struct serve_reply {
+    serve_reply_config c;
+    g4_detokenizer *detok;
+    g4_spans *spans;
+    stop_matcher stop;
+    g4_textbuf content, reasoning; /* whole responses: everything; streaming: this token's */
+    g4_textbuf call_text;          /* the tool call being written */
+    call *calls;
+    int n_calls, cap_calls, streamed_calls;
+    g4_textbuf scratch;
+};
+
+static cJSON *chunk_root(const serve_reply *r) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", r->c.id);
+    cJSON_AddStringToObject(root, "object", r->c.kind == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(root, "created", (double)r->c.created);
+    cJSON_AddStringToObject(root, "model", r->c.model);
+    cJSON_AddStringToObject(root, "system_fingerprint", "g4-" G4_VERSION);
+    return root;
+}
+
+/* "data: JSON\n\n", the SSE event of one chunk; root is deleted. */
+static int append_event(g4_textbuf *out, cJSON *root) {
+    char *s = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    int rc = !s || g4_textbuf_appends(out, "data: ") || g4_textbuf_appends(out, s) || g4_textbuf_appends(out, "\n\n");
+    free(s);
+    return rc ? -1 : 0;
+}
+
+/* One choice of a chunk; finish NULL for none yet. */
+static cJSON *add_choice(const serve_reply *r, cJSON *root, const char *finish) {
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", 0);
+    if (r->c.kind == SERVE_COMPLETION) cJSON_AddStringToObject(ch, "text", r->content.p ? r->content.p : "");
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    return ch;
+}
+
+static char *call_id(const serve_reply *r, int k) {
+    static const char prefix[] = "call_";
+    size_t n = strlen(r->c.id) + sizeof prefix + 16;
+    char *id = malloc(n);
+    if (id) snprintf(id, n, "%s%s_%d", prefix, strchr(r->c.id, '-') ? strchr(r->c.id, '-') + 1 : r->c.id, k);
+    return id;
+}
+
+/* tool_calls[k] of a message or a delta. */
+static cJSON *call_json(const serve_reply *r, int k, int with_index) {
+    cJSON *j = cJSON_CreateObject(), *fn;
+    char *id = call_id(r, k);
+    if (with_index) cJSON_AddNumberToObject(j, "index", k);
+    cJSON_AddStringToObject(j, "id", id ? id : "call");
+    cJSON_AddStringToObject(j, "type", "function");
+    fn = cJSON_AddObjectToObject(j, "function");
+    cJSON_AddStringToObject(fn, "name", r->calls[k].name);
+    cJSON_AddStringToObject(fn, "arguments", r->calls[k].arguments);
+    free(id);
+    return j;
+}
+
+/* This token's text, calls and thought as one chat chunk (nothing when there is none). */
+static int stream_chat_delta(serve_reply *r, g4_textbuf *out) {
+    if (!r->content.n && !r->reasoning.n && r->streamed_calls == r->n_calls) return 0;
+    cJSON *root = chunk_root(r), *delta = cJSON_AddObjectToObject(add_choice(r, root, NULL), "delta");
+    if (r->reasoning.n) cJSON_AddStringToObject(delta, "reasoning_content", r->reasoning.p);
+    if (r->content.n) cJSON_AddStringToObject(delta, "content", r->content.p);
+    if (r->streamed_calls < r->n_calls) {
+        cJSON *calls = cJSON_AddArrayToObject(delta, "tool_calls");
+        for (; r->streamed_calls < r->n_calls; r->streamed_calls++) cJSON_AddItemToArray(calls, call_json(r, r->streamed_calls, 1));
+    }
+    g4_textbuf_clear(&r->content);
+    g4_textbuf_clear(&r->reasoning);
+    return append_event(out, root);
+}
+
+static int stream_completion_delta(serve_reply *r, g4_textbuf *out) {
+    if (!r->content.n) return 0;
+    cJSON *root = chunk_root(r);
+    add_choice(r, root, NULL);
+    g4_textbuf_clear(&r->content);
+    return append_event(out, root);
+}
+
+serve_reply *serve_reply_new(const g4_tokenizer *tok, const serve_reply_config *c, g4_textbuf *out) {
+    serve_reply *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->c = *c;
+    r->stop.stop = c->stop;
+    r->stop.n_stop = c->n_stop;
+    r->detok = g4_detokenizer_new(tok);
+    r->spans = c->kind == SERVE_CHAT ? g4_spans_new(c->opens_thought, c->tools) : NULL;
+    int rc = !r->detok || (c->kind == SERVE_CHAT && !r->spans) || g4_textbuf_append(&r->content, "", 0) ||
+             g4_textbuf_append(&r->reasoning, "", 0);
+    /* the call the prompt opened is the start of the reply's first tool-call span */
+    const g4_span_text *pieces;
+    int n;
+    if (!rc && c->prefill) rc = g4_spans_push(r->spans, c->prefill, strlen(c->prefill), &pieces, &n) || g4_textbuf_appends(&r->call_text, c->prefill);
+    if (!rc && c->stream && c->kind == SERVE_CHAT) {
+        cJSON *root = chunk_root(r), *delta = cJSON_AddObjectToObject(add_choice(r, root, NULL), "delta");
+        cJSON_AddStringToObject(delta, "role", "assistant");
+        cJSON_AddStringToObject(delta, "content", "");
+        rc = append_event(out, root);
+    }
+    if (rc) {
+        serve_reply_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void serve_reply_free(serve_reply *r) {
+    if (!r) return;
+    g4_detokenizer_free(r->detok);
+    g4_spans_free(r->spans);
+    free(r->stop.held.p), free(r->content.p), free(r->reasoning.p), free(r->call_text.p), free(r->scratch.p);
+    for (int i = 0; i < r->n_calls; i++) free(r->calls[i].name), free(r->calls[i].arguments);
+    free(r->calls);
+    free(r);
+}
+
+/* A whole call's text as name and JSON arguments; 0 when it is no call Gemma's syntax can say
+ * (its text then goes to the content). */
+static int parse_call(serve_reply *r, const char *text, size_t n) {
+    g4_chat_reply parsed;
+    if (g4_chat_parse_reply(text, n, &parsed)) return -1;
+    char *json = NULL;
+    int ok = parsed.n_tool_calls == 1 && parsed.tool_calls[0].name[0] &&
+             g4_tool_arguments_json(parsed.tool_calls[0].arguments, strlen(parsed.tool_calls[0].arguments), &json) == 0;
+    if (ok && r->n_calls == r->cap_calls) {
+        int cap = r->cap_calls ? 2 * r->cap_calls : 4;
+        call *c = realloc(r->calls, sizeof *c * (size_t)cap);
+        if (!c) ok = -1;
+        else r->calls = c, r->cap_calls = cap;
+    }
+    if (ok == 1) {
+        r->calls[r->n_calls].name = parsed.tool_calls[0].name;
+        r->calls[r->n_calls].arguments = json;
+        parsed.tool_calls[0].name = NULL;
+        json = NULL;
+        r->n_calls++;
+    }
+    free(json);
+    g4_chat_reply_free(&parsed);
+    return ok;
+}
+
+/* A tool call that cannot be parsed, or one never closed, is the model's text after all. */
+static int call_as_content(serve_reply *r, int final) {
+    g4_textbuf *rel = &r->scratch;
+    g4_textbuf_clear(rel);
+    int rc = stop_push(&r->stop, r->call_text.p, r->call_text.n, final, rel) || g4_textbuf_append(&r->content, rel->p, rel->n);
+    g4_textbuf_clear(&r->call_text);
+    return rc;
+}
+
+/* The spans that became final into content (through the stop strings), reasoning and calls. */
+static int take_pieces(serve_reply *r, const g4_span_text *pieces, int n, int final) {
+    for (int i = 0; i < n; i++) {
+        const g4_span_text *p = &pieces[i];
+        if (p->span == G4_SPAN_THOUGHT) {
+            if (g4_textbuf_append(&r->reasoning, p->text, p->len)) return -1;
+        } else if (p->span == G4_SPAN_TOOL_CALL) {
+            if (g4_textbuf_append(&r->call_text, p->text, p->len)) return -1;
+            size_t cl = sizeof CLOSE_CALL - 1;
+            if (r->call_text.n >= cl && !memcmp(r->call_text.p + r->call_text.n - cl, CLOSE_CALL, cl)) {
+                int ok = parse_call(r, r->call_text.p, r->call_text.n);
+                if (ok < 0 || (ok == 0 && call_as_content(r, final))) return -1;
+                g4_textbuf_clear(&r->call_text);
+            }
+        } else {
+            g4_textbuf_clear(&r->scratch);
+            if (stop_push(&r->stop, p->text, p->len, final, &r->scratch) || g4_textbuf_append(&r->content, r->scratch.p, r->scratch.n))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* Decoded text into the reply's parts. */
+static int take_text(serve_reply *r, const char *bytes, size_t len, int final) {
+    if (r->c.kind == SERVE_COMPLETION) {
+        g4_textbuf_clear(&r->scratch);
+        return stop_push(&r->stop, bytes, len, final, &r->scratch) || g4_textbuf_append(&r->content, r->scratch.p, r->scratch.n) ? -1 : 0;
+    }
+    const g4_span_text *pieces;
+    int n;
+    int rc = final ? g4_spans_finish(r->spans, bytes, len, &pieces, &n) : g4_spans_push(r->spans, bytes, len, &pieces, &n);
+    return rc || take_pieces(r, pieces, n, final) ? -1 : 0;
+}
+
+static int stream_delta(serve_reply *r, g4_textbuf *out) {
+    if (!r->c.stream) return 0;
+    return r->c.kind == SERVE_CHAT ? stream_chat_delta(r, out) : stream_completion_delta(r, out);
+}
+
+int serve_reply_token(serve_reply *r, int32_t token, int is_stop, g4_textbuf *out) {
+    if (r->stop.matched) return 1;
+    if (!is_stop) {
+        const char *bytes;
+        size_t len;
+        if (g4_detokenizer_push(r->detok, token, &bytes, &len) || take_text(r, bytes, len, 0)) return -1;
+    }
+    if (stream_delta(r, out)) return -1;
+    return r->stop.matched;
+}
+
+static const char *finish_reason(const serve_reply *r, serve_finish why) {
+    if (why == SERVE_FINISH_LENGTH && !r->stop.matched) return "length";
+    return r->n_calls && !r->stop.matched ? "tool_calls" : "stop";
+}
+
+static cJSON *usage_json(int prompt, int cached, int completion) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
+    return u;
+}
+
+/* The whole response of a request that did not stream. */
+static int whole_response(serve_reply *r, const char *finish, cJSON *usage, g4_textbuf *out) {
+    cJSON *root = chunk_root(r);
+    cJSON_ReplaceItemInObject(root, "object", cJSON_CreateString(r->c.kind == SERVE_CHAT ? "chat.completion" : "text_completion"));
+    cJSON *ch = add_choice(r, root, finish);
+    if (r->c.kind == SERVE_CHAT) {
+        cJSON *msg = cJSON_CreateObject();
+        cJSON_AddItemToObject(ch, "message", msg);
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        /* OpenAI's shape: content null when the reply is only calls */
+        if (r->content.n || !r->n_calls) cJSON_AddStringToObject(msg, "content", r->content.p);
+        else cJSON_AddNullToObject(msg, "content");
+        if (r->reasoning.n) cJSON_AddStringToObject(msg, "reasoning_content", r->reasoning.p);
+        if (r->n_calls) {
+            cJSON *calls = cJSON_AddArrayToObject(msg, "tool_calls");
+            for (int k = 0; k < r->n_calls; k++) cJSON_AddItemToArray(calls, call_json(r, k, 0));
+        }
+    }
+    cJSON_AddItemToObject(root, "usage", usage);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    int rc = !s || g4_textbuf_appends(out, s);
+    free(s);
+    return rc ? -1 : 0;
+}
+
+int serve_reply_finish(serve_reply *r, serve_finish why, int prompt_tokens, int cached_tokens, int completion_tokens, g4_textbuf *out) {
+    const char *bytes;
+    size_t len;
+    int rc = 0;
+    if (!r->stop.matched) {
+        rc = g4_detokenizer_flush(r->detok, &bytes, &len) || take_text(r, bytes, len, 1) || (r->call_text.n && call_as_content(r, 1));
+        /* what the stop strings still hold (the last text was no answer text) is released too */
+        g4_textbuf_clear(&r->scratch);
+        rc = rc || stop_push(&r->stop, "", 0, 1, &r->scratch) || g4_textbuf_append(&r->content, r->scratch.p ? r->scratch.p : "", r->scratch.n);
+    }
+    if (rc) return -1;
+    const char *finish = finish_reason(r, why);
+    if (!r->c.stream) return whole_response(r, finish, usage_json(prompt_tokens, cached_tokens, completion_tokens), out);
+    if (stream_delta(r, out)) return -1;
+    cJSON *root = chunk_root(r), *ch = add_choice(r, root, finish);
+    if (r->c.kind == SERVE_CHAT) cJSON_AddObjectToObject(ch, "delta");
+    if (append_event(out, root)) return -1;
+    if (r->c.include_usage) {
+        root = chunk_root(r);
+        cJSON_AddArrayToObject(root, "choices");
+        cJSON_AddItemToObject(root, "usage", usage_json(prompt_tokens, cached_tokens, completion_tokens));
+        if (append_event(out, root)) return -1;
+    }
+    return g4_textbuf_appends(out, "data: [DONE]\n\n");
+}
+
+int serve_reply_error(const serve_error *e, g4_textbuf *out) {
+    char *s = serve_error_json(e);
+    int rc = !s || g4_textbuf_appends(out, "data: ") || g4_textbuf_appends(out, s) || g4_textbuf_appends(out, "\n\ndata: [DONE]\n\n");
+    free(s);
+    return rc ? -1 : 0;
+}

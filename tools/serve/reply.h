@@ -1,0 +1,47 @@
+/* g4 serve's replies: the tokens one request generates, as OpenAI's JSON. The text that becomes
+ * final (the streaming detokenizer), split into thought, answer and tool-call spans (the
+ * conversation layer's splitter), with stop strings held back until they can no longer match
+ * and matched on the answer only; tool calls parsed into JSON arguments; streamed as
+ * chat.completion.chunk / text_completion SSE events, or kept for one response. */
+#ifndef G4_SERVE_REPLY_H
+#define G4_SERVE_REPLY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "g4.h"
+#include "serve/request.h"
+#include "text/textbuf.h"
+
+typedef struct {
+    serve_kind kind;
+    int stream, include_usage;
+    const char *id;       /* "chatcmpl-..." / "cmpl-...", also the calls' ids' stem */
+    const char *model;
+    long created;         /* Unix time */
+    char *const *stop;    /* borrowed */
+    int n_stop;
+    int tools;            /* tools were declared: read tool-call spans as calls */
+    int opens_thought;    /* the prompt left a thought open */
+    const char *prefill;  /* the call's opening the prompt ends with (tool_choice), or NULL */
+} serve_reply_config;
+
+typedef enum { SERVE_FINISH_STOP = 0, SERVE_FINISH_LENGTH = 1 } serve_finish;
+
+typedef struct serve_reply serve_reply;
+
+/* Streaming: appends the first chunk (the assistant role) to out. */
+serve_reply *serve_reply_new(const g4_tokenizer *tok, const serve_reply_config *c, g4_textbuf *out);
+void serve_reply_free(serve_reply *r);
+/* One generated token; is_stop: it is a stop id (it adds no text). Appends what became final to
+ * out when streaming. Returns 1 when a stop string matched (the generation ends there), 0, or -1
+ * on failure (out of memory). */
+int serve_reply_token(serve_reply *r, int32_t token, int is_stop, g4_textbuf *out);
+/* The end of the generation: releases what is held back and appends the last chunks, usage and
+ * [DONE] (streaming) or the whole response body. finish_reason is "tool_calls" when the reply
+ * made calls and stopped by itself, else why's. */
+int serve_reply_finish(serve_reply *r, serve_finish why, int prompt_tokens, int cached_tokens, int completion_tokens, g4_textbuf *out);
+/* Streaming, a failure after the response began: an error event and [DONE]. */
+int serve_reply_error(const serve_error *e, g4_textbuf *out);
+
+#endif

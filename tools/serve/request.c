@@ -1,0 +1,590 @@
+/* g4 serve's request parser (request.h): OpenAI's chat-completions and completions fields, each
+ * checked for its type and range, into g4's messages, tools, sampling and stop strings. */
+#define _POSIX_C_SOURCE 200809L
+#include "serve/request.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "text/chat.h"
+#include "text/textbuf.h"
+#include "text/tokenizer.h"
+
+static const char INVALID[] = "invalid_request_error";
+
+int serve_fail(serve_error *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *serve_error_json(const serve_error *e) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : "server_error");
+    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
+    else cJSON_AddNullToObject(err, "param");
+    if (e->code) cJSON_AddStringToObject(err, "code", e->code);
+    else cJSON_AddNullToObject(err, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+static int bad(serve_error *e, const char *param, const char *fmt, const char *arg) {
+    return serve_fail(e, 400, INVALID, NULL, param, fmt, arg);
+}
+
+/* ---------------------------------------------------------------- the body before JSON */
+
+/* cJSON takes any bytes inside strings and cuts a string at an escaped NUL without a word: the
+ * body must be UTF-8 (the messages go to the tokenizer as text) and free of \u0000. */
+static int check_body_text(const char *body, size_t len, serve_error *e) {
+    size_t ok = g4_text_utf8_prefix(body, len);
+    if (ok < len) return serve_fail(e, 400, INVALID, "invalid_utf8", NULL, "the request body is not valid UTF-8 (byte %zu)", ok);
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (body[i] != '\\') continue;
+        if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4))
+            return serve_fail(e, 400, INVALID, NULL, NULL, "strings may not hold NUL characters (\\u0000 at byte %zu)", i);
+        i++; /* the escaped character is not the start of another escape */
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- typed fields */
+
+typedef struct {
+    const cJSON *root;
+    serve_error *e;
+} fields;
+
+/* The field, or NULL when absent or null (OpenAI's clients send null for "not given"). */
+static const cJSON *field(const fields *f, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(f->root, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int get_bool(const fields *f, const char *name, int *out) {
+    const cJSON *v = field(f, name);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return bad(f->e, name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+/* A number in [lo, hi]; returns 1 when given, 0 when absent, -1 (e filled) when wrong. */
+static int get_number(const fields *f, const char *name, double lo, double hi, double *out) {
+    const cJSON *v = field(f, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return serve_fail(f->e, 400, INVALID, NULL, name, "'%s' must be a number in [%g, %g]", name, lo, hi);
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int get_int(const fields *f, const char *name, double lo, double hi, long long *out) {
+    double x;
+    int rc = get_number(f, name, lo, hi, &x);
+    if (rc == 1 && x != floor(x)) return serve_fail(f->e, 400, INVALID, NULL, name, "'%s' must be an integer", name);
+    if (rc == 1) *out = (long long)x;
+    return rc;
+}
+
+static int get_string(const fields *f, const char *name, const char **out) {
+    const cJSON *v = field(f, name);
+    if (!v) return 0;
+    if (!cJSON_IsString(v)) return bad(f->e, name, "'%s' must be a string", name);
+    *out = v->valuestring;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- sampling, budget, stop */
+
+static int read_sampling(const fields *f, serve_request *r) {
+    double x;
+    long long i;
+    int rc;
+    if ((rc = get_number(f, "temperature", 0, 2, &x)) < 0) return -1;
+    if (rc) r->sampling.temperature = (float)x, r->sampling_given |= G4_SAMPLE_TEMP;
+    if ((rc = get_number(f, "top_p", 0, 1, &x)) < 0) return -1;
+    if (rc && x <= 0) return bad(f->e, "top_p", "'%s' must be greater than 0", "top_p");
+    if (rc) r->sampling.top_p = (float)x, r->sampling_given |= G4_SAMPLE_TOP_P;
+    if ((rc = get_int(f, "top_k", -1, 1 << 30, &i)) < 0) return -1;
+    if (rc) r->sampling.top_k = i < 0 ? 0 : (int)i, r->sampling_given |= G4_SAMPLE_TOP_K; /* -1: off, as vLLM takes it */
+    if ((rc = get_number(f, "min_p", 0, 1, &x)) < 0) return -1;
+    if (rc) r->sampling.min_p = (float)x, r->sampling_given |= G4_SAMPLE_MIN_P;
+    if ((rc = get_number(f, "repetition_penalty", 0, 100, &x)) < 0) return -1;
+    if (rc && x <= 0) return bad(f->e, "repetition_penalty", "'%s' must be greater than 0", "repetition_penalty");
+    if (rc) r->sampling.repeat_penalty = (float)x, r->sampling_given |= G4_SAMPLE_PENALTY;
+    if ((rc = get_int(f, "seed", 0, 9007199254740991.0, &i)) < 0) return -1;
+    if (rc) r->sampling.seed = (uint64_t)i, r->seed_given = 1;
+    /* OpenAI's penalties have no g4 counterpart: 0 (their default) is accepted, anything else refused */
+    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
+    for (int k = 0; k < 2; k++) {
+        if ((rc = get_number(f, penalties[k], -2, 2, &x)) < 0) return -1;
+        if (rc && x != 0) return bad(f->e, penalties[k], "'%s' is not supported (only 0); repetition_penalty is", penalties[k]);
+    }
+    return 0;
+}
+
+static int read_budget(const fields *f, serve_request *r, const serve_limits *lim) {
+    long long n;
+    int rc;
+    r->max_tokens = -1;
+    const char *names[] = {"max_completion_tokens", "max_tokens"};
+    for (int k = 0; k < 2 && r->max_tokens < 0; k++) {
+        if ((rc = get_int(f, names[k], 1, 1e9, &n)) < 0) return -1;
+        if (rc && n > lim->ctx)
+            return serve_fail(f->e, 400, INVALID, "context_length_exceeded", names[k], "'%s' is %lld but the context holds %d tokens", names[k], n,
+                              lim->ctx);
+        if (rc) r->max_tokens = (int)n;
+    }
+    return 0;
+}
+
+static int add_stop(serve_request *r, const char *s, const char *param, const serve_limits *lim, serve_error *e) {
+    size_t n = strlen(s);
+    if (n == 0) return bad(e, param, "'%s': a stop string may not be empty", param);
+    if (n > (size_t)lim->max_stop_len) return serve_fail(e, 400, INVALID, NULL, param, "'%s': a stop string is at most %d bytes", param, lim->max_stop_len);
+    if (r->n_stop >= lim->max_stop) return serve_fail(e, 400, INVALID, NULL, "stop", "'stop' takes at most %d strings", lim->max_stop);
+    if (!(r->stop[r->n_stop] = strdup(s))) return serve_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    r->n_stop++;
+    return 0;
+}
+
+static int read_stop(const fields *f, serve_request *r, const serve_limits *lim) {
+    const cJSON *v = field(f, "stop");
+    if (!v) return 0;
+    if (!cJSON_IsString(v) && !cJSON_IsArray(v)) return bad(f->e, "stop", "'%s' must be a string or an array of strings", "stop");
+    if (!(r->stop = calloc((size_t)lim->max_stop + 1, sizeof *r->stop))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+    if (cJSON_IsString(v)) return add_stop(r, v->valuestring, "stop", lim, f->e);
+    char param[32];
+    int i = 0;
+    for (const cJSON *s = v->child; s; s = s->next, i++) {
+        snprintf(param, sizeof param, "stop[%d]", i);
+        if (!cJSON_IsString(s)) return bad(f->e, param, "'%s' must be a string", param);
+        if (add_stop(r, s->valuestring, param, lim, f->e)) return -1;
+    }
+    return 0;
+}
+
+/* What every request may carry: model, n, stream, sampling, budget, stop, and the features g4
+ * lacks, refused by name. */
+static int read_common(const fields *f, serve_request *r, const serve_limits *lim) {
+    const char *model = NULL;
+    if (get_string(f, "model", &model) < 0) return -1;
+    if (!model) return bad(f->e, "model", "you must provide a model parameter ('%s')", lim->model_id);
+    if (strcmp(model, lim->model_id) != 0)
+        return serve_fail(f->e, 404, INVALID, "model_not_found", "model", "The model '%.200s' does not exist (this server has '%.200s')", model,
+                          lim->model_id);
+    long long n = 1;
+    if (get_int(f, "n", 1, 1e9, &n) < 0) return -1;
+    if (n != 1) return bad(f->e, "n", "'%s' > 1 is not supported: ask once per completion", "n");
+    if (get_bool(f, "stream", &r->stream) < 0) return -1;
+    const cJSON *so = field(f, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) return bad(f->e, "stream_options", "'%s' must be an object", "stream_options");
+        if (!r->stream) return bad(f->e, "stream_options", "'%s' is only allowed when 'stream' is true", "stream_options");
+        fields sf = {so, f->e};
+        if (get_bool(&sf, "include_usage", &r->include_usage) < 0) return -1;
+    }
+    int flag = 0;
+    if (get_bool(f, "logprobs", &flag) < 0) return -1;
+    if (flag) return bad(f->e, "logprobs", "'%s' is not supported", "logprobs");
+    if (field(f, "top_logprobs")) return bad(f->e, "top_logprobs", "'%s' is not supported", "top_logprobs");
+    const cJSON *bias = field(f, "logit_bias");
+    if (bias && (!cJSON_IsObject(bias) || bias->child)) return bad(f->e, "logit_bias", "'%s' is not supported", "logit_bias");
+    return read_sampling(f, r) || read_budget(f, r, lim) || read_stop(f, r, lim) ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- messages */
+
+/* A message's content: a string, an array of text parts, or null (""). Parts are trimmed and
+ * joined as the template joins them; other part types (images, audio) are refused. */
+static int read_content(const cJSON *c, const char *param, char **out, serve_error *e) {
+    g4_textbuf t = {0};
+    int rc = g4_textbuf_append(&t, "", 0);
+    if (!c || cJSON_IsNull(c)) {
+    } else if (cJSON_IsString(c)) {
+        rc = rc || g4_textbuf_appends(&t, c->valuestring);
+    } else if (cJSON_IsArray(c)) {
+        int i = 0;
+        for (const cJSON *part = c->child; part && !rc; part = part->next, i++) {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type"), *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+            char p[128];
+            snprintf(p, sizeof p, "%s[%d]", param, i);
+            if (!cJSON_IsObject(part) || !cJSON_IsString(type)) rc = bad(e, p, "'%s' must be an object with a 'type'", p);
+            else if (strcmp(type->valuestring, "text") != 0)
+                rc = serve_fail(e, 400, INVALID, NULL, p, "'%s': content of type '%.40s' is not supported (text only)", p, type->valuestring);
+            else if (!cJSON_IsString(text)) rc = bad(e, p, "'%s' needs a 'text' string", p);
+            else {
+                size_t a, b;
+                g4_chat_trim(text->valuestring, strlen(text->valuestring), &a, &b);
+                rc = g4_textbuf_append(&t, text->valuestring + a, b - a);
+            }
+        }
+    } else {
+        rc = bad(e, param, "'%s' must be a string, an array of text parts or null", param);
+    }
+    if (rc == 0) return g4_textbuf_take(&t, out, NULL) ? serve_fail(e, 500, "server_error", NULL, NULL, "out of memory") : 0;
+    free(t.p);
+    return -1;
+}
+
+/* An assistant message's tool_calls, each written the way the model writes a call (they go before
+ * its text, as the template renders them); ids[k] (borrowed) the calls' ids, for ordering the tool
+ * messages that answer them. */
+static int read_tool_calls(const cJSON *calls, const char *param, g4_textbuf *text, const char **ids, int max_ids, int *n_ids, serve_error *e) {
+    if (!cJSON_IsArray(calls)) return bad(e, param, "'%s' must be an array", param);
+    int i = 0;
+    for (const cJSON *c = calls->child; c; c = c->next, i++) {
+        char p[128];
+        snprintf(p, sizeof p, "%s[%d]", param, i);
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name"), *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(fn) || !cJSON_IsString(name) || !name->valuestring[0])
+            return bad(e, p, "'%s' needs a 'function' with a 'name'", p);
+        if (args && !cJSON_IsNull(args) && !cJSON_IsString(args)) return bad(e, p, "'%s': 'function.arguments' must be a JSON string", p);
+        const char *a = cJSON_IsString(args) ? args->valuestring : "";
+        char *call;
+        if (g4_tool_call_text(name->valuestring, a, strlen(a), &call))
+            return serve_fail(e, 400, INVALID, NULL, p, "'%s': %s", p, g4_last_error());
+        int rc = g4_textbuf_appends(text, call);
+        free(call);
+        if (rc) return serve_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if (*n_ids < max_ids) ids[(*n_ids)++] = cJSON_IsString(id) ? id->valuestring : NULL;
+    }
+    return 0;
+}
+
+#define MAX_CALLS 64
+
+/* The tool messages msgs[from, to) answer the calls ids[0, n) of the model message before them.
+ * Gemma's calls carry no ids (a response answers the call in its place), so when every one names
+ * a call by tool_call_id they are put in the calls' order. */
+static void order_tool_responses(g4_chat_message *msgs, const char **tool_ids, size_t from, size_t to, const char **ids, int n) {
+    size_t count = to - from;
+    if (count < 2) return;
+    int rank[MAX_CALLS];
+    for (size_t i = 0; i < count; i++) {
+        rank[i] = -1;
+        for (int k = 0; tool_ids[from + i] && k < n; k++)
+            if (ids[k] && !strcmp(ids[k], tool_ids[from + i])) rank[i] = k;
+        if (rank[i] < 0) return;
+    }
+    for (size_t i = 1; i < count; i++) /* insertion sort: stable */
+        for (size_t j = i; j > 0 && rank[j - 1] > rank[j]; j--) {
+            g4_chat_message m = msgs[from + j];
+            msgs[from + j] = msgs[from + j - 1], msgs[from + j - 1] = m;
+            int t = rank[j];
+            rank[j] = rank[j - 1], rank[j - 1] = t;
+        }
+}
+
+static int read_message(const cJSON *m, int i, serve_request *r, const char **ids, int *n_ids, const char **tool_id, serve_error *e) {
+    char p[64], pr[80];
+    snprintf(p, sizeof p, "messages[%d]", i);
+    snprintf(pr, sizeof pr, "messages[%d].role", i);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    if (!cJSON_IsObject(m)) return bad(e, p, "'%s' must be an object", p);
+    if (!cJSON_IsString(role)) return bad(e, pr, "'%s' must be a string", pr);
+    g4_chat_role rl;
+    if (!strcmp(role->valuestring, "model") || g4_chat_role_parse(role->valuestring, &rl))
+        return serve_fail(e, 400, INVALID, NULL, pr, "'%s': unknown role '%.40s' (system, developer, user, assistant or tool)", pr,
+                          role->valuestring);
+    snprintf(pr, sizeof pr, "messages[%d].content", i);
+    char *content = NULL;
+    if (read_content(cJSON_GetObjectItemCaseSensitive(m, "content"), pr, &content, e)) return -1;
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (rl == G4_CHAT_MODEL && calls && !cJSON_IsNull(calls)) {
+        g4_textbuf t = {0};
+        snprintf(pr, sizeof pr, "messages[%d].tool_calls", i);
+        *n_ids = 0;
+        int rc = g4_textbuf_append(&t, "", 0) || read_tool_calls(calls, pr, &t, ids, MAX_CALLS, n_ids, e) || g4_textbuf_appends(&t, content);
+        free(content);
+        content = t.p;
+        if (rc) {
+            free(content);
+            return e->status ? -1 : serve_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    }
+    const cJSON *tid = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+    *tool_id = rl == G4_CHAT_TOOL && cJSON_IsString(tid) ? tid->valuestring : NULL;
+    r->msgs[r->n_msgs++] = (g4_chat_message){rl, content};
+    return 0;
+}
+
+static int read_messages(const fields *f, serve_request *r, const serve_limits *lim) {
+    const cJSON *msgs = field(f, "messages");
+    if (!cJSON_IsArray(msgs)) return bad(f->e, "messages", "'%s' must be an array of messages", "messages");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) return bad(f->e, "messages", "'%s' must hold at least one message", "messages");
+    if (n > lim->max_messages) return serve_fail(f->e, 400, INVALID, NULL, "messages", "'messages' holds %d messages; at most %d", n, lim->max_messages);
+    const char **tool_ids = calloc((size_t)n, sizeof *tool_ids), *ids[MAX_CALLS];
+    if (!(r->msgs = calloc((size_t)n, sizeof *r->msgs)) || !tool_ids) {
+        free(tool_ids);
+        return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    int i = 0, n_ids = 0, rc = 0;
+    size_t run = 0; /* where the tool messages after the last model message begin */
+    for (const cJSON *m = msgs->child; m && !rc; m = m->next, i++) {
+        rc = read_message(m, i, r, ids, &n_ids, &tool_ids[i], f->e);
+        if (rc) break;
+        g4_chat_role rl = r->msgs[i].role;
+        if (rl != G4_CHAT_TOOL) {
+            if (i > 0) order_tool_responses(r->msgs, tool_ids, run, (size_t)i, ids, n_ids);
+            run = (size_t)i + 1;
+            if (rl != G4_CHAT_MODEL) n_ids = 0;
+        }
+    }
+    if (!rc) order_tool_responses(r->msgs, tool_ids, run, (size_t)i, ids, n_ids);
+    free(tool_ids);
+    if (rc) return -1;
+    g4_chat_options o = g4_chat_default_options();
+    if (g4_chat_check(r->msgs, r->n_msgs, &o)) return bad(f->e, "messages", "'messages': %s", g4_last_error());
+    return 0;
+}
+
+/* ---------------------------------------------------------------- thinking and tools */
+
+/* chat_template_kwargs.enable_thinking (vLLM's, SGLang's) wins over reasoning_effort (OpenAI's):
+ * "none" and "minimal" switch thinking off, "low", "medium" and "high" on. Off by default, as the
+ * template has it. */
+static int read_thinking(const fields *f, serve_request *r) {
+    const char *effort = NULL;
+    if (get_string(f, "reasoning_effort", &effort) < 0) return -1;
+    if (effort) {
+        static const char *const off[] = {"none", "minimal"}, *const on[] = {"low", "medium", "high"};
+        int known = 0;
+        for (int k = 0; k < 2; k++) known |= !strcmp(effort, off[k]);
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(effort, on[k])) known = 1, r->thinking = 1;
+        if (!known) return bad(f->e, "reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high, not '%.40s'", effort);
+    }
+    const cJSON *kw = field(f, "chat_template_kwargs");
+    if (kw) {
+        if (!cJSON_IsObject(kw)) return bad(f->e, "chat_template_kwargs", "'%s' must be an object", "chat_template_kwargs");
+        fields kf = {kw, f->e};
+        if (get_bool(&kf, "enable_thinking", &r->thinking) < 0) return serve_fail(f->e, 400, INVALID, NULL, "chat_template_kwargs.enable_thinking",
+                                                                                  "'chat_template_kwargs.enable_thinking' must be a boolean");
+    }
+    return 0;
+}
+
+static int read_tools(const fields *f, serve_request *r, const serve_limits *lim) {
+    const cJSON *tools = field(f, "tools");
+    if (tools) {
+        if (!cJSON_IsArray(tools)) return bad(f->e, "tools", "'%s' must be an array", "tools");
+        int n = cJSON_GetArraySize(tools);
+        if (n > lim->max_tools) return serve_fail(f->e, 400, INVALID, NULL, "tools", "'tools' holds %d tools; at most %d", n, lim->max_tools);
+        if (!(r->tools = calloc((size_t)(n ? n : 1), sizeof *r->tools))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+        int i = 0;
+        for (const cJSON *t = tools->child; t; t = t->next, i++) {
+            char p[32];
+            snprintf(p, sizeof p, "tools[%d]", i);
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+            if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
+                return bad(f->e, p, "'%s' must be an object of type 'function'", p);
+            char *json = cJSON_PrintUnformatted(t);
+            int rc = json ? g4_tool_declaration(json, strlen(json), &r->tools[i]) : -1;
+            free(json);
+            if (rc) return serve_fail(f->e, 400, INVALID, NULL, p, "'%s': %s", p, g4_last_error());
+            r->n_tools++;
+        }
+    }
+    const cJSON *choice = field(f, "tool_choice");
+    if (!choice) return 0;
+    if (cJSON_IsString(choice)) {
+        static const char *const names[] = {"auto", "none", "required"};
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(choice->valuestring, names[k])) r->tool_choice = (serve_tool_choice)k;
+        if (strcmp(choice->valuestring, "auto") && r->tool_choice == SERVE_TOOLS_AUTO)
+            return bad(f->e, "tool_choice", "'tool_choice' must be auto, none, required or a function, not '%.40s'", choice->valuestring);
+    } else {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(choice, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsObject(choice) || !cJSON_IsString(name)) return bad(f->e, "tool_choice", "'%s' must be a string or {\"type\":\"function\",\"function\":{\"name\":...}}", "tool_choice");
+        r->tool_choice = SERVE_TOOLS_NAMED;
+        if (!(r->tool_name = strdup(name->valuestring))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+        int found = 0;
+        for (const cJSON *t = tools ? tools->child : NULL; t; t = t->next) {
+            const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+            found |= cJSON_IsString(tn) && !strcmp(tn->valuestring, name->valuestring);
+        }
+        if (!found) return bad(f->e, "tool_choice", "'tool_choice' names the function '%.80s', which 'tools' does not declare", name->valuestring);
+    }
+    if (r->tool_choice == SERVE_TOOLS_REQUIRED && r->n_tools == 0) return bad(f->e, "tool_choice", "'tool_choice' is '%s' but no tools are declared", "required");
+    return 0;
+}
+
+static int read_chat(const fields *f, serve_request *r, const serve_limits *lim) {
+    const cJSON *rf = field(f, "response_format");
+    if (rf) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(type)) return bad(f->e, "response_format", "'%s' must be an object with a 'type'", "response_format");
+        if (strcmp(type->valuestring, "text"))
+            return bad(f->e, "response_format", "'response_format' of type '%.40s' is not supported (text only)", type->valuestring);
+    }
+    return read_messages(f, r, lim) || read_thinking(f, r) || read_tools(f, r, lim) ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- completions */
+
+/* A prompt is a string, an array of one string, or an array of token ids. */
+static int read_prompt(const fields *f, serve_request *r) {
+    const cJSON *p = field(f, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
+    if (cJSON_IsString(p)) {
+        if (!p->valuestring[0]) return bad(f->e, "prompt", "'%s' may not be empty", "prompt");
+        return (r->prompt = strdup(p->valuestring)) ? 0 : serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (!cJSON_IsArray(p) || !p->child || (!cJSON_IsNumber(p->child)))
+        return bad(f->e, "prompt", "'%s' must be a string or an array of token ids (one prompt per request)", "prompt");
+    int n = cJSON_GetArraySize(p), i = 0;
+    if (!(r->prompt_ids = malloc(sizeof *r->prompt_ids * (size_t)n))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+    for (const cJSON *t = p->child; t; t = t->next, i++) {
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble > INT32_MAX)
+            return serve_fail(f->e, 400, INVALID, NULL, "prompt", "'prompt[%d]' must be a token id (a non-negative integer)", i);
+        r->prompt_ids[i] = (int32_t)t->valuedouble;
+    }
+    r->n_prompt_ids = n;
+    return 0;
+}
+
+static int read_completion(const fields *f, serve_request *r) {
+    int echo = 0;
+    long long best_of = 1;
+    if (get_bool(f, "echo", &echo) < 0) return -1;
+    if (echo) return bad(f->e, "echo", "'%s' is not supported", "echo");
+    if (field(f, "suffix")) return bad(f->e, "suffix", "'%s' is not supported", "suffix");
+    if (get_int(f, "best_of", 1, 1e9, &best_of) < 0) return -1;
+    if (best_of != 1) return bad(f->e, "best_of", "'%s' > 1 is not supported", "best_of");
+    return read_prompt(f, r);
+}
+
+/* ---------------------------------------------------------------- the request */
+
+int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e) {
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    r->kind = kind;
+    g4_sampling_default(&r->sampling);
+    if (check_body_text(body, len, e)) return -1;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return serve_fail(e, 400, INVALID, NULL, NULL, "the request body is not valid JSON");
+    fields f = {root, e};
+    int rc = !cJSON_IsObject(root) ? serve_fail(e, 400, INVALID, NULL, NULL, "the request body must be a JSON object") : 0;
+    rc = rc || read_common(&f, r, lim) || (kind == SERVE_CHAT ? read_chat(&f, r, lim) : read_completion(&f, r));
+    cJSON_Delete(root);
+    if (rc) serve_request_free(r);
+    return rc ? -1 : 0;
+}
+
+void serve_request_free(serve_request *r) {
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    for (size_t i = 0; i < r->n_msgs; i++) free((char *)r->msgs[i].content);
+    free(r->msgs);
+    for (size_t i = 0; i < r->n_tools; i++) free(r->tools[i]);
+    free(r->tools);
+    free(r->tool_name);
+    free(r->prompt);
+    free(r->prompt_ids);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------- the prompt's tokens */
+
+/* The opening of the call tool_choice asks for, or NULL for none. */
+static char *call_prefill(const serve_request *r) {
+    if (r->tool_choice != SERVE_TOOLS_REQUIRED && r->tool_choice != SERVE_TOOLS_NAMED) return NULL;
+    g4_textbuf t = {0};
+    if (g4_textbuf_appends(&t, "<|tool_call>call:") ||
+        (r->tool_choice == SERVE_TOOLS_NAMED && (g4_textbuf_appends(&t, r->tool_name) || g4_textbuf_appends(&t, "{")))) {
+        free(t.p);
+        return NULL;
+    }
+    return t.p;
+}
+
+static int chat_ids(const serve_request *r, const g4_tokenizer *tok, g4_chat_form form, int32_t **ids, size_t *n, int *opens_thought,
+                    char **prefill, serve_error *e) {
+    g4_chat_options o = g4_chat_default_options();
+    o.form = form;
+    o.thinking = r->thinking;
+    if (r->tool_choice != SERVE_TOOLS_NONE) o.tools = (const char *const *)r->tools, o.n_tools = r->n_tools;
+    if (g4_chat_encode_from(tok, r->msgs, r->n_msgs, 0, &o, ids, n, opens_thought))
+        return serve_fail(e, 400, INVALID, NULL, "messages", "'messages': %s", g4_last_error());
+    /* a prompt that leaves a thought open (after a tool response, thinking on) lets the model
+     * finish its thought: no call is forced into it */
+    *prefill = *opens_thought ? NULL : call_prefill(r);
+    if (!*prefill) return 0;
+    /* a call opened right after the generation prompt: "<|tool_call>" is a control token, the
+     * name the request's text */
+    int32_t *more = NULL;
+    size_t n_more = 0;
+    const char *name_part = *prefill + strlen("<|tool_call>");
+    int32_t open = g4_tokenizer_piece_to_id(tok, "<|tool_call>");
+    int rc = open < 0 || g4_tokenizer_encode(tok, name_part, strlen(name_part), 0, &more, &n_more);
+    int32_t *all = rc ? NULL : realloc(*ids, sizeof **ids * (*n + 1 + n_more));
+    if (!all) {
+        free(more);
+        return serve_fail(e, 500, "server_error", NULL, NULL, "the tokenizer has no <|tool_call> token, or out of memory");
+    }
+    all[*n] = open;
+    memcpy(all + *n + 1, more, sizeof *more * n_more);
+    *ids = all;
+    *n += 1 + n_more;
+    free(more);
+    return 0;
+}
+
+int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form form, int vocab, const serve_limits *lim,
+                 int32_t **ids, int *n_ids, int *opens_thought, char **prefill, int *max_tokens, serve_error *e) {
+    int32_t *p = NULL;
+    size_t n = 0;
+    *ids = NULL, *n_ids = 0, *opens_thought = 0, *prefill = NULL;
+    if (r->kind == SERVE_CHAT) {
+        if (chat_ids(r, tok, form, &p, &n, opens_thought, prefill, e)) return -1;
+    } else if (r->prompt) {
+        if (g4_tokenizer_encode(tok, r->prompt, strlen(r->prompt), 1, &p, &n))
+            return serve_fail(e, 400, INVALID, NULL, "prompt", "'prompt': %s", g4_last_error());
+    } else {
+        if (!(p = malloc(sizeof *p * (size_t)r->n_prompt_ids))) return serve_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(p, r->prompt_ids, sizeof *p * (size_t)r->n_prompt_ids);
+        n = (size_t)r->n_prompt_ids;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < 0 || p[i] >= vocab) {
+            free(p), free(*prefill), *prefill = NULL;
+            return serve_fail(e, 400, INVALID, NULL, "prompt", "token id %d is outside the vocabulary (0..%d)", p[i], vocab - 1);
+        }
+    /* every generated token but the last takes a place in the context */
+    int budget = r->max_tokens > 0 ? r->max_tokens : r->kind == SERVE_COMPLETION ? 16 : lim->ctx - (int)n + 1;
+    if (n == 0 || (long)n > lim->ctx || (long)n + budget - 1 > lim->ctx) {
+        int rc = serve_fail(e, 400, INVALID, "context_length_exceeded", r->kind == SERVE_CHAT ? "messages" : "prompt",
+                            "This model's maximum context length is %d tokens. However, you requested %ld tokens (%zu in the %s, %d in the "
+                            "completion). Please reduce the length of the %s or the completion.",
+                            lim->ctx, (long)n + budget, n, r->kind == SERVE_CHAT ? "messages" : "prompt", budget,
+                            r->kind == SERVE_CHAT ? "messages" : "prompt");
+        if (n == 0) rc = serve_fail(e, 400, INVALID, NULL, "prompt", "the prompt is empty");
+        free(p), free(*prefill), *prefill = NULL;
+        return rc;
+    }
+    *ids = p;
+    *n_ids = (int)n;
+    *max_tokens = budget;
+    return 0;
+}

@@ -1,0 +1,79 @@
+/* g4 serve's requests: an OpenAI chat-completions or completions body checked and read into what
+ * the engine runs (messages in g4's roles, tool declarations in Gemma's syntax, sampling, stop
+ * strings, budget), and the prompt's tokens; every refusal an OpenAI-style error naming the
+ * parameter. Nothing here touches HTTP or the model's weights, so the fuzzer runs it as it is. */
+#ifndef G4_SERVE_REQUEST_H
+#define G4_SERVE_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "g4.h"
+
+/* An answer that is not a completion: {"error":{"message","type","param","code"}} with its status. */
+typedef struct {
+    int status;       /* 400, 401, 404, 405, 413, 500, 503 */
+    const char *type; /* "invalid_request_error", "authentication_error", "server_error" */
+    const char *code; /* NULL, or "context_length_exceeded", "model_not_found", ... */
+    char param[96];   /* "" for none, else "messages[2].role" */
+    char message[512];
+} serve_error;
+
+/* Fills e (always returns -1, for `return serve_fail(...)`). param may be NULL. */
+int serve_fail(serve_error *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* The error's JSON body (malloc'd). */
+char *serve_error_json(const serve_error *e);
+
+/* What requests may hold (g4 serve's flags). */
+typedef struct {
+    const char *model_id; /* the name /v1/models lists; a request must name it */
+    int ctx;              /* tokens per conversation: prompt + max_tokens may not exceed it */
+    int max_messages, max_tools, max_stop, max_stop_len;
+} serve_limits;
+
+typedef enum { SERVE_CHAT = 0, SERVE_COMPLETION = 1 } serve_kind;
+typedef enum { SERVE_TOOLS_AUTO = 0, SERVE_TOOLS_NONE, SERVE_TOOLS_REQUIRED, SERVE_TOOLS_NAMED } serve_tool_choice;
+
+typedef struct {
+    serve_kind kind;
+    int stream, include_usage;
+    int max_tokens;      /* -1: not given (the rest of the context for chat, 16 for completions) */
+    g4_sampling sampling;
+    int sampling_given;  /* G4_SAMPLE_* bits (tools/cli.h) of the fields the request set */
+    int seed_given;
+    char **stop;         /* stop strings, matched on the text and not sent */
+    int n_stop;
+    /* chat */
+    int thinking;
+    g4_chat_message *msgs; /* contents malloc'd */
+    size_t n_msgs;
+    char **tools;        /* declarations in Gemma's syntax (g4_tool_declaration) */
+    size_t n_tools;
+    serve_tool_choice tool_choice;
+    char *tool_name;     /* SERVE_TOOLS_NAMED */
+    /* completions */
+    char *prompt;        /* a text prompt, or NULL for one of token ids */
+    int32_t *prompt_ids;
+    int n_prompt_ids;
+} serve_request;
+
+/* Checks and reads a request body (len bytes, not NUL-terminated). Fails with e filled: invalid
+ * UTF-8 or JSON, a field of the wrong type or out of range, an unknown role or model, more
+ * messages, tools or stop strings than the limits, a feature g4 does not have (n > 1, logprobs,
+ * images, penalties other than repetition_penalty, JSON response formats). Unknown fields are
+ * ignored, as OpenAI-compatible servers do. r is zeroed first and freed on failure. */
+int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e);
+void serve_request_free(serve_request *r);
+
+/* The prompt's tokens (malloc'd), what the engine feeds: the chat template's rendering (form as the
+ * checkpoint asks, BOS and generation prompt on), followed, for tool_choice required or a named
+ * tool, by the opening of a call ("<|tool_call>call:" [NAME "{"]), whose text goes to *prefill
+ * (malloc'd, or NULL) for the reply to start from; or the completion's prompt as it is (text
+ * encoded with its control tokens, no BOS added, like `g4 run --raw`). *opens_thought: the prompt
+ * ends inside a thought. Sets r->max_tokens to the budget. Fails when the prompt, with max_tokens,
+ * does not fit the context (400 context_length_exceeded) or has a token the model lacks. */
+int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form form, int vocab, const serve_limits *lim,
+                 int32_t **ids, int *n_ids, int *opens_thought, char **prefill, int *max_tokens, serve_error *e);
+
+#endif
