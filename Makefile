@@ -24,12 +24,12 @@ OUT = build/$(BUILD)
 
 include sources.mk
 
-TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard
+TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test
+.PHONY: all test asan-test serve-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test
 .SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(SERVE_OBJ)
 all: $(OUT)/g4
 
@@ -132,6 +132,16 @@ test: $(OUT)/g4 $(TEST_BIN) $(OUT)/bench_kernels
 
 asan-test:
 	$(MAKE) BUILD=asan test
+	$(MAKE) BUILD=asan serve-test
+
+# g4 serve on loopback against the official openai client (tests/serve/test_serve.py, in a venv
+# with the client that tests/serve/run.sh makes in build/serve-venv on first use): greedy and
+# sampled answers equal to g4 run's, streaming, 16 concurrent clients, cancellation, every error,
+# tool calls, drain, /metrics and a 500-request load test. Judged like a test program.
+serve-test: $(OUT)/g4
+	@G4_BIN=$(OUT)/g4 tests/serve/run.sh > $(OUT)/serve-test.log 2>&1; rc=$$?; grep -v '^ok ' $(OUT)/serve-test.log; \
+	set -- $$(sh tests/result.sh serve-test $(OUT)/serve-test.log $$rc); \
+	echo "$(BUILD) serve-test: $$1 passed, $$2 failed, $$3 skipped (log: $(OUT)/serve-test.log)"; [ $$2 -eq 0 ]
 
 # The model-level tests again under each kernel level forced with G4_DISPATCH: every level must
 # give the same tokens (and, by construction, the same bits) on the fixtures. `make test` runs the
@@ -214,6 +224,7 @@ quality: $(OUT)/g4 $(OUT)/tests/test_quality
 # Everything CI runs, one stage after another (parallel stages would distort the quality gate's time).
 check:
 	$(MAKE) test
+	$(MAKE) serve-test
 	$(MAKE) example-test
 	$(MAKE) mutation-test
 	$(MAKE) dispatch-test

@@ -255,6 +255,33 @@ def gen_results():
     put(t, "bad_type", dump([header, {"type": "other"}]))
 
 
+def gen_serve():
+    """fuzz_serve: requests (flag 0 chat, 1 completions), call arguments (2), model replies (3 + stop/tool bits)."""
+    t = "fuzz_serve"
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["a", "b"]}, "n": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["city"]}}}
+    chat = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "q"}]},
+                                       {"role": "assistant", "content": None, "tool_calls": [
+                                           {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"a\"}"}}]},
+                                       {"role": "tool", "tool_call_id": "a", "content": "sunny"}],
+            "tools": [weather], "tool_choice": "auto", "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 1, "max_tokens": 20,
+            "stop": ["\n\n", "##"], "stream": True, "stream_options": {"include_usage": True}, "reasoning_effort": "high"}
+    put(t, "chat_full", b"\x00" + json.dumps(chat).encode())
+    put(t, "chat_named_tool", b"\x00" + json.dumps(dict(chat, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                                         stream=False, stream_options=None)).encode())
+    put(t, "chat_min", b'\x00{"model":"m","messages":[{"role":"user","content":"hi"}]}')
+    put(t, "chat_bad_role", b'\x00{"model":"m","messages":[{"role":"wizard","content":"hi"}]}')
+    put(t, "completion_text", b'\x01{"model":"m","prompt":"<|turn>user\\nhi","max_tokens":5,"stop":"x"}')
+    put(t, "completion_ids", b'\x01{"model":"m","prompt":[2,105,2364,107]}')
+    put(t, "args_simple", b'\x02{city:<|"|>Paris<|"|>,n:[1,2.5,-3e-7],ok:true,none:null}')
+    put(t, "args_nested", b'\x02{trip:{from:<|"|>a<|"|>,to:{x:[{}]}},"json":"s\\n"}')
+    put(t, "tool_object", b"\x02" + json.dumps(weather).encode())
+    put(t, "reply_plain", b"\x03" + "12*3=36.\n36+5=41.\n#### 41\nThe final answer is 41".encode())
+    put(t, "reply_thought_call", b"\x43" + '<|channel>thought\nhmm<channel|>Sure <|tool_call>call:f{a:<|"|>x<|"|>}<tool_call|>'.encode())
+    put(t, "reply_stops", b"\x17" + "12*3=36.\n36+5=41.".encode())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=os.environ.get("G4_SHARED") or os.path.join(ROOT, "..", "shared"))
@@ -274,6 +301,7 @@ def main():
         gen_chat()
         gen_gsm8k(a.shared)
         gen_results()
+        gen_serve()
     finally:
         if tmp:
             shutil.rmtree(tmp)

@@ -502,6 +502,9 @@ void g4_chat_reply_free(g4_chat_reply *reply);
 int g4_tool_declaration(const char *tool_json, size_t len, char **out);
 int g4_tool_call_text(const char *name, const char *args_json, size_t len, char **out);
 int g4_tool_arguments_json(const char *args, size_t len, char **json);
+/* A whole call as the model writes it, "<|tool_call>call:NAME{ARGS}<tool_call|>" (a tool-call
+ * span), into its name and JSON arguments (g4_tool_arguments_json's). */
+int g4_tool_call_parse(const char *text, size_t len, char **name, char **json);
 
 /* Streaming version for showing a reply while it is generated, for thought and answer: push
  * decoded text as it comes (e.g. from g4_detokenizer), get back the bytes that are final, split

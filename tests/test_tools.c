@@ -118,6 +118,19 @@ static void check_parser(void) {
     char deep[400] = "{a:";
     for (int i = 0; i < 70; i++) strcat(deep, "[");
     check_refused(deep, "nested past the limit");
+    /* whole calls: name and JSON, markers in strings are text */
+    char *name = NULL, *json = NULL;
+    const char *call = "<|tool_call>call:say{text:<|\"|>a <channel|> b <|channel>c<|\"|>}<tool_call|>";
+    CHECK(g4_tool_call_parse(call, strlen(call), &name, &json) == 0 && !strcmp(name, "say") && !strcmp(json, "{\"text\":\"a <channel|> b <|channel>c\"}"),
+          "a call with markers in its string: %s %s", name ? name : g4_last_error(), json ? json : "");
+    free(name), free(json);
+    static const char *const not_calls[] = {"<|tool_call>call:{a:1}<tool_call|>", "<|tool_call>f{a:1}<tool_call|>", "<|tool_call>call:f{a:1}",
+                                            "call:f{a:1}<tool_call|>", "<|tool_call>call:f<tool_call|>", "<|tool_call>call:f{a:}<tool_call|>"};
+    for (size_t i = 0; i < sizeof not_calls / sizeof *not_calls; i++) {
+        name = json = NULL;
+        CHECK(g4_tool_call_parse(not_calls[i], strlen(not_calls[i]), &name, &json) != 0 && !name && !json && one_line(g4_last_error()),
+              "not a call, accepted: %s", not_calls[i]);
+    }
     char *out = NULL;
     CHECK(g4_tool_declaration("{\"function\":{}}", 15, &out) != 0 && one_line(g4_last_error()), "a function without a name was accepted");
     free(out), out = NULL;

@@ -555,3 +555,23 @@ int g4_tool_arguments_json(const char *args, size_t len, char **json) {
     cJSON_Delete(obj);
     return rc;
 }
+
+int g4_tool_call_parse(const char *text, size_t len, char **name, char **json) {
+    static const char call[] = "call:";
+    size_t open = sizeof OPEN_CALL - 1, close = sizeof CLOSE_CALL - 1, pre = sizeof call - 1;
+    *name = *json = NULL;
+    if (len < open + pre + close || memcmp(text, OPEN_CALL, open) || memcmp(text + len - close, CLOSE_CALL, close) ||
+        memcmp(text + open, call, pre))
+        return g4_fail("tools: a call is \"<|tool_call>call:NAME{...}<tool_call|>\"");
+    const char *n0 = text + open + pre, *end = text + len - close;
+    const char *brace = memchr(n0, '{', (size_t)(end - n0));
+    if (!brace || brace == n0) return g4_fail("tools: a call needs a name and then '{'");
+    if (g4_tool_arguments_json(brace, (size_t)(end - brace), json)) return -1;
+    if (!(*name = malloc((size_t)(brace - n0) + 1))) {
+        free(*json), *json = NULL;
+        return g4_fail("tools: out of memory");
+    }
+    memcpy(*name, n0, (size_t)(brace - n0));
+    (*name)[brace - n0] = 0;
+    return 0;
+}

@@ -78,7 +78,7 @@ struct serve_reply {
     g4_textbuf call_text;          /* the tool call being written */
     call *calls;
     int n_calls, cap_calls, streamed_calls;
-    g4_textbuf scratch;
+    g4_textbuf scratch, nul_free;
 };
 
 static cJSON *chunk_root(const serve_reply *r) {
@@ -188,36 +188,28 @@ void serve_reply_free(serve_reply *r) {
     if (!r) return;
     g4_detokenizer_free(r->detok);
     g4_spans_free(r->spans);
-    free(r->stop.held.p), free(r->content.p), free(r->reasoning.p), free(r->call_text.p), free(r->scratch.p);
+    free(r->stop.held.p), free(r->content.p), free(r->reasoning.p), free(r->call_text.p), free(r->scratch.p), free(r->nul_free.p);
     for (int i = 0; i < r->n_calls; i++) free(r->calls[i].name), free(r->calls[i].arguments);
     free(r->calls);
     free(r);
 }
 
 /* A whole call's text as name and JSON arguments; 0 when it is no call Gemma's syntax can say
- * (its text then goes to the content). */
+ * (its text then goes to the content), -1 when out of memory. */
 static int parse_call(serve_reply *r, const char *text, size_t n) {
-    g4_chat_reply parsed;
-    if (g4_chat_parse_reply(text, n, &parsed)) return -1;
-    char *json = NULL;
-    int ok = parsed.n_tool_calls == 1 && parsed.tool_calls[0].name[0] &&
-             g4_tool_arguments_json(parsed.tool_calls[0].arguments, strlen(parsed.tool_calls[0].arguments), &json) == 0;
-    if (ok && r->n_calls == r->cap_calls) {
+    char *name, *json;
+    if (g4_tool_call_parse(text, n, &name, &json)) return 0;
+    if (r->n_calls == r->cap_calls) {
         int cap = r->cap_calls ? 2 * r->cap_calls : 4;
         call *c = realloc(r->calls, sizeof *c * (size_t)cap);
-        if (!c) ok = -1;
-        else r->calls = c, r->cap_calls = cap;
+        if (!c) {
+            free(name), free(json);
+            return -1;
+        }
+        r->calls = c, r->cap_calls = cap;
     }
-    if (ok == 1) {
-        r->calls[r->n_calls].name = parsed.tool_calls[0].name;
-        r->calls[r->n_calls].arguments = json;
-        parsed.tool_calls[0].name = NULL;
-        json = NULL;
-        r->n_calls++;
-    }
-    free(json);
-    g4_chat_reply_free(&parsed);
-    return ok;
+    r->calls[r->n_calls++] = (call){name, json};
+    return 1;
 }
 
 /* A tool call that cannot be parsed, or one never closed, is the model's text after all. */
@@ -252,8 +244,19 @@ static int take_pieces(serve_reply *r, const g4_span_text *pieces, int n, int fi
     return 0;
 }
 
-/* Decoded text into the reply's parts. */
-static int take_text(serve_reply *r, const char *bytes, size_t len, int final) {
+/* Decoded text into the reply's parts. A NUL the model writes (a <0x00> byte token) is dropped:
+ * the JSON strings are C strings, and a NUL would cut the whole reply's content where the
+ * stream's next delta goes on. */
+static int take_text(serve_reply *r, const char *raw, size_t raw_len, int final) {
+    g4_textbuf_clear(&r->nul_free);
+    for (const char *p = raw, *end = raw + raw_len; p < end;) {
+        const char *z = memchr(p, 0, (size_t)(end - p));
+        size_t k = z ? (size_t)(z - p) : (size_t)(end - p);
+        if (g4_textbuf_append(&r->nul_free, p, k)) return -1;
+        p += k + (z != NULL);
+    }
+    const char *bytes = r->nul_free.p ? r->nul_free.p : "";
+    size_t len = r->nul_free.n;
     if (r->c.kind == SERVE_COMPLETION) {
         g4_textbuf_clear(&r->scratch);
         return stop_push(&r->stop, bytes, len, final, &r->scratch) || g4_textbuf_append(&r->content, r->scratch.p, r->scratch.n) ? -1 : 0;

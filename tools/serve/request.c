@@ -26,6 +26,11 @@ int serve_fail(serve_error *e, int status, const char *type, const char *code, c
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* one line of whole UTF-8 characters, whatever of the request it quotes and wherever the
+     * buffer's end cut it */
+    for (char *c = e->message; *c; c++)
+        if ((unsigned char)*c < 0x20) *c = ' ';
+    e->message[g4_text_utf8_prefix(e->message, strlen(e->message))] = 0;
     return -1;
 }
 
@@ -568,8 +573,9 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
     }
     for (size_t i = 0; i < n; i++)
         if (p[i] < 0 || p[i] >= vocab) {
+            int32_t id = p[i];
             free(p), free(*prefill), *prefill = NULL;
-            return serve_fail(e, 400, INVALID, NULL, "prompt", "token id %d is outside the vocabulary (0..%d)", p[i], vocab - 1);
+            return serve_fail(e, 400, INVALID, NULL, "prompt", "token id %d is outside the vocabulary (0..%d)", id, vocab - 1);
         }
     /* every generated token but the last takes a place in the context */
     int budget = r->max_tokens > 0 ? r->max_tokens : r->kind == SERVE_COMPLETION ? 16 : lim->ctx - (int)n + 1;
