@@ -128,11 +128,12 @@ asan-test:
 
 # The model-level tests again under each kernel level forced with G4_DISPATCH: every level must
 # give the same tokens (and, by construction, the same bits) on the fixtures. `make test` runs the
-# best level the CPU has; this runs the others too. A level the CPU lacks is skipped by each
-# program with a printed reason (tests/testutil.h, check_dispatch_level). NEON runs under qemu
-# (neon-test).
+# best level the CPU has; this runs the others too. The levels are the table's in
+# src/kernels/levels.h (its LEVEL lines), the portable one first. A level this build or CPU lacks
+# is skipped by each program with a printed reason (tests/testutil.h, check_dispatch_level): on
+# x86, NEON, which runs under qemu (neon-test).
 DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear
-DISPATCH_LEVELS = portable avx2 avxvnni avx512vnni
+DISPATCH_LEVELS := $(shell sed -n 's/^ *LEVEL(\([a-z0-9_]*\)).*/\1/p' src/kernels/levels.h | tac)
 dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@all_f=0; \
 	for level in $(DISPATCH_LEVELS); do \

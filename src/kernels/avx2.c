@@ -1,5 +1,5 @@
 /* AVX2 kernels. The file needs no compiler flags: the kernels are compiled for AVX2 through a
- * target pragma (AVX2 and FMA) and only called after g4_avx2_supported() said yes, so the rest
+ * target pragma (AVX2 and FMA) and only called after avx2_supported() said yes, so the rest
  * of the program stays baseline x86-64. Fused multiply-adds appear only where the reference has
  * fmaf (the attention dots and sums); -ffp-contract=off keeps the compiler from fusing anything
  * else, since elsewhere the reference rounds the product and the sum separately.
@@ -1051,8 +1051,17 @@ void g4_avx2_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, ca
 #pragma GCC pop_options
 #endif
 
+/* Outside the target region: this runs on CPUs without AVX2. */
+static int avx2_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 const g4_kernels g4_kernels_avx2 = {
     .name = "avx2",
+    .cpu_needs = "avx2 fma",
+    .built = 1,
+    .supported = avx2_supported,
     .matmul_f32 = g4_avx2_matmul_f32,
     .matmul_i8 = avx2_matmul_i8,
     .quantize = g4_avx2_quantize,
@@ -1064,17 +1073,8 @@ const g4_kernels g4_kernels_avx2 = {
     .softcap = g4_avx2_softcap,
 };
 
-
-/* Outside the target region: this runs on CPUs without AVX2. */
-int g4_avx2_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
 #else /* not x86 */
 
-const g4_kernels g4_kernels_avx2 = G4_PORTABLE_KERNELS("avx2");
-
-int g4_avx2_supported(void) { return 0; }
+const g4_kernels g4_kernels_avx2 = G4_LEVEL_NOT_BUILT("avx2", "avx2 fma");
 
 #endif

@@ -1,7 +1,7 @@
 /* AVX-512 VNNI kernels: the int8 matmuls with 512-bit vpdpbusd; everything else is the AVX2
  * level's (kernels/avx2.c), which this level's CPUs all have. As in avx2.c the file needs no
  * compiler flags: its kernels are compiled for AVX-512 (F, BW, VL, VNNI, VBMI) through a target
- * pragma and only called after g4_avx512vnni_supported() said yes (cpuid, and XCR0 for the ZMM
+ * pragma and only called after avx512vnni_supported() said yes (cpuid, and XCR0 for the ZMM
  * state), so the rest of the program stays baseline x86-64 and runs on AVX2-only CPUs.
  *
  * vpdpbusd multiplies unsigned bytes by signed bytes and adds each group of four products to an
@@ -443,8 +443,17 @@ static void vnni512_matmul_f32(const g4_qweight *w, const float *x, int n, float
 #pragma GCC pop_options
 #endif
 
+/* Outside the target region: this runs on any CPU. */
+static int avx512vnni_supported(void) {
+    const g4_x86_cpu *c = g4_x86_cpu_get();
+    return c->avx2 && c->fma && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni && c->avx512vbmi;
+}
+
 const g4_kernels g4_kernels_avx512vnni = {
     .name = "avx512vnni",
+    .cpu_needs = "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma",
+    .built = 1,
+    .supported = avx512vnni_supported,
     .matmul_f32 = vnni512_matmul_f32,
     .matmul_i8 = vnni512_matmul_i8,
     .quantize = g4_avx2_quantize,
@@ -456,16 +465,8 @@ const g4_kernels g4_kernels_avx512vnni = {
     .softcap = g4_avx2_softcap,
 };
 
-/* Outside the target region: this runs on any CPU. */
-int g4_avx512vnni_supported(void) {
-    const g4_x86_cpu *c = g4_x86_cpu_get();
-    return c->avx2 && c->fma && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni && c->avx512vbmi;
-}
-
 #else /* not x86-64 */
 
-const g4_kernels g4_kernels_avx512vnni = G4_PORTABLE_KERNELS("avx512vnni");
-
-int g4_avx512vnni_supported(void) { return 0; }
+const g4_kernels g4_kernels_avx512vnni = G4_LEVEL_NOT_BUILT("avx512vnni", "avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma");
 
 #endif

@@ -2,7 +2,7 @@
  * that have it without AVX-512 (Alder Lake and later client cores, Sierra Forest, Zen 5 client
  * parts with AVX-512 off); everything else is the AVX2 level's (kernels/avx2.c). As there, the
  * file needs no compiler flags: the kernels are compiled for AVX2 + AVX-VNNI through a target
- * pragma and only called after g4_avxvnni_supported() said yes (cpuid, and XCR0 for the YMM
+ * pragma and only called after avxvnni_supported() said yes (cpuid, and XCR0 for the YMM
  * state).
  *
  * The arithmetic is kernels/avx512vnni.c's: vpdpbusd multiplies the raw (offset binary) weight
@@ -439,8 +439,17 @@ static void vnni256_matmul_f32(const g4_qweight *w, const float *x, int n, float
 #pragma GCC pop_options
 #endif
 
+/* Outside the target region: this runs on any CPU. */
+static int avxvnni_supported(void) {
+    const g4_x86_cpu *c = g4_x86_cpu_get();
+    return c->avx2 && c->fma && c->avxvnni;
+}
+
 const g4_kernels g4_kernels_avxvnni = {
     .name = "avxvnni",
+    .cpu_needs = "avx_vnni avx2 fma",
+    .built = 1,
+    .supported = avxvnni_supported,
     .matmul_f32 = vnni256_matmul_f32,
     .matmul_i8 = vnni256_matmul_i8,
     .quantize = g4_avx2_quantize,
@@ -452,16 +461,8 @@ const g4_kernels g4_kernels_avxvnni = {
     .softcap = g4_avx2_softcap,
 };
 
-/* Outside the target region: this runs on any CPU. */
-int g4_avxvnni_supported(void) {
-    const g4_x86_cpu *c = g4_x86_cpu_get();
-    return c->avx2 && c->fma && c->avxvnni;
-}
-
 #else /* not x86-64 */
 
-const g4_kernels g4_kernels_avxvnni = G4_PORTABLE_KERNELS("avxvnni");
-
-int g4_avxvnni_supported(void) { return 0; }
+const g4_kernels g4_kernels_avxvnni = G4_LEVEL_NOT_BUILT("avxvnni", "avx_vnni avx2 fma");
 
 #endif

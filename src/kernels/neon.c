@@ -556,6 +556,8 @@ static void neon_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n
 
 const g4_kernels g4_kernels_neon = {
     .name = "neon",
+    .cpu_needs = "asimd",
+    .built = 1, /* every aarch64 CPU has Advanced SIMD: no probe */
     .matmul_f32 = neon_matmul_f32,
     .matmul_i8 = neon_matmul_i8,
     .quantize = g4_ref_quantize,
@@ -567,12 +569,8 @@ const g4_kernels g4_kernels_neon = {
     .softcap = neon_softcap,
 };
 
-int g4_neon_supported(void) { return 1; }
-
 #else /* not aarch64 */
 
-const g4_kernels g4_kernels_neon = G4_PORTABLE_KERNELS("neon");
-
-int g4_neon_supported(void) { return 0; }
+const g4_kernels g4_kernels_neon = G4_LEVEL_NOT_BUILT("neon", "asimd");
 
 #endif
