@@ -183,15 +183,12 @@ INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO
 }
 
 /* One function per bit width, each holding every tile shape the sweep asks for. */
-G4_TILE_FN(i8_tile_2, i8_job, i8_tile, 2, TILE_WIDE)
-G4_TILE_FN(i8_tile_4, i8_job, i8_tile, 4, TILE_WIDE)
-G4_TILE_FN(i8_tile_8, i8_job, i8_tile, 8, TILE_WIDE)
+G4_I8_TILE_FNS(i8_tile, i8_job, i8_tile, TILE_WIDE)
 
 static void i8_rows(void *ctx, int o0, int o1) {
     const i8_job *j = ctx;
     int bits = j->w->bits;
-    g4_tile_fn tile = bits == 2 ? i8_tile_2 : bits == 4 ? i8_tile_4 : i8_tile_8;
-    g4_i8_sweep(j, o0, o1, I8_BLOCK, i8_block_xbytes(bits), bits == 8 ? tile_ro : tile_ro_i8_low, tile);
+    g4_i8_sweep(j, o0, o1, I8_BLOCK, i8_block_xbytes(bits), bits == 8 ? tile_ro : tile_ro_i8_low, i8_tile_for(bits));
 }
 
 /* One activation row (decode): each weight row is streamed on its own, front to back, so a
@@ -400,16 +397,9 @@ INLINE void i8_rowsN_bits(const i8_job *j, int o0, int o1, const int BITS, const
     }
 }
 
-#define ROWS_N(RT)                                                            \
-    static void i8_rows##RT(void *ctx, int o0, int o1) {                      \
-        const i8_job *j = ctx;                                                \
-        if (j->w->bits == 2) i8_rowsN_bits(j, o0, o1, 2, RT);                 \
-        else if (j->w->bits == 4) i8_rowsN_bits(j, o0, o1, 4, RT);            \
-        else i8_rowsN_bits(j, o0, o1, 8, RT);                                 \
-    }
-ROWS_N(2)
-ROWS_N(3)
-ROWS_N(4)
+G4_I8_ROWS_FN(i8_rows2, i8_job, i8_rowsN_bits, 2)
+G4_I8_ROWS_FN(i8_rows3, i8_job, i8_rowsN_bits, 3)
+G4_I8_ROWS_FN(i8_rows4, i8_job, i8_rowsN_bits, 4)
 
 /* One prepared block from `elems` activations at x (fewer than a whole block only at the end of a
  * row: the rest is zero). Returns sum(x) over the block. */

@@ -140,14 +140,12 @@ INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO
 }
 
 /* One function per bit width, each holding every tile shape the sweep asks for. */
-G4_TILE_FN(i8_tile_2, i8_job, i8_tile, 2, TILE_WIDE)
-G4_TILE_FN(i8_tile_4, i8_job, i8_tile, 4, TILE_WIDE)
-G4_TILE_FN(i8_tile_8, i8_job, i8_tile, 8, TILE_WIDE)
+G4_I8_TILE_FNS(i8_tile, i8_job, i8_tile, TILE_WIDE)
 
 static void i8_rows(void *ctx, int o0, int o1) {
     const i8_job *j = ctx;
     int bits = j->w->bits;
-    g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro, bits == 2 ? i8_tile_2 : bits == 4 ? i8_tile_4 : i8_tile_8);
+    g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro, i8_tile_for(bits));
 }
 
 static void i8_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, int8_t *xp, size_t xstride) {

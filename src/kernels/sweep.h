@@ -54,6 +54,24 @@ typedef void (*g4_tile_fn)(const void *job, int o, int t, int ro, int rt);
         G4_TILE_SWITCH(FN, BITS, WIDE)                                \
     }
 
+/* The int8 tile functions NAME_2, NAME_4 and NAME_8 (FN's tiles with 2-, 4- and 8-bit weights)
+ * and NAME_for(bits), which picks one. */
+#define G4_I8_TILE_FNS(NAME, JOB, FN, WIDE)                                                           \
+    G4_TILE_FN(NAME##_2, JOB, FN, 2, WIDE)                                                            \
+    G4_TILE_FN(NAME##_4, JOB, FN, 4, WIDE)                                                            \
+    G4_TILE_FN(NAME##_8, JOB, FN, 8, WIDE)                                                            \
+    static g4_tile_fn NAME##_for(int bits) { return bits == 2 ? NAME##_2 : bits == 4 ? NAME##_4 : NAME##_8; }
+
+/* A g4_pool_fn named NAME over the rows of an int8 job of type JOB: FN(j, o0, o1, BITS, RT) with
+ * the job's weight bits as the constant BITS. */
+#define G4_I8_ROWS_FN(NAME, JOB, FN, RT)                       \
+    static void NAME(void *ctx, int o0, int o1) {              \
+        const JOB *j = ctx;                                    \
+        if (j->w->bits == 2) FN(j, o0, o1, 2, RT);             \
+        else if (j->w->bits == 4) FN(j, o0, o1, 4, RT);        \
+        else FN(j, o0, o1, 8, RT);                             \
+    }
+
 #define G4_SWEEP_INLINE static inline __attribute__((always_inline))
 
 /* Weight rows of a chunk: enough that the activation group (RT rows) and the chunk's rows, of

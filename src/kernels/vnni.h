@@ -111,14 +111,12 @@ INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO
 }
 
 /* One function per bit width, each holding every tile shape the sweep asks for. */
-G4_TILE_FN(i8_tile_2, i8_job, i8_tile, 2, TILE_WIDE)
-G4_TILE_FN(i8_tile_4, i8_job, i8_tile, 4, TILE_WIDE)
-G4_TILE_FN(i8_tile_8, i8_job, i8_tile, 8, TILE_WIDE)
+G4_I8_TILE_FNS(i8_tile, i8_job, i8_tile, TILE_WIDE)
 
 static void i8_rows(void *ctx, int o0, int o1) {
     const i8_job *j = ctx;
     int bits = j->w->bits;
-    g4_i8_sweep(j, o0, o1, BLK, block_xbytes(bits), tile_ro, bits == 2 ? i8_tile_2 : bits == 4 ? i8_tile_4 : i8_tile_8);
+    g4_i8_sweep(j, o0, o1, BLK, block_xbytes(bits), tile_ro, i8_tile_for(bits));
 }
 
 /* ------------------------------------------------------------------ rows (decode) ---------- */
@@ -210,17 +208,10 @@ INLINE void i8_rows_few(const i8_job *j, int o0, int o1, const int BITS, const i
     }
 }
 
-#define ROWS_FEW(RT)                                                      \
-    static void i8_rows_##RT(void *ctx, int o0, int o1) {                 \
-        const i8_job *j = ctx;                                            \
-        if (j->w->bits == 2) i8_rows_few(j, o0, o1, 2, RT);               \
-        else if (j->w->bits == 4) i8_rows_few(j, o0, o1, 4, RT);          \
-        else i8_rows_few(j, o0, o1, 8, RT);                               \
-    }
-ROWS_FEW(1)
-ROWS_FEW(2)
-ROWS_FEW(3)
-ROWS_FEW(4)
+G4_I8_ROWS_FN(i8_rows_1, i8_job, i8_rows_few, 1)
+G4_I8_ROWS_FN(i8_rows_2, i8_job, i8_rows_few, 2)
+G4_I8_ROWS_FN(i8_rows_3, i8_job, i8_rows_few, 3)
+G4_I8_ROWS_FN(i8_rows_4, i8_job, i8_rows_few, 4)
 
 /* ------------------------------------------------------------------ the level's matmuls ---- */
 
