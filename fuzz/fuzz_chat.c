@@ -22,7 +22,7 @@ static g4_tokenizer *tok;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     tok = fz_load_gemma_tokenizer();
     return 0;
 }

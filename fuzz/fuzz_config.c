@@ -36,7 +36,7 @@ static const char *const MODULES[] = {
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     fz_memfile_open(&cfg_file, "config.json");
     fz_memfile_open(&gen_file, "generation_config.json");
     fz_dir_make("cfg");

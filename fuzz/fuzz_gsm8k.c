@@ -17,7 +17,7 @@ static g4_gsm8k_extractor *ex;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     if (g4_gsm8k_extractor_open(&ex) != 0) fz_die("extractor_open: %s", g4_last_error());
     return 0;
 }

@@ -18,7 +18,7 @@ static fz_memfile file, prefix;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     fz_memfile_open(&file, "results.jsonl");
     fz_memfile_open(&prefix, "prefix.jsonl");
     return 0;

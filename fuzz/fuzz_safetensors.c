@@ -25,7 +25,7 @@ static const char SHARD_B_HEADER[] =
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     fz_memfile_open(&single, "single.safetensors");
     fz_memfile_open(&idx, "index.json");
     fz_memfile_open(&shard_a, "a.safetensors");

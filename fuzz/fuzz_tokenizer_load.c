@@ -16,7 +16,7 @@ static fz_memfile file;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     fz_memfile_open(&file, "tokenizer.json");
     return 0;
 }

@@ -26,21 +26,35 @@ typedef enum {
     G4_ACT_INT = 2,   /* true int8 x intN -> int32 -> requantized linears */
 } g4_act_mode;
 
-/* Rounding of every activation quantizer in a run: ties to even (torch.round, XNNPACK, NEON)
- * or away from zero (TFLite reference kernels). */
-typedef enum { G4_ROUND_EVEN = 0, G4_ROUND_AWAY = 1 } g4_round;
-/* x / s as one f32 division (HF), or x * (1/s) with 1/s rounded to f32 (XNNPACK, NEON). */
-typedef enum { G4_QDIV_DEFAULT = -1, G4_QDIV_RECIPROCAL = 0, G4_QDIV_DIVIDE = 1 } g4_qdiv;
+/* Rounding of every activation quantizer in a run (src/quant/int8.h uses the same enum). */
+typedef enum {
+    G4_ROUND_EVEN = 0, /* ties to even: torch.round, lrintf, vcvtnq (HF, XNNPACK, NEON) */
+    G4_ROUND_AWAY = 1, /* ties away from zero: std::round (TFLite reference kernels) */
+} g4_round;
+/* How an activation quantizer forms x / s. */
+typedef enum {
+    G4_QDIV_DEFAULT = -1,   /* options only: divide in fake mode, reciprocal in int mode (g4_options_resolve) */
+    G4_QDIV_RECIPROCAL = 0, /* x * (1/s), 1/s rounded once to f32: XNNPACK, NEON */
+    G4_QDIV_DIVIDE = 1,     /* x / s as one f32 division: HF, TFLite reference */
+} g4_qdiv;
 /* Requantization of an int32 accumulator in `int` mode (int8-arithmetic.md §3). */
 typedef enum {
-    G4_REQ_F32 = 0,         /* XNNPACK: (s_x*s_w)/s_y in f32, acc*M in f32, ties to even (default) */
-    G4_REQ_F64 = 1,         /* ((acc*s_x)*s_w)/s_y in double, ties to even */
-    G4_REQ_TFL_DOUBLE = 2,  /* TFLite reference: Q31 multiplier, gemmlowp double rounding */
-    G4_REQ_TFL_SINGLE = 3,  /* TFLITE_SINGLE_ROUNDING / ruy */
-    G4_REQ_TFL_NEON = 4,    /* TFLite's optimized kernels (LiteRT "builtin" CPU path) */
-    G4_REQ_TFL_REF = 5,     /* TFLite's reference kernels: round(acc * double multiplier), ties away */
+    G4_REQUANT_F32 = 0,        /* XNNPACK: (s_x*s_w)/s_y in f32, acc*M in f32, ties to even (default) */
+    G4_REQUANT_F64 = 1,        /* ((acc*s_x)*s_w)/s_y in double, ties to even (unit_linear's y_codes) */
+    G4_REQUANT_TFL_DOUBLE = 2, /* TFLite reference: Q31 multiplier, gemmlowp double rounding */
+    G4_REQUANT_TFL_SINGLE = 3, /* TFLITE_SINGLE_ROUNDING / ruy: Q31 multiplier, one rounding */
+    G4_REQUANT_TFL_NEON = 4,   /* TFLite's optimized NEON helper, double rounding half-up (LiteRT "builtin" CPU path) */
+    G4_REQUANT_TFL_REF = 5,    /* TFLite's reference kernels: round(acc * double multiplier), ties away */
 } g4_requant_rule;
 
+/* Where a model's streamed weights live (g4_model_load_options). */
+typedef enum {
+    G4_WEIGHTS_RESIDENT = 0, /* copied into (huge-page) memory at load: g4_model_load */
+    G4_WEIGHTS_MAPPED = 1,   /* left in the read-only file mapping: g4_model_load_mapped */
+} g4_weights;
+
+/* The engine options. Each field is set by one row of the options table below (n_seq is the
+ * caller's: how many sequences a session holds). */
 typedef struct {
     g4_act_mode act;
     int linear_quant;  /* points A1-A4, A7-A17 */
@@ -54,10 +68,82 @@ typedef struct {
     int lmhead_dynamic_q8; /* lm_head input quantized per token at run time, as XNNPACK's qd8 path */
     int ctx;           /* KV-cache length in tokens (per sequence) */
     int n_seq;         /* independent sequences (each with its own KV cache) for batched decoding; 0 = 1 */
+    /* How it runs, not what it computes (g4_model_load_options applies both): */
+    int threads;       /* the matmul threads of the process (g4_set_threads); 0 = leave them as they are */
+    g4_weights weights;
 } g4_options;
 
-/* Defaults of the spec's "litert" profile in `int` mode, context 4096. */
+/* Every option's default, from the table (the spec's "litert" profile in `int` mode, context 4096). */
 void g4_options_default(g4_options *o);
+
+/* ---- the options table ----
+ *
+ * One row per engine option: its name, the values it takes, the g4_options field(s) it sets, its
+ * default and whether it changes results. Everything that names options reads it: name=value
+ * parsing, the command line's flags (--NAME with '_' written '-', e.g. --pmp-scales), `g4 help`,
+ * the eval header (every result-affecting option, resolved) and g4_options_default. */
+typedef enum {
+    G4_OPTION_RESULT = 0, /* changes what is computed: recorded in the eval header, a resume with another value is refused */
+    G4_OPTION_RUN = 1,    /* changes only how it runs (threads, weight placement): the same results whatever its value */
+    G4_OPTION_PRESET = 2, /* sets several result-affecting options at once (profile); not recorded itself */
+} g4_option_kind;
+
+typedef struct {
+    const char *name; /* what the option takes as its value */
+    int value;        /* what the field gets (presets: the index of the setting) */
+} g4_option_choice;
+
+typedef struct {
+    const char *name;       /* "pmp_scales": name=value, and the key in the eval header */
+    const char *short_flag; /* "-t", or NULL */
+    const g4_option_choice *choices; /* the values of an option with named values (ended by a NULL name), or NULL */
+    const char *values;     /* the values of the others, in words: "N in [1, 1048576]" */
+    const char *fields;     /* the g4_options field(s) it sets: "pmp_s_in, pmp_s_out" */
+    const char *def;        /* its default, a value it takes (g4_options_default sets it) */
+    g4_option_kind kind;
+    int integer;            /* its value is an integer (a JSON number in the eval header) */
+    const char *help;       /* what it does, one line */
+} g4_option_info;
+
+/* The rows, in table order (the eval header's order); NULL past the end. */
+int g4_option_count(void);
+const g4_option_info *g4_option_at(int i);
+/* The row named `name` ("pmp_scales"), or whose flag it is ("--pmp-scales", "-t"); NULL if none. */
+const g4_option_info *g4_option_find(const char *name);
+
+/* Sets option `name` (a name or a flag, as g4_option_find takes) from its text. Fails, changing
+ * nothing, on an unknown option or a value it does not take; the message names the option as
+ * given and the values it takes ("--act fast: expected one of float fake int"). */
+int g4_options_set(g4_options *o, const char *name, const char *value);
+/* The same from "name=value". */
+int g4_options_parse(g4_options *o, const char *assignment);
+/* Option `name`'s value as text (what g4_options_set takes), NUL-terminated in buf; the length,
+ * or -1 when it does not fit or there is no such option. "auto" stands for a value the engine
+ * chooses (qdiv, threads); g4_options_resolve first for what it chooses. */
+int g4_options_get(const g4_options *o, const char *name, char *buf, size_t cap);
+/* Replaces each value the engine chooses from other options by the one it uses: qdiv by
+ * divide in fake and float mode, reciprocal in int mode. Sessions run the resolved options. */
+void g4_options_resolve(g4_options *o);
+
+/* ---- logging ----
+ *
+ * The library never writes to stderr itself: each warning (a checkpoint oddity, an option with
+ * no effect, a bad environment variable) goes to the log function, by default g4_log_stderr
+ * ("g4: warning: MESSAGE" on a line). The message has no prefix and no newline. The function may
+ * be called from any thread that calls into the library; set it before other calls. */
+typedef enum { G4_LOG_WARNING = 0 } g4_log_level;
+typedef void (*g4_log_fn)(void *user, g4_log_level level, const char *message);
+/* fn NULL: nothing is logged. */
+void g4_set_log(g4_log_fn fn, void *user);
+void g4_log_stderr(void *user, g4_log_level level, const char *message);
+
+/* ---- threads ----
+ *
+ * The matmuls of every session run on one process-wide pool. g4_set_threads sets its size (the
+ * caller's thread included; n <= 0: one per online CPU, the default); call it while no session
+ * computes. g4_threads gives the size in effect. */
+void g4_set_threads(int n);
+int g4_threads(void);
 
 const char *g4_last_error(void);
 
@@ -68,6 +154,9 @@ g4_model *g4_model_load(const char *dir);
  * processes reading the same file). g4_model_weights_resident says which one a model got. */
 g4_model *g4_model_load_mapped(const char *dir);
 int g4_model_weights_resident(const g4_model *m);
+/* g4_model_load or g4_model_load_mapped as o->weights says, after setting the threads to
+ * o->threads (g4_set_threads) unless it is 0. */
+g4_model *g4_model_load_options(const char *dir, const g4_options *o);
 void g4_model_free(g4_model *m);
 int g4_model_vocab_size(const g4_model *m);
 /* Stop ids from generation_config.json / config.json (eos). */

@@ -307,7 +307,7 @@ int main(void) {
     snprintf(base_tmp, sizeof base_tmp, "/tmp/g4-broken-XXXXXX");
     if (!mkdtemp(base_tmp)) return 2;
     read_tiny_fixture(&orig_st, &orig_st_len, &orig_config);
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
 
     raw_cases();
     header_case("overlap", edit_overlap, "overlap", "q_proj.weight");

@@ -124,16 +124,16 @@ static size_t pack_checkpoint_row(const int *codes, size_t n, int bits, uint8_t 
     return nbytes;
 }
 
-static const g4_requant_mode k_modes[] = {G4_REQUANT_F32, G4_REQUANT_F64, G4_REQUANT_TFL_DOUBLE,
-                                          G4_REQUANT_TFL_SINGLE, G4_REQUANT_TFL_NEON_4ROW};
+static const g4_requant_rule k_modes[] = {G4_REQUANT_F32, G4_REQUANT_F64, G4_REQUANT_TFL_DOUBLE,
+                                          G4_REQUANT_TFL_SINGLE, G4_REQUANT_TFL_NEON};
 
 /* The vectors.json column recording each mode's result; F64 has none (hand cases below). */
-static const char *vector_column(g4_requant_mode mode) {
+static const char *vector_column(g4_requant_rule mode) {
     switch (mode) {
     case G4_REQUANT_F32: return "xnn_fp32";
     case G4_REQUANT_TFL_DOUBLE: return "tfl_double";
     case G4_REQUANT_TFL_SINGLE: return "tfl_single";
-    case G4_REQUANT_TFL_NEON_4ROW: return "neon_4row";
+    case G4_REQUANT_TFL_NEON: return "neon_4row";
     default: return NULL;
     }
 }
@@ -164,7 +164,7 @@ static void check_requant_row(const cJSON *r, const char *where) {
         CHECK(g4_requant_init(&rq, k_modes[i], s_in, s_w, s_out, zp) == 0, "%s: %s", where,
               g4_last_error());
         CHECK(rq.mult == inum(r, "mult") && rq.shift == inum(r, "shift"),
-              "%s acc=%d %s: mult/shift %d %d", where, (int)acc, g4_requant_mode_name(k_modes[i]),
+              "%s acc=%d %s: mult/shift %d %d", where, (int)acc, g4_requant_rule_name(k_modes[i]),
               (int)rq.mult, rq.shift);
         CHECK(f32_bits(rq.scale_f32) == hex_field_u32(r, "xnn_scale_f32_bits"),
               "%s acc=%d: xnn scale 0x%08x", where, (int)acc, (unsigned)f32_bits(rq.scale_f32));
@@ -172,7 +172,7 @@ static void check_requant_row(const cJSON *r, const char *where) {
         if (!col) continue;
         int got = g4_requantize(&rq, acc), want = inum(r, col);
         CHECK(got == want, "%s acc=%d mode %s: got %d want %d", where, (int)acc,
-              g4_requant_mode_name(k_modes[i]), got, want);
+              g4_requant_rule_name(k_modes[i]), got, want);
     }
 }
 
@@ -188,9 +188,9 @@ static void test_vec_quantize(const cJSON *cases) {
         int32_t zp = inum(c, "zp");
         CHECK((double)x == num(c, "x"), "x bits vs value %.17g", (double)x);
         g4_quantizer ref, neon, xnn;
-        CHECK_EQ_INT(g4_quantizer_init(&ref, s, zp, G4_ROUND_HALF_AWAY, G4_QDIV_DIV), 0);
-        CHECK_EQ_INT(g4_quantizer_init(&neon, s, zp, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP), 0);
-        CHECK_EQ_INT(g4_quantizer_init(&xnn, s, zp, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP), 0);
+        CHECK_EQ_INT(g4_quantizer_init(&ref, s, zp, G4_ROUND_AWAY, G4_QDIV_DIVIDE), 0);
+        CHECK_EQ_INT(g4_quantizer_init(&neon, s, zp, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL), 0);
+        CHECK_EQ_INT(g4_quantizer_init(&xnn, s, zp, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL), 0);
         /* NEON forms 1/s as (float)(1.0 / (double)s), XNNPACK as 1.0f / s; both are the
          * correctly rounded f32 reciprocal, so one quantizer serves both columns. */
         CHECK(f32_bits(neon.inv_scale) == f32_bits((float)(1.0 / (double)s)), "recip s=%g",
@@ -374,10 +374,10 @@ static void test_quantizer_unit_cases(void) {
     };
     const float s = 0.25f;
     for (int d = 0; d < 2; d++) {
-        g4_qdiv_rule qdiv = d ? G4_QDIV_DIV : G4_QDIV_RECIP;
+        g4_qdiv qdiv = d ? G4_QDIV_DIVIDE : G4_QDIV_RECIPROCAL;
         g4_quantizer even, away;
-        CHECK_EQ_INT(g4_quantizer_init(&even, s, 0, G4_ROUND_HALF_EVEN, qdiv), 0);
-        CHECK_EQ_INT(g4_quantizer_init(&away, s, 0, G4_ROUND_HALF_AWAY, qdiv), 0);
+        CHECK_EQ_INT(g4_quantizer_init(&even, s, 0, G4_ROUND_EVEN, qdiv), 0);
+        CHECK_EQ_INT(g4_quantizer_init(&away, s, 0, G4_ROUND_AWAY, qdiv), 0);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             float x = cases[i].x_over_s * s;
             CHECK(g4_quantize(&even, x) == cases[i].even, "even qdiv=%d x/s=%g: %d", d,
@@ -393,7 +393,7 @@ static void test_quantizer_unit_cases(void) {
     g4_quantizer q;
     float xs[5] = {0.125f, -0.375f, 1.0f, 100.0f, -0.1f};
     int8_t codes[5];
-    CHECK_EQ_INT(g4_quantizer_init(&q, s, 0, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP), 0);
+    CHECK_EQ_INT(g4_quantizer_init(&q, s, 0, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL), 0);
     g4_quantize_vec(&q, xs, 5, codes);
     CHECK(codes[0] == 0 && codes[1] == -2 && codes[2] == 4 && codes[3] == 127 && codes[4] == 0,
           "quantize_vec");
@@ -403,7 +403,7 @@ static void test_quantizer_identity_and_errors(void) {
     g4_quantizer q;
     CHECK(g4_scale_is_identity(0.0f) && g4_scale_is_identity(-0.0f), "identity scale");
     CHECK(!g4_scale_is_identity(1e-30f), "tiny scale is not identity");
-    CHECK_EQ_INT(g4_quantizer_init(&q, 0.0f, 0, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP), 0);
+    CHECK_EQ_INT(g4_quantizer_init(&q, 0.0f, 0, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL), 0);
     CHECK(g4_quantizer_is_identity(&q), "quantizer identity");
     static const float xs[] = {3.14159f, -1e30f, 1e-40f, -0.0f, 1e30f};
     for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++)
@@ -412,15 +412,15 @@ static void test_quantizer_identity_and_errors(void) {
     static const float bad[] = {-0.1f, 1e-45f};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         g4_clear_error();
-        CHECK(g4_quantizer_init(&q, bad[i], 0, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP) == -1,
+        CHECK(g4_quantizer_init(&q, bad[i], 0, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL) == -1,
               "bad scale %g accepted", (double)bad[i]);
         CHECK(strstr(g4_last_error(), "scale") != NULL, "%s", g4_last_error());
     }
-    CHECK(g4_quantizer_init(&q, (float)INFINITY, 0, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP) == -1,
+    CHECK(g4_quantizer_init(&q, (float)INFINITY, 0, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL) == -1,
           "inf scale");
-    CHECK(g4_quantizer_init(&q, (float)NAN, 0, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP) == -1,
+    CHECK(g4_quantizer_init(&q, (float)NAN, 0, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL) == -1,
           "nan scale");
-    CHECK(g4_quantizer_init(&q, 0.1f, 128, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP) == -1, "zp 128");
+    CHECK(g4_quantizer_init(&q, 0.1f, 128, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL) == -1, "zp 128");
 }
 
 static void test_rounding(void) {
@@ -430,10 +430,10 @@ static void test_rounding(void) {
              {-1.5f, -2, -2}, {-2.5f, -2, -3},  {0.49999997f, 0, 0}, {8388607.5f, 8388608, 8388608},
              {8388609.0f, 8388609, 8388609}, {-121.5f, -122, -122}, {-122.5f, -122, -123}};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        CHECK(g4_round_f32(c[i].v, G4_ROUND_HALF_EVEN) == c[i].even, "even %.9g", (double)c[i].v);
-        CHECK(g4_round_f32(c[i].v, G4_ROUND_HALF_AWAY) == c[i].away, "away %.9g", (double)c[i].v);
-        CHECK(g4_round_f64(c[i].v, G4_ROUND_HALF_EVEN) == c[i].even, "even64 %.9g", (double)c[i].v);
-        CHECK(g4_round_f64(c[i].v, G4_ROUND_HALF_AWAY) == c[i].away, "away64 %.9g", (double)c[i].v);
+        CHECK(g4_round_f32(c[i].v, G4_ROUND_EVEN) == c[i].even, "even %.9g", (double)c[i].v);
+        CHECK(g4_round_f32(c[i].v, G4_ROUND_AWAY) == c[i].away, "away %.9g", (double)c[i].v);
+        CHECK(g4_round_f64(c[i].v, G4_ROUND_EVEN) == c[i].even, "even64 %.9g", (double)c[i].v);
+        CHECK(g4_round_f64(c[i].v, G4_ROUND_AWAY) == c[i].away, "away64 %.9g", (double)c[i].v);
     }
 }
 
@@ -525,7 +525,7 @@ static void test_requant_f64_and_distinguishing(void) {
                          0);
             int got = g4_requantize(&rq, c[i].acc);
             CHECK(got == want[m], "case %zu acc=%d %s: got %d want %d", i, (int)c[i].acc,
-                  g4_requant_mode_name(k_modes[m]), got, want[m]);
+                  g4_requant_rule_name(k_modes[m]), got, want[m]);
         }
     }
 }
@@ -536,7 +536,7 @@ static void test_requant_init_errors(void) {
     CHECK_EQ_INT(g4_requant_init(&rq, G4_REQUANT_F32, 0.0f, 0.01f, 0.1f, 0), -1);
     CHECK_EQ_INT(g4_requant_init(&rq, G4_REQUANT_TFL_DOUBLE, 1.0f, 1.0f, 1.0f / 512, 0), -1);
     CHECK_EQ_INT(g4_requant_init(&rq, G4_REQUANT_F64, 0.1f, 0.01f, 0.1f, -129), -1);
-    CHECK_EQ_INT(g4_requant_init(&rq, (g4_requant_mode)9, 0.1f, 0.01f, 0.1f, 0), -1);
+    CHECK_EQ_INT(g4_requant_init(&rq, (g4_requant_rule)9, 0.1f, 0.01f, 0.1f, 0), -1);
     float s_w[2] = {0.01f, -1.0f};
     g4_requant rows[2];
     g4_clear_error();

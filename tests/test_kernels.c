@@ -227,8 +227,8 @@ static void check_quantizers(const g4_kernels *k) {
     for (int c = 0; c < 60; c++) {
         float scale = scales[c % 5];
         g4_quantizer q;
-        g4_quantizer_init(&q, scale, c % 7 == 3 ? rnd_int(-5, 5) : 0, c % 4 == 1 ? G4_ROUND_HALF_AWAY : G4_ROUND_HALF_EVEN,
-                          c % 3 == 2 ? G4_QDIV_DIV : G4_QDIV_RECIP);
+        g4_quantizer_init(&q, scale, c % 7 == 3 ? rnd_int(-5, 5) : 0, c % 4 == 1 ? G4_ROUND_AWAY : G4_ROUND_EVEN,
+                          c % 3 == 2 ? G4_QDIV_DIVIDE : G4_QDIV_RECIPROCAL);
         size_t n = (size_t)rnd_int(0, 300);
         float *x = malloc(sizeof(float) * (n + 1)), *fr = malloc(sizeof(float) * (n + 1)), *fk = malloc(sizeof(float) * (n + 1));
         int8_t *cr = malloc(n + 1), *ck = malloc(n + 1);

@@ -208,7 +208,7 @@ static void fc_rules(const lcase *c, const int8_t *x, int8_t *y) {
     size_t ro = (size_t)c->rows * (size_t)c->out;
     g4_requant *rq = malloc(sizeof *rq * (size_t)c->out);
     for (int m = 0; m < N_REQ; m++) {
-        CHECK(g4_requant_init_rows(rq, (size_t)c->out, (g4_requant_mode)m, c->s_in, c->w_scale, c->s_out, 0) == 0, "%s: %s",
+        CHECK(g4_requant_init_rows(rq, (size_t)c->out, (g4_requant_rule)m, c->s_in, c->w_scale, c->s_out, 0) == 0, "%s: %s",
               c->name, g4_last_error());
         for (int r = 0; r < c->rows; r++) {
             const int8_t *xr = x + (size_t)r * (size_t)c->in;
@@ -221,9 +221,9 @@ static void fc_rules(const lcase *c, const int8_t *x, int8_t *y) {
 
 #define N_QR 4
 static const char *const q_name[N_QR] = {"even/recip", "even/div", "away/recip", "away/div"};
-static const g4_round_rule q_round[N_QR] = {G4_ROUND_HALF_EVEN, G4_ROUND_HALF_EVEN,
-                                            G4_ROUND_HALF_AWAY, G4_ROUND_HALF_AWAY};
-static const g4_qdiv_rule q_div[N_QR] = {G4_QDIV_RECIP, G4_QDIV_DIV, G4_QDIV_RECIP, G4_QDIV_DIV};
+static const g4_round q_round[N_QR] = {G4_ROUND_EVEN, G4_ROUND_EVEN,
+                                            G4_ROUND_AWAY, G4_ROUND_AWAY};
+static const g4_qdiv q_div[N_QR] = {G4_QDIV_RECIPROCAL, G4_QDIV_DIVIDE, G4_QDIV_RECIPROCAL, G4_QDIV_DIVIDE};
 #define QR_EVEN_RECIP 0
 #define QR_AWAY_DIV 3
 
@@ -260,7 +260,7 @@ static path_family family(int p, int delegated) {
     }
 }
 
-static const int expect_req[3] = {G4_REQUANT_F32, G4_REQUANT_TFL_NEON_4ROW, G4_REQUANT_TFL_REF};
+static const int expect_req[3] = {G4_REQUANT_F32, G4_REQUANT_TFL_NEON, G4_REQUANT_TFL_REF};
 static const int expect_q[3] = {QR_EVEN_RECIP, QR_EVEN_RECIP, QR_AWAY_DIV};
 
 /* An XNNPACK path whose delegate refused the op ran on the builtin kernels: its result says

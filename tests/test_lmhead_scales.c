@@ -305,9 +305,9 @@ static void test_modes(const g4_model *m, int n) {
         const char *name;
         ref_fn ref;
         int recip;
-    } cases[] = {{G4_ACT_INT, G4_REQ_F32, "int (requant f32)", ref_int_f32, 1},
-                 {G4_ACT_INT, G4_REQ_F64, "int (requant f64)", ref_int_f64, 1},
-                 {G4_ACT_FAKE, G4_REQ_F32, "fake", ref_fake, 0}};
+    } cases[] = {{G4_ACT_INT, G4_REQUANT_F32, "int (requant f32)", ref_int_f32, 1},
+                 {G4_ACT_INT, G4_REQUANT_F64, "int (requant f64)", ref_int_f64, 1},
+                 {G4_ACT_FAKE, G4_REQUANT_F32, "fake", ref_fake, 0}};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         g4_options o = opts(cases[k].act);
         o.requant = cases[k].requant;
@@ -494,7 +494,7 @@ int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/g4-lmhead-XXXXXX");
     if (!mkdtemp(tmp)) return 2;
     read_tiny_fixture(&orig_st, &orig_st_len, &orig_config);
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     read_head();
     for (int t = 0; t < N_LONG; t++) prompt[t] = 2 + (t * 97 + 13) % 500;
     plain = g4_model_load(tiny_dir());

@@ -99,7 +99,7 @@ static void test_kv_quant(void) {
         snprintf(tensor, sizeof tensor, "model.language_model.layers.0.self_attn.%s_cache_scale", kv[i]);
         float scale = g4_load_f32(g4_st_find(&st, tensor)->data);
         g4_quantizer q;
-        g4_quantizer_init(&q, scale, 0, G4_ROUND_HALF_EVEN, G4_QDIV_DIV);
+        g4_quantizer_init(&q, scale, 0, G4_ROUND_EVEN, G4_QDIV_DIVIDE);
         const g4_captured *x = get(&a, name), *y = get(&b, name);
         int bad = 0;
         for (int j = 0; j < x->rows * x->width; j++) bad += g4_fake_quantize(&q, x->data[j]) != y->data[j];
@@ -165,8 +165,8 @@ static void test_qdiv(void) {
         for (int i = 0; i < 4; i++) t = nextafterf(t, 0.0f);
         for (int i = 0; i < 9 && !found; i++, t = nextafterf(t, INFINITY)) {
             g4_quantizer d, r;
-            g4_quantizer_init(&d, t, 0, G4_ROUND_HALF_EVEN, G4_QDIV_DIV);
-            g4_quantizer_init(&r, t, 0, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP);
+            g4_quantizer_init(&d, t, 0, G4_ROUND_EVEN, G4_QDIV_DIVIDE);
+            g4_quantizer_init(&r, t, 0, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL);
             if (g4_quantize(&d, v) != g4_quantize(&r, v)) found = t;
         }
     }
@@ -187,13 +187,13 @@ static void test_qdiv(void) {
 /* --requant: acts in int mode only, on the linear outputs; the float path ignores it. */
 static void test_requant(void) {
     g4_options f32 = base(G4_ACT_INT, 1, 1, 1), dbl = f32;
-    dbl.requant = G4_REQ_TFL_DOUBLE;
+    dbl.requant = G4_REQUANT_TFL_DOUBLE;
     g4_capture a = run(&f32), b = run(&dbl);
     EXPECT_SAME(a, b, "inputs_embeds", "--requant");
     EXPECT_SAME(a, b, "per_layer_inputs", "--requant");
     EXPECT_DIFF(a, b, "hidden_after_layer0", "--requant");
     g4_options fake = base(G4_ACT_FAKE, 1, 1, 1), fake_dbl = fake;
-    fake_dbl.requant = G4_REQ_TFL_DOUBLE;
+    fake_dbl.requant = G4_REQUANT_TFL_DOUBLE;
     g4_capture c = run(&fake), d = run(&fake_dbl);
     EXPECT_SAME(c, d, "final_norm", "--requant in fake mode");
     g4_capture_free(&a);

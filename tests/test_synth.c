@@ -628,7 +628,7 @@ static void test_e2b_full(void) {
 }
 
 int main(void) {
-    g4_set_quiet(1);
+    g4_set_log(NULL, NULL);
     snprintf(base_tmp, sizeof base_tmp, "/tmp/g4-synth-XXXXXX");
     if (!mkdtemp(base_tmp)) return 2;
     test_writer_roundtrip();

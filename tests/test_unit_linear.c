@@ -45,8 +45,8 @@ static void check_case(const char *c, int bits) {
 
     /* input codes: exact with x / s; with x * (1/s) only exact ties may go the other way */
     g4_quantizer qdiv, qrecip;
-    g4_quantizer_init(&qdiv, *s_in, 0, G4_ROUND_HALF_EVEN, G4_QDIV_DIV);
-    g4_quantizer_init(&qrecip, *s_in, 0, G4_ROUND_HALF_EVEN, G4_QDIV_RECIP);
+    g4_quantizer_init(&qdiv, *s_in, 0, G4_ROUND_EVEN, G4_QDIV_DIVIDE);
+    g4_quantizer_init(&qrecip, *s_in, 0, G4_ROUND_EVEN, G4_QDIV_RECIPROCAL);
     int8_t *codes = malloc((size_t)nx);
     int div_bad = 0, recip_off_tie = 0, recip_ties = 0;
     for (int64_t i = 0; i < nx; i++) {
@@ -67,7 +67,7 @@ static void check_case(const char *c, int bits) {
     CHECK(memcmp(acc2, acc_ref, sizeof *acc * (size_t)rows * out) == 0, "%s: %s accumulators differ", c, g4_kernels_get()->name);
 
     /* output codes per requant rule */
-    static const g4_requant_mode modes[] = {G4_REQUANT_F64, G4_REQUANT_F32, G4_REQUANT_TFL_DOUBLE, G4_REQUANT_TFL_SINGLE};
+    static const g4_requant_rule modes[] = {G4_REQUANT_F64, G4_REQUANT_F32, G4_REQUANT_TFL_DOUBLE, G4_REQUANT_TFL_SINGLE};
     g4_requant *rq = malloc(sizeof *rq * (size_t)out);
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         CHECK(g4_requant_init_rows(rq, (size_t)out, modes[m], *s_in, w_scale, *s_out, 0) == 0, "%s", g4_last_error());
@@ -84,7 +84,7 @@ static void check_case(const char *c, int bits) {
                 if (yc - y_codes[i] == 1 || yc - y_codes[i] == -1) off_by_one++;
                 else worse++;
             }
-        const char *name = g4_requant_mode_name(modes[m]);
+        const char *name = g4_requant_rule_name(modes[m]);
         if (modes[m] == G4_REQUANT_F64) {
             CHECK(exact_bad + near_tie == 0, "%s: f64 requant differs on %d codes", c, exact_bad + near_tie);
         } else if (modes[m] == G4_REQUANT_TFL_DOUBLE) {

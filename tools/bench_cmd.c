@@ -22,13 +22,13 @@
 
 typedef struct {
     const char *dir;
-    int threads, prompt, gen, reps, json, bandwidth;
+    int prompt, gen, reps, json, bandwidth;
     /* --kernels A,B,...: the reps alternate between these levels, round after round; with
      * --alternate steps the decode steps of every rep do as well */
     int n_levels, alt_steps;
     char levels[BENCH_MAX_LEVELS][32];
     int logits; /* LOGITS_GREEDY, LOGITS_FULL (every logit of every step) or LOGITS_TOP (what top-k sampling needs) */
-    g4_options o;
+    g4_options o; /* o.threads: -t, else one per online CPU (set explicitly, for the bandwidth probe too) */
 } bench_args;
 
 /* The bandwidth is measured just before and just after every repetition's decode, since this
@@ -190,7 +190,11 @@ static double median(double *v, int n) {
 
 static const char *weights_name(const g4_model *m) { return g4_model_weights_resident(m) ? "resident" : "mapped"; }
 
-static const char *act_name(g4_act_mode a) { return a == G4_ACT_FLOAT ? "float" : a == G4_ACT_FAKE ? "fake" : "int"; }
+/* The --act value, in the options table's words. */
+static const char *act_name(const g4_options *o) {
+    static char name[16];
+    return g4_options_get(o, "act", name, sizeof name) >= 0 ? name : "?";
+}
 
 /* --kernels A,B,...: each a level this CPU has, none twice. */
 static int parse_levels(const char *v, bench_args *b) {
@@ -220,7 +224,6 @@ static int parse_bench(args_t *a, bench_args *b) {
     int bad = 0;
     memset(b, 0, sizeof *b);
     g4_options_default(&b->o);
-    b->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     b->prompt = 512;
     b->gen = 128;
     b->reps = 3;
@@ -229,9 +232,7 @@ static int parse_bench(args_t *a, bench_args *b) {
     for (a->i = 2; a->i < a->argc && !bad; a->i++) {
         const char *v;
         if (flag_is(a, "-m") || flag_is(a, "--model")) b->dir = flag_value(a, "-m", &bad);
-        else if (flag_is(a, "-t") || flag_is(a, "--threads")) {
-            if ((v = flag_value(a, "-t", &bad)) && parse_int(a->cmd, "-t", v, 1, 64, &b->threads)) bad = 1;
-        } else if (flag_is(a, "-p") || flag_is(a, "--prompt-tokens")) {
+        else if (flag_is(a, "-p") || flag_is(a, "--prompt-tokens")) {
             if ((v = flag_value(a, "-p", &bad)) && parse_int(a->cmd, "-p", v, 0, 1 << 20, &b->prompt)) bad = 1;
         } else if (flag_is(a, "-n") || flag_is(a, "--gen-tokens")) {
             if ((v = flag_value(a, "-n", &bad)) && parse_int(a->cmd, "-n", v, 0, 1 << 20, &b->gen)) bad = 1;
@@ -250,6 +251,8 @@ static int parse_bench(args_t *a, bench_args *b) {
         else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
+    /* said explicitly, so the bandwidth probe measures with the threads the decode uses */
+    if (!b->o.threads) b->o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (!b->dir) return die("g4 bench needs -m DIR%s", "");
     if (b->prompt + b->gen < 1) return die("g4 bench: -p and -n are both 0%s", "");
     if (b->alt_steps && b->n_levels < 2) return die("g4 bench: --alternate steps needs --kernels with two levels or more%s", "");
@@ -370,10 +373,9 @@ int cmd_bench(args_t *a) {
     bench_args b;
     if (parse_bench(a, &b) != 0) return 1;
     bw_probe probe;
-    int probing = b.bandwidth && bw_probe_start(&probe, b.threads) == 0;
-    g4_kernels_set_threads(b.threads);
+    int probing = b.bandwidth && bw_probe_start(&probe, b.o.threads) == 0;
     double t0 = now_s();
-    g4_model *m = load_model(b.dir);
+    g4_model *m = load_model(b.dir, &b.o);
     if (!m) return die_lib();
     double load_s = now_s() - t0;
     /* With --kernels each round runs every level once, in turn (the order reversed every other
@@ -436,7 +438,7 @@ int cmd_bench(args_t *a) {
                    "\"prefill_tok_s_max\": %.3f, \"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, "
                    "\"peak_rss_bytes\": %.0f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f, \"roofline_tok_s\": %.3f, "
                    "\"roofline_fraction\": %.4f, \"read_bw_loads\": \"%s\", \"weights\": \"%s\"",
-                   b.dir, kname, b.threads, act_name(b.o.act), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, s0->pmed, s0->pmin,
+                   b.dir, kname, b.o.threads, act_name(&b.o), logits_kinds[b.logits], b.prompt, b.gen, b.reps, load_s, s0->pmed, s0->pmin,
                    s0->pmax, s0->dmed, s0->dmin, s0->dmax, peak, bytes, s0->bw, roof, s0->fmed, s0->bw > 0 ? g4_stream_loads() : "off",
                    weights_name(m));
             print_kernels(stdout, 1, &b);
@@ -464,8 +466,8 @@ int cmd_bench(args_t *a) {
             }
             printf("}\n");
         } else {
-            printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps%s\n", b.dir, b.n_levels ? "compared" : kname, b.threads,
-                   act_name(b.o.act), logits_kinds[b.logits], b.reps,
+            printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps%s\n", b.dir, b.n_levels ? "compared" : kname, b.o.threads,
+                   act_name(&b.o), logits_kinds[b.logits], b.reps,
                    b.alt_steps ? " per level, alternating (and their decode steps alternating: each rep's decode figures and profile mix the levels)"
                    : b.n_levels ? " per level, alternating" : "");
             print_kernels(stdout, 0, &b);

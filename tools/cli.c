@@ -13,7 +13,6 @@
 
 #include <unistd.h>
 
-#include "kernels/kernels.h"
 #include "util/err.h"
 #include "util/file.h"
 
@@ -135,75 +134,44 @@ int parse_ids(const char *cmd, const char *v, int32_t **ids, int *n) {
     return 0;
 }
 
-/* Engine options shared by every command that runs the model. Returns 1 if argv[i] was one. */
-/* --weights mapped: g4_model_load_mapped (process-wide, like -t). */
-static int weights_mapped;
+g4_model *load_model(const char *dir, const g4_options *o) { return g4_model_load_options(dir, o); }
 
-g4_model *load_model(const char *dir) { return weights_mapped ? g4_model_load_mapped(dir) : g4_model_load(dir); }
-
+/* The engine options are the rows of the library's options table (g4.h): each row's flag is
+ * --NAME with '-' for '_' (and its short flag), its values and messages the table's, so the
+ * command line, the API and the eval header name the same options. */
 int engine_flag(args_t *a, g4_options *o, int *bad) {
-    static const char *const acts[] = {"float", "fake", "int", NULL}, *const onoff[] = {"off", "on", NULL},
-                             *const profiles[] = {"hf", "litert", NULL}, *const kv[] = {"f32", "int8", NULL},
-                             *const placements[] = {"scaled", "raw", NULL}, *const rounds[] = {"even", "away", NULL},
-                             *const qdivs[] = {"recip", "div", NULL},
-                             *const requants[] = {"f32", "f64", "tfl-double", "tfl-single", "tfl-neon", "tfl-ref", NULL};
-    const char *v;
-    int choice;
-    if (flag_is(a, "--act")) {
-        if (!(v = flag_value(a, "--act", bad)) || parse_choice(a->cmd, "--act", v, acts, &choice)) return *bad = 1;
-        o->act = (g4_act_mode)choice;
-    } else if (flag_is(a, "--profile")) {
-        if (!(v = flag_value(a, "--profile", bad)) || parse_choice(a->cmd, "--profile", v, profiles, &choice)) return *bad = 1;
-        o->kv_quant = o->pmp_quant = choice; /* hf: linear points only; litert: + KV + projection */
-    } else if (flag_is(a, "--kv")) {
-        if (!(v = flag_value(a, "--kv", bad)) || parse_choice(a->cmd, "--kv", v, kv, &o->kv_quant)) return *bad = 1;
-    } else if (flag_is(a, "--linear-quant")) {
-        if (!(v = flag_value(a, "--linear-quant", bad)) || parse_choice(a->cmd, "--linear-quant", v, onoff, &o->linear_quant))
-            return *bad = 1;
-    } else if (flag_is(a, "--pmp-quant")) {
-        if (!(v = flag_value(a, "--pmp-quant", bad)) || parse_choice(a->cmd, "--pmp-quant", v, onoff, &o->pmp_quant))
-            return *bad = 1;
-    } else if (flag_is(a, "--pmp-placement")) {
-        if (!(v = flag_value(a, "--pmp-placement", bad)) ||
-            parse_choice(a->cmd, "--pmp-placement", v, placements, &o->pmp_out_raw))
-            return *bad = 1;
-    } else if (flag_is(a, "--pmp-scales")) {
-        char buf[64];
-        if (!(v = flag_value(a, "--pmp-scales", bad))) return 1;
-        const char *comma = strchr(v, ',');
-        if (!comma || (size_t)(comma - v) >= sizeof buf) {
-            fprintf(stderr, "g4 %s: error: --pmp-scales %s: expected S_IN,S_OUT\n", a->cmd, v);
-            return *bad = 1;
-        }
-        memcpy(buf, v, (size_t)(comma - v));
-        buf[comma - v] = 0;
-        if (parse_float(a->cmd, "--pmp-scales", buf, &o->pmp_s_in) || parse_float(a->cmd, "--pmp-scales", comma + 1, &o->pmp_s_out))
-            return *bad = 1;
-    } else if (flag_is(a, "--round")) {
-        if (!(v = flag_value(a, "--round", bad)) || parse_choice(a->cmd, "--round", v, rounds, &choice)) return *bad = 1;
-        o->round = (g4_round)choice;
-    } else if (flag_is(a, "--qdiv")) {
-        if (!(v = flag_value(a, "--qdiv", bad)) || parse_choice(a->cmd, "--qdiv", v, qdivs, &choice)) return *bad = 1;
-        o->qdiv = (g4_qdiv)choice;
-    } else if (flag_is(a, "--requant")) {
-        if (!(v = flag_value(a, "--requant", bad)) || parse_choice(a->cmd, "--requant", v, requants, &choice)) return *bad = 1;
-        o->requant = (g4_requant_rule)choice;
-    } else if (flag_is(a, "--lmhead-dynamic-q8")) {
-        if (!(v = flag_value(a, "--lmhead-dynamic-q8", bad)) || parse_choice(a->cmd, "--lmhead-dynamic-q8", v, onoff, &o->lmhead_dynamic_q8))
-            return *bad = 1;
-    } else if (flag_is(a, "--weights")) {
-        static const char *const placements_w[] = {"resident", "mapped", NULL};
-        if (!(v = flag_value(a, "--weights", bad)) || parse_choice(a->cmd, "--weights", v, placements_w, &weights_mapped)) return *bad = 1;
-    } else if (flag_is(a, "-t") || flag_is(a, "--threads")) {
-        int t;
-        if (!(v = flag_value(a, "--threads", bad)) || parse_int(a->cmd, "--threads", v, 1, 256, &t)) return *bad = 1;
-        g4_kernels_set_threads(t);
-    } else if (flag_is(a, "--ctx")) {
-        if (!(v = flag_value(a, "--ctx", bad)) || parse_int(a->cmd, "--ctx", v, 1, 1 << 20, &o->ctx)) return *bad = 1;
-    } else {
-        return 0;
+    const char *arg = a->argv[a->i];
+    char flag[64];
+    size_t len = strcspn(arg, "=");
+    if (arg[0] != '-' || len >= sizeof flag || (arg[len] == '=' && arg[1] != '-')) return 0; /* "=" only after a --flag */
+    memcpy(flag, arg, len);
+    flag[len] = 0;
+    if (!g4_option_find(flag)) return 0;
+    const char *v = flag_value(a, flag, bad);
+    if (v && g4_options_set(o, flag, v) != 0) {
+        fprintf(stderr, "g4 %s: error: %s\n", a->cmd, g4_last_error());
+        *bad = 1;
     }
     return 1;
+}
+
+/* One line per engine option, from the table: its flags, values, default and what it does. */
+void print_engine_options(FILE *f) {
+    for (int i = 0; i < g4_option_count(); i++) {
+        const g4_option_info *opt = g4_option_at(i);
+        char flags[160], values[160];
+        int n = snprintf(flags, sizeof flags, "%s%s--", opt->short_flag ? opt->short_flag : "", opt->short_flag ? ", " : "");
+        for (const char *c = opt->name; *c && n < (int)sizeof flags - 1; c++) flags[n++] = *c == '_' ? '-' : *c;
+        flags[n] = 0;
+        if (opt->choices) {
+            values[0] = 0;
+            for (int k = 0, used = 0; opt->choices[k].name && used < (int)sizeof values; k++)
+                used += snprintf(values + used, sizeof values - (size_t)used, "%s%s", k ? "|" : "", opt->choices[k].name);
+        } else {
+            snprintf(values, sizeof values, "%s", opt->values);
+        }
+        fprintf(f, "  %s %s\n      %s (default %s)\n", flags, values, opt->help, opt->def);
+    }
 }
 
 /* Sampling flags. Returns 1 if argv[i] was one; sets *given when any was. */

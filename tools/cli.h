@@ -3,6 +3,7 @@
 #define G4_TOOLS_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "g4.h"
 
@@ -26,11 +27,13 @@ int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi
 int parse_float(const char *cmd, const char *flag, const char *v, float *out);
 int parse_choice(const char *cmd, const char *flag, const char *v, const char *const *choices, int *out);
 int parse_ids(const char *cmd, const char *v, int32_t **ids, int *n);
-/* Engine options (--act, --kv, --ctx, ..., and the process-wide -t and --weights). Returns 1 if
+/* Engine options: the flags of the options table (g4.h), --NAME or a short flag. Returns 1 if
  * argv[i] was one. */
 int engine_flag(args_t *a, g4_options *o, int *bad);
-/* The model at dir, its weights resident or mapped as --weights said (g4_model_load). */
-g4_model *load_model(const char *dir);
+/* The engine options' help lines, from the table. */
+void print_engine_options(FILE *f);
+/* The model at dir, loaded with the options' threads and weight placement (g4_model_load_options). */
+g4_model *load_model(const char *dir, const g4_options *o);
 /* Sampling flags (--temp, --top-k, ...). Returns 1 if argv[i] was one; *given gets a bit per
  * field set (G4_SAMPLE_*), so model defaults can fill the rest. */
 enum { G4_SAMPLE_TEMP = 1, G4_SAMPLE_TOP_K = 2, G4_SAMPLE_TOP_P = 4, G4_SAMPLE_MIN_P = 8, G4_SAMPLE_PENALTY = 16,

@@ -1,5 +1,6 @@
-/* `g4 eval gsm8k`: the GSM8K quality run (shared/spec/gsm8k-protocol.md) with resume, and
- * `g4 eval compare`: the paired per-question comparison of two runs. */
+/* `g4 eval gsm8k`: the GSM8K quality run (shared/spec/gsm8k-protocol.md) with resume and shards,
+ * `g4 eval merge`: a run's shards into one file, and `g4 eval compare`: the paired per-question
+ * comparison of two runs. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -22,14 +23,19 @@ int cmd_eval(args_t *a);
 
 /* ---------------------------------------------------------------- options */
 
+enum { PROGRESS_AUTO, PROGRESS_ON, PROGRESS_OFF };
+
 typedef struct {
     const char *dir, *data, *out;
     int n, offset, max_tokens, think, batch;
+    int shard, n_shards; /* --shard I/N: the questions qK with K mod N = I */
+    int progress;        /* PROGRESS_*: auto is on when stderr is a terminal */
     int ctx_given;
     g4_options o;
 } eval_args;
 
 static const char *const onoff[] = {"off", "on", NULL};
+static const char *const progress_modes[] = {"auto", "on", "off", NULL};
 
 /* Returns 1 if argv[i] was an eval flag or an engine flag; sets *bad on a bad value. */
 static int eval_flag(args_t *a, eval_args *e, int *bad) {
@@ -47,6 +53,13 @@ static int eval_flag(args_t *a, eval_args *e, int *bad) {
         if ((v = flag_value(a, "--think", bad)) && parse_choice(a->cmd, "--think", v, onoff, &e->think)) *bad = 1;
     } else if (flag_is(a, "--batch")) {
         if ((v = flag_value(a, "--batch", bad)) && parse_int(a->cmd, "--batch", v, 1, 64, &e->batch)) *bad = 1;
+    } else if (flag_is(a, "--shard")) {
+        if ((v = flag_value(a, "--shard", bad)) && g4_eval_parse_shard(v, &e->shard, &e->n_shards) != 0) {
+            fprintf(stderr, "g4 %s: error: --shard %s\n", a->cmd, g4_last_error());
+            *bad = 1;
+        }
+    } else if (flag_is(a, "--progress")) {
+        if ((v = flag_value(a, "--progress", bad)) && parse_choice(a->cmd, "--progress", v, progress_modes, &e->progress)) *bad = 1;
     } else {
         e->ctx_given |= flag_is(a, "--ctx");
         return engine_flag(a, &e->o, bad);
@@ -59,6 +72,7 @@ static int parse_eval(args_t *a, eval_args *e) {
     g4_options_default(&e->o);
     e->n = -1;
     e->batch = 1;
+    e->n_shards = 1;
     int bad = 0;
     for (a->i = 3; a->i < a->argc && !bad; a->i++)
         if (!eval_flag(a, e, &bad)) return unknown_flag(a);
@@ -73,49 +87,17 @@ static int parse_eval(args_t *a, eval_args *e) {
 
 /* ---------------------------------------------------------------- the header */
 
-static const char *qdiv_name(const g4_options *o) {
-    if (o->qdiv == G4_QDIV_DEFAULT) return o->act == G4_ACT_INT ? "recip" : "div"; /* the engine's resolution */
-    return o->qdiv == G4_QDIV_DIVIDE ? "div" : "recip";
-}
-
-/* The shortest decimal that reads back as the same float, so headers stay readable. */
-static void float_text(char *buf, size_t cap, float x) {
-    for (int digits = 6; digits <= 9; digits++) {
-        snprintf(buf, cap, "%.*g", digits, (double)x);
-        if (strtof(buf, NULL) == x) return;
-    }
-}
-
-/* Every engine option, resolved as the engine uses it. */
-static void add_engine_options(cJSON *opt, const g4_options *o) {
-    static const char *const acts[] = {"float", "fake", "int"}, *const kv[] = {"f32", "int8"},
-                             *const placements[] = {"scaled", "raw"}, *const rounds[] = {"even", "away"},
-                             *const requants[] = {"f32", "f64", "tfl-double", "tfl-single", "tfl-neon", "tfl-ref"};
-    char s_in[32], s_out[32], scales[80];
-    cJSON_AddStringToObject(opt, "act", acts[o->act]);
-    cJSON_AddStringToObject(opt, "linear_quant", onoff[!!o->linear_quant]);
-    cJSON_AddStringToObject(opt, "kv", kv[!!o->kv_quant]);
-    cJSON_AddStringToObject(opt, "pmp_quant", onoff[!!o->pmp_quant]);
-    cJSON_AddStringToObject(opt, "pmp_placement", placements[!!o->pmp_out_raw]);
-    float_text(s_in, sizeof s_in, o->pmp_s_in);
-    float_text(s_out, sizeof s_out, o->pmp_s_out);
-    snprintf(scales, sizeof scales, "%s,%s", s_in, s_out);
-    cJSON_AddStringToObject(opt, "pmp_scales", scales);
-    cJSON_AddStringToObject(opt, "round", rounds[o->round == G4_ROUND_AWAY]);
-    cJSON_AddStringToObject(opt, "qdiv", qdiv_name(o));
-    cJSON_AddStringToObject(opt, "requant", requants[o->requant]);
-    cJSON_AddStringToObject(opt, "lmhead_dynamic_q8", onoff[!!o->lmhead_dynamic_q8]);
-}
-
 typedef struct {
     g4_chat_form form;
     const int *stops;
     int n_stops;
 } gen_setup;
 
+/* The eval's own options, then the engine's from the options table (ctx, which eval derives
+ * from the prompts and the budget, last): a resume with a changed flag is refused naming that
+ * flag's option, not the context derived from it. */
 static cJSON *options_json(const eval_args *e, const g4_gsm8k_data *d, const gen_setup *g) {
     cJSON *opt = cJSON_CreateObject();
-    add_engine_options(opt, &e->o);
     cJSON_AddNumberToObject(opt, "max_tokens", e->max_tokens);
     cJSON_AddStringToObject(opt, "think", onoff[e->think]);
     cJSON_AddStringToObject(opt, "chat_form", g->form == G4_CHAT_FORM_E2B ? "e2b" : "26b");
@@ -123,8 +105,15 @@ static cJSON *options_json(const eval_args *e, const g4_gsm8k_data *d, const gen
     cJSON_AddItemToObject(opt, "stop_ids", cJSON_CreateIntArray(g->stops, g->n_stops));
     cJSON_AddNumberToObject(opt, "n", d->n);
     cJSON_AddNumberToObject(opt, "offset", e->offset);
-    /* last, so that a mismatch names the option the user gave before the context derived from it */
-    cJSON_AddNumberToObject(opt, "ctx", e->o.ctx);
+    if (e->n_shards > 1) { /* absent from unsharded runs, which g4 eval merge writes */
+        char shard[32];
+        snprintf(shard, sizeof shard, "%d/%d", e->shard, e->n_shards);
+        cJSON_AddStringToObject(opt, "shard", shard);
+    }
+    if (g4_eval_add_engine_options(opt, &e->o) != 0) {
+        cJSON_Delete(opt);
+        return NULL;
+    }
     return opt;
 }
 
@@ -147,7 +136,12 @@ static cJSON *header_json(const eval_args *e, const g4_gsm8k_data *d, const gen_
     cJSON_AddNumberToObject(data, "lines", d->n_lines);
     cJSON_AddStringToObject(data, "selected_sha256", d->selected_sha256);
     cJSON_AddItemToObject(h, "data", data);
-    cJSON_AddItemToObject(h, "options", options_json(e, d, g));
+    cJSON *opt = options_json(e, d, g);
+    if (!opt) {
+        cJSON_Delete(h);
+        return NULL;
+    }
+    cJSON_AddItemToObject(h, "options", opt);
     cJSON_AddStringToObject(h, "g4_version", G4_VERSION);
     return h;
 }
@@ -165,12 +159,14 @@ typedef struct {
     int *n_prompts;
     g4_results prev;   /* what the output file already held */
     FILE *out;
+    int n_shard;       /* the selected questions in this shard (all of them unsharded) */
+    int prev_correct;  /* of the records already in the file */
     /* the questions of this invocation, and its progress */
     g4_eval_job *jobs;
     int *job_item;     /* data item of each job */
     int n_jobs, finished, correct;
     double t0, last_draw;
-    int tty;
+    int progress, tty; /* a progress display, redrawn in place on a terminal, else a line now and then */
 } eval_run;
 
 static void eval_run_free(eval_run *r) {
@@ -189,7 +185,7 @@ static void eval_run_free(eval_run *r) {
 
 static int open_model(eval_run *r) {
     char path[4096];
-    if (!(r->m = load_model(r->e->dir))) return -1;
+    if (!(r->m = load_model(r->e->dir, &r->e->o))) return -1;
     if (g4_path_join(path, sizeof path, r->e->dir, "tokenizer.json") != 0 || !(r->tok = g4_tokenizer_load(path))) return -1;
     if (g4_gsm8k_extractor_open(&r->ex) != 0) return -1;
     /* E2B/E4B (per-layer embeddings) and 26B/31B render "thinking off" differently, as in run -p */
@@ -248,6 +244,10 @@ static int open_locked(eval_run *r) {
     return 0;
 }
 
+static int in_this_shard(const eval_args *e, int index) {
+    return g4_eval_in_shard(index, e->shard, e->n_shards);
+}
+
 /* 1 if a question with this index is among the selected ones (items are sorted by index). */
 static int selected(const g4_gsm8k_data *d, int index) {
     int lo = 0, hi = d->n - 1;
@@ -275,9 +275,14 @@ static int open_output(eval_run *r, const cJSON *header) {
             return -1;
         }
     }
-    for (int i = 0; i < r->prev.n_q; i++)
+    for (int i = 0; i < r->prev.n_q; i++) {
         if (!selected(&r->data, r->prev.q[i].index))
             return g4_fail("%s:%d: question %d is not among the selected questions", path, r->prev.q[i].line, r->prev.q[i].index);
+        if (!in_this_shard(r->e, r->prev.q[i].index))
+            return g4_fail("%s:%d: question %d is not in shard %d/%d", path, r->prev.q[i].line, r->prev.q[i].index, r->e->shard,
+                           r->e->n_shards);
+        r->prev_correct += r->prev.q[i].correct;
+    }
     long keep = r->prev.header ? r->prev.append_offset : 0;
     if (ftruncate(fileno(r->out), keep) != 0) return g4_fail("%s: cannot truncate: %s", path, strerror(errno));
     if (r->prev.dropped_tail_line)
@@ -285,13 +290,15 @@ static int open_output(eval_run *r, const cJSON *header) {
     return r->prev.header ? 0 : write_record(r->out, header, path);
 }
 
-/* The questions not in the file yet, in index order. */
+/* This shard's questions not in the file yet, in index order. */
 static int plan_jobs(eval_run *r) {
     int n = r->data.n;
     r->jobs = malloc(sizeof *r->jobs * (size_t)n);
     r->job_item = malloc(sizeof *r->job_item * (size_t)n);
     if (!r->jobs || !r->job_item) return g4_fail("out of memory");
     for (int i = 0; i < n; i++) {
+        if (!in_this_shard(r->e, r->data.items[i].index)) continue;
+        r->n_shard++;
         if (g4_results_find(&r->prev, r->data.items[i].index)) continue;
         r->jobs[r->n_jobs] = (g4_eval_job){r->prompts[i], r->n_prompts[i]};
         r->job_item[r->n_jobs++] = i;
@@ -299,27 +306,48 @@ static int plan_jobs(eval_run *r) {
     return 0;
 }
 
-/* ---- progress (stderr, terminals only) ---- */
+/* ---- progress, on stderr (stdout stays free for what a command prints) ---- */
 
-static void draw_progress(eval_run *r, long generated) {
-    double now = now_s(), elapsed = now - r->t0;
-    int done = r->prev.n_q + r->finished, total = r->data.n, width = 30, fill = total ? done * width / total : width;
-    char bar[64], eta[32] = "--";
-    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
-    bar[width] = 0;
+/* A line at most this often when stderr is not a terminal (a log file, GNU parallel, Slurm),
+ * redrawn this often on one. */
+#define PROGRESS_LINE_S 10.0
+#define PROGRESS_DRAW_S 0.25
+
+/* "3/8 done, acc 66.7%, 512.3 tok/s, ETA 0:00:05": the shard's questions done (earlier runs'
+ * included) and their accuracy, this run's generated tokens per second of wall time, and the
+ * time left at this run's pace. */
+static void progress_text(const eval_run *r, long generated, char *buf, size_t cap) {
+    double elapsed = now_s() - r->t0;
+    int done = r->prev.n_q + r->finished, right = r->prev_correct + r->correct;
+    char eta[32] = "--";
     if (r->finished > 0) {
         long left = (long)((r->n_jobs - r->finished) * (elapsed / r->finished));
         snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
     }
-    fprintf(stderr, "\r[%s] %d/%d  acc %.1f%%  %.1f tok/s  ETA %s\033[K", bar, done, total,
-            r->finished ? 100.0 * r->correct / r->finished : 0.0, elapsed > 0 ? generated / elapsed : 0.0, eta);
+    snprintf(buf, cap, "%d/%d done, acc %.1f%%, %.1f tok/s, ETA %s", done, r->n_shard, done ? 100.0 * right / done : 0.0,
+             elapsed > 0 ? generated / elapsed : 0.0, eta);
+}
+
+static void draw_progress(eval_run *r, long generated) {
+    char text[160], shard[48] = "";
+    progress_text(r, generated, text, sizeof text);
+    if (r->e->n_shards > 1) snprintf(shard, sizeof shard, "shard %d/%d: ", r->e->shard, r->e->n_shards);
+    if (r->tty) {
+        int done = r->prev.n_q + r->finished, width = 30, fill = r->n_shard ? done * width / r->n_shard : width;
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = 0;
+        fprintf(stderr, "\r%s[%s] %s\033[K", shard, bar, text);
+    } else {
+        fprintf(stderr, "g4 eval: %s%s\n", shard, text);
+    }
     fflush(stderr);
-    r->last_draw = now;
+    r->last_draw = now_s();
 }
 
 static void on_step(void *user, const g4_eval_timing *t) {
     eval_run *r = user;
-    if (r->tty && now_s() - r->last_draw >= 0.25) draw_progress(r, t->generated);
+    if (r->progress && now_s() - r->last_draw >= (r->tty ? PROGRESS_DRAW_S : PROGRESS_LINE_S)) draw_progress(r, t->generated);
 }
 
 static int on_done(void *user, const g4_eval_finished *f) {
@@ -343,43 +371,17 @@ static int run_jobs(eval_run *r, g4_eval_timing *t) {
     g4_session *s = g4_session_new(r->m, &o);
     if (!s) return -1;
     g4_eval_params p = {.max_tokens = r->e->max_tokens, .stop_ids = r->gen.stops, .n_stop_ids = r->gen.n_stops};
+    r->last_draw = now_s(); /* the first line after an interval, not at once */
     int rc = g4_eval_greedy(s, r->jobs, r->n_jobs, &p, on_done, on_step, r, t);
-    if (r->tty) {
+    if (r->progress) {
         draw_progress(r, t->generated); /* the final state, not the last throttled one */
-        fputc('\n', stderr);
+        if (r->tty) fputc('\n', stderr);
     }
     g4_session_free(s);
     return rc;
 }
 
 /* ---- summary ---- */
-
-static double round3(double x) {
-    return floor(x * 1000 + 0.5) / 1000;
-}
-
-static cJSON *summary_json(const g4_eval_score *sc, const g4_eval_timing *t, int evaluated, double wall, int batch) {
-    cJSON *s = cJSON_CreateObject();
-    cJSON_AddStringToObject(s, "type", "summary");
-    cJSON_AddNumberToObject(s, "n", sc->n);
-    cJSON_AddNumberToObject(s, "correct", sc->correct);
-    cJSON_AddNumberToObject(s, "accuracy", sc->accuracy);
-    cJSON_AddNumberToObject(s, "wilson95_lo", sc->lo);
-    cJSON_AddNumberToObject(s, "wilson95_hi", sc->hi);
-    cJSON_AddNumberToObject(s, "budget_truncated", sc->budget);
-    cJSON_AddNumberToObject(s, "context_truncated", sc->context);
-    cJSON_AddNumberToObject(s, "no_number", sc->no_number);
-    cJSON_AddNumberToObject(s, "thought_unclosed", sc->thought_unclosed);
-    /* throughput describes this invocation only: a resumed run did not time the earlier part */
-    cJSON_AddNumberToObject(s, "evaluated_this_run", evaluated);
-    cJSON_AddNumberToObject(s, "generated_tokens", (double)t->generated);
-    cJSON_AddNumberToObject(s, "prefill_seconds", round3(t->prefill_s));
-    cJSON_AddNumberToObject(s, "decode_seconds", round3(t->decode_s));
-    cJSON_AddNumberToObject(s, "tokens_per_s", round3(t->decode_s > 0 ? t->generated / t->decode_s : 0));
-    cJSON_AddNumberToObject(s, "wall_seconds", round3(wall));
-    cJSON_AddNumberToObject(s, "batch", batch);
-    return s;
-}
 
 static void print_summary(const g4_eval_score *sc, const g4_eval_timing *t, int evaluated, double wall, const eval_args *e) {
     fprintf(stderr, "g4 eval: gsm8k %d/%d correct = %.1f%% (95%% Wilson interval %.1f-%.1f)\n", sc->correct, sc->n,
@@ -399,7 +401,7 @@ static int finish_output(eval_run *r, const g4_eval_timing *t, double wall) {
     g4_eval_score sc;
     g4_eval_score_results(&all, &sc);
     g4_results_free(&all);
-    cJSON *summary = summary_json(&sc, t, r->finished, wall, r->e->batch);
+    cJSON *summary = g4_eval_summary_json(&sc, t, r->finished, wall, r->e->batch);
     int rc = write_record(r->out, summary, r->e->out);
     cJSON_Delete(summary);
     if (rc == 0) print_summary(&sc, t, r->finished, wall, r->e);
@@ -413,10 +415,13 @@ static int eval_gsm8k(eval_run *r) {
     if (g4_gsm8k_data_load(r->e->data, r->e->offset, r->e->n, &r->data) != 0 || open_model(r) != 0 || encode_prompts(r) != 0)
         return -1;
     if (!(header = header_json(r->e, &r->data, &r->gen)) || open_output(r, header) != 0 || plan_jobs(r) != 0) goto done;
-    fprintf(stderr, "g4 eval: %d questions (q%d-q%d), %d already in %s, %d to run, batch %d, context %d\n", r->data.n,
-            r->data.items[0].index, r->data.items[r->data.n - 1].index, r->prev.n_q, r->e->out, r->n_jobs, r->e->batch,
+    char shard[80] = "";
+    if (r->e->n_shards > 1) snprintf(shard, sizeof shard, ", shard %d/%d: %d of them", r->e->shard, r->e->n_shards, r->n_shard);
+    fprintf(stderr, "g4 eval: %d questions (q%d-q%d)%s, %d already in %s, %d to run, batch %d, context %d\n", r->data.n,
+            r->data.items[0].index, r->data.items[r->data.n - 1].index, shard, r->prev.n_q, r->e->out, r->n_jobs, r->e->batch,
             r->e->o.ctx);
     r->tty = isatty(2);
+    r->progress = r->e->progress == PROGRESS_ON || (r->e->progress == PROGRESS_AUTO && r->tty);
     r->t0 = now_s();
     if (run_jobs(r, &t) != 0) goto done;
     rc = finish_output(r, &t, now_s() - r->t0);
@@ -518,11 +523,25 @@ static int cmd_eval_compare(args_t *a) {
     return rc == 0 ? 0 : die_lib();
 }
 
+/* ---------------------------------------------------------------- merge */
+
+static int cmd_eval_merge(args_t *a) {
+    if (a->argc < 5) return die("usage: g4 eval merge OUT.jsonl SHARD.jsonl...%s", "");
+    g4_eval_score sc;
+    int n_in = a->argc - 4;
+    if (g4_eval_merge(a->argv[3], (const char *const *)(a->argv + 4), n_in, &sc) != 0) return die_lib();
+    fprintf(stderr, "g4 eval merge: %d file%s, %d questions into %s: %d/%d correct = %.1f%% (95%% Wilson interval %.1f-%.1f)\n", n_in,
+            n_in == 1 ? "" : "s", sc.n, a->argv[3], sc.correct, sc.n, 100 * sc.accuracy, 100 * sc.lo, 100 * sc.hi);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 int cmd_eval(args_t *a) {
     const char *sub = a->argc > 2 ? a->argv[2] : "";
     if (!strcmp(sub, "gsm8k")) return cmd_eval_gsm8k(a);
+    if (!strcmp(sub, "merge")) return cmd_eval_merge(a);
     if (!strcmp(sub, "compare")) return cmd_eval_compare(a);
-    return die("g4 eval needs a task: gsm8k -m DIR --data FILE --out FILE [...], or compare A.jsonl B.jsonl (got \"%s\")", sub);
+    return die("g4 eval needs a task: gsm8k -m DIR --data FILE --out FILE [...], merge OUT IN..., or compare A.jsonl B.jsonl (got \"%s\")",
+               sub);
 }

@@ -26,8 +26,10 @@ static int cmd_inspect(args_t *a) {
     }
     if (bad) return 1;
     if (!dir) return die("g4 inspect needs -m DIR%s", "");
+    g4_options o;
+    g4_options_default(&o);
     double t0 = now_s();
-    g4_model *m = load_model(dir);
+    g4_model *m = load_model(dir, &o);
     if (!m) return die_lib();
     double load_s = now_s() - t0;
     g4_model_describe(m, stdout);
@@ -104,7 +106,7 @@ static int cmd_run(args_t *a) {
         free(ids);
         return die("--dump-dir %s: cannot create the folder", r.dump_dir);
     }
-    g4_model *m = load_model(r.dir);
+    g4_model *m = load_model(r.dir, &r.o);
     g4_session *s = m ? g4_session_new(m, &r.o) : NULL;
     int rc = 1, printed = 0;
     if (!s) goto done;
@@ -142,7 +144,10 @@ static void usage(FILE *f) {
             "  g4 tokenize (-m DIR | --tokenizer FILE) [--add-bos] [--plain] [--decode]\n"
             "                                         JSON lines: a string -> its ids (--decode: ids -> string)\n"
             "  g4 eval gsm8k -m DIR --data test.jsonl --out run.jsonl [--n N] [--offset K] [--max-tokens N] [--think off|on]\n"
-            "        [--batch B] [engine options]     GSM8K quality run (protocol prompt, greedy); rerun the same command to resume\n"
+            "        [--batch B] [--shard I/N] [--progress auto|on|off] [engine options]\n"
+            "                                         GSM8K quality run (protocol prompt, greedy); rerun the same command to resume;\n"
+            "                                         --shard I/N runs the questions qK with K mod N = I\n"
+            "  g4 eval merge OUT.jsonl SHARD.jsonl... the finished shards of one run into the file the unsharded run writes\n"
             "  g4 eval compare A.jsonl B.jsonl        per-question differences, accuracy delta, exact McNemar p-value\n"
             "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
@@ -157,25 +162,11 @@ static void usage(FILE *f) {
 
             "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
             "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
-            "engine options (run):\n"
-            "  --act float|fake|int    activation mode (default int: int8 x intN -> int32 -> requantized linears)\n"
-            "  --profile hf|litert     hf: linear clamps only; litert: + int8 KV + per_layer_model_projection (default)\n"
-            "  --linear-quant on|off   points A1-A4, A7-A17 (default on)\n"
-            "  --kv int8|f32           int8 K/V at cache write with k/v_cache_scale (default int8)\n"
-            "  --pmp-quant on|off      per_layer_model_projection input/output quantization (default on)\n"
-            "  --pmp-placement scaled|raw  where its output is quantized (default scaled)\n"
-            "  --pmp-scales S_IN,S_OUT its static scales (default 0.038878,0.002353)\n"
-            "  --round even|away       tie rule of every activation quantizer (default even)\n"
-            "  --qdiv div|recip        x / s or x * (1/s) (default: div in fake mode, recip in int mode)\n"
-            "  --requant f32|f64|tfl-double|tfl-single|tfl-neon|tfl-ref  int-mode requantization (default f32 = XNNPACK)\n"
-            "  --lmhead-dynamic-q8 on|off  quantize the lm_head input per token at run time, as XNNPACK (default off)\n"
-            "  --ctx N                 context length (default 4096)\n"
-            "  -t, --threads N         worker threads for the matmuls (default: all cores)\n"
-            "  --weights resident|mapped  copy the streamed weights into huge-page memory at load (default, where\n"
-            "                          the system has transparent huge pages; faster decode) or read them mapped\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
             "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
             G4_VERSION);
+    fprintf(f, "engine options (run, chat, eval, bench: --NAME VALUE or --NAME=VALUE; g4_options_parse takes NAME=VALUE):\n");
+    print_engine_options(f);
 }
 
 int main(int argc, char **argv) {

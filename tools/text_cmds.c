@@ -106,7 +106,7 @@ static void text_model_free(text_model *t) {
 static int text_model_open(text_model *t, const text_args *a) {
     char path[4096];
     memset(t, 0, sizeof *t);
-    if (!(t->m = load_model(a->dir))) return -1;
+    if (!(t->m = load_model(a->dir, &a->o))) return -1;
     if (g4_path_join(path, sizeof path, a->dir, "tokenizer.json") != 0 || !(t->tok = g4_tokenizer_load(path))) return -1;
     if ((int)g4_tokenizer_vocab_size(t->tok) > g4_model_vocab_size(t->m) + 1024)
         g4_warn("%s: the tokenizer has %zu tokens, the model %d", path, g4_tokenizer_vocab_size(t->tok), g4_model_vocab_size(t->m));

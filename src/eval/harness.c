@@ -508,16 +508,17 @@ static char *json_text(const cJSON *v) {
     return v ? cJSON_PrintUnformatted(v) : strdup("absent");
 }
 
-/* "<what> is X in the file, Y now", malloc'd; NULL when the two values are equal. */
-static char *value_mismatch(const char *what, const cJSON *old, const cJSON *now) {
-    if (old && now && cJSON_Compare(old, now, 1)) return NULL;
-    char *o = json_text(old), *n = json_text(now), *msg = NULL;
-    if (o && n) {
-        size_t len = strlen(what) + strlen(o) + strlen(n) + 32;
-        if ((msg = malloc(len))) snprintf(msg, len, "%s is %s in the file, %s now", what, o, n);
+/* "<what> is X <in_a>, Y <in_b>" ("... in the file, ... now"), malloc'd; NULL when the two values
+ * are equal. */
+static char *value_mismatch(const char *what, const cJSON *a, const cJSON *b, const char *in_a, const char *in_b) {
+    if (a && b && cJSON_Compare(a, b, 1)) return NULL;
+    char *x = json_text(a), *y = json_text(b), *msg = NULL;
+    if (x && y) {
+        size_t len = strlen(what) + strlen(x) + strlen(y) + strlen(in_a) + strlen(in_b) + 32;
+        if ((msg = malloc(len))) snprintf(msg, len, "%s is %s %s, %s %s", what, x, in_a, y, in_b);
     }
-    free(o);
-    free(n);
+    free(x);
+    free(y);
     return msg;
 }
 
@@ -525,28 +526,80 @@ static const cJSON *path2(const cJSON *j, const char *a, const char *b) {
     return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, a), b);
 }
 
-static char *options_mismatch(const cJSON *old, const cJSON *now) {
-    const cJSON *oo = cJSON_GetObjectItemCaseSensitive(old, "options"), *no = cJSON_GetObjectItemCaseSensitive(now, "options");
+/* Every option of b, in b's order (so the first difference named is the first option that
+ * differs), then any option that only a has. */
+static char *options_mismatch(const cJSON *a, const cJSON *b, const char *in_a, const char *in_b) {
+    const cJSON *oa = cJSON_GetObjectItemCaseSensitive(a, "options"), *ob = cJSON_GetObjectItemCaseSensitive(b, "options");
     char what[300];
     const cJSON *v;
-    cJSON_ArrayForEach(v, no) {
+    cJSON_ArrayForEach(v, ob) {
         snprintf(what, sizeof what, "option %.250s", v->string);
-        char *m = value_mismatch(what, cJSON_GetObjectItemCaseSensitive(oo, v->string), v);
+        char *m = value_mismatch(what, cJSON_GetObjectItemCaseSensitive(oa, v->string), v, in_a, in_b);
         if (m) return m;
     }
-    cJSON_ArrayForEach(v, oo) {
+    cJSON_ArrayForEach(v, oa) {
         snprintf(what, sizeof what, "option %.250s", v->string ? v->string : "?");
-        if (!v->string || !cJSON_GetObjectItemCaseSensitive(no, v->string)) return value_mismatch(what, v, NULL);
+        if (!v->string || !cJSON_GetObjectItemCaseSensitive(ob, v->string)) return value_mismatch(what, v, NULL, in_a, in_b);
     }
     return NULL;
 }
 
-char *g4_eval_header_mismatch(const cJSON *in_file, const cJSON *now) {
-    char *m = value_mismatch("the model fingerprint", path2(in_file, "model", "fingerprint"), path2(now, "model", "fingerprint"));
-    if (!m) m = value_mismatch("the data sha256", path2(in_file, "data", "sha256"), path2(now, "data", "sha256"));
+char *g4_eval_header_diff(const cJSON *a, const cJSON *b, const char *in_a, const char *in_b) {
+    char *m = value_mismatch("the model fingerprint", path2(a, "model", "fingerprint"), path2(b, "model", "fingerprint"), in_a, in_b);
+    if (!m) m = value_mismatch("the data sha256", path2(a, "data", "sha256"), path2(b, "data", "sha256"), in_a, in_b);
     if (!m)
-        m = value_mismatch("g4_version", cJSON_GetObjectItemCaseSensitive(in_file, "g4_version"),
-                           cJSON_GetObjectItemCaseSensitive(now, "g4_version"));
-    if (!m) m = options_mismatch(in_file, now);
+        m = value_mismatch("g4_version", cJSON_GetObjectItemCaseSensitive(a, "g4_version"), cJSON_GetObjectItemCaseSensitive(b, "g4_version"),
+                           in_a, in_b);
+    if (!m) m = options_mismatch(a, b, in_a, in_b);
     return m;
+}
+
+char *g4_eval_header_mismatch(const cJSON *in_file, const cJSON *now) {
+    return g4_eval_header_diff(in_file, now, "in the file", "now");
+}
+
+/* ---------------------------------------------------------------- header and summary records */
+
+int g4_eval_add_engine_options(cJSON *obj, const g4_options *o) {
+    g4_options resolved = *o;
+    g4_options_resolve(&resolved); /* as the session runs them */
+    for (int i = 0; i < g4_option_count(); i++) {
+        const g4_option_info *opt = g4_option_at(i);
+        char v[128];
+        if (opt->kind != G4_OPTION_RESULT) continue;
+        if (g4_options_get(&resolved, opt->name, v, sizeof v) < 0) return -1;
+        cJSON *item = opt->integer ? cJSON_CreateNumber(strtod(v, NULL)) : cJSON_CreateString(v);
+        if (!item || !cJSON_AddItemToObject(obj, opt->name, item)) {
+            cJSON_Delete(item);
+            return g4_fail("out of memory");
+        }
+    }
+    return 0;
+}
+
+static double round3(double x) {
+    return floor(x * 1000 + 0.5) / 1000;
+}
+
+cJSON *g4_eval_summary_json(const g4_eval_score *sc, const g4_eval_timing *t, int evaluated, double wall, int batch) {
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "type", "summary");
+    cJSON_AddNumberToObject(s, "n", sc->n);
+    cJSON_AddNumberToObject(s, "correct", sc->correct);
+    cJSON_AddNumberToObject(s, "accuracy", sc->accuracy);
+    cJSON_AddNumberToObject(s, "wilson95_lo", sc->lo);
+    cJSON_AddNumberToObject(s, "wilson95_hi", sc->hi);
+    cJSON_AddNumberToObject(s, "budget_truncated", sc->budget);
+    cJSON_AddNumberToObject(s, "context_truncated", sc->context);
+    cJSON_AddNumberToObject(s, "no_number", sc->no_number);
+    cJSON_AddNumberToObject(s, "thought_unclosed", sc->thought_unclosed);
+    /* throughput describes this invocation only: a resumed run did not time the earlier part */
+    cJSON_AddNumberToObject(s, "evaluated_this_run", evaluated);
+    cJSON_AddNumberToObject(s, "generated_tokens", (double)t->generated);
+    cJSON_AddNumberToObject(s, "prefill_seconds", round3(t->prefill_s));
+    cJSON_AddNumberToObject(s, "decode_seconds", round3(t->decode_s));
+    cJSON_AddNumberToObject(s, "tokens_per_s", round3(t->decode_s > 0 ? t->generated / t->decode_s : 0));
+    cJSON_AddNumberToObject(s, "wall_seconds", round3(wall));
+    cJSON_AddNumberToObject(s, "batch", batch);
+    return s;
 }

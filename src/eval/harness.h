@@ -158,7 +158,39 @@ void g4_compare_free(g4_compare *c);
 
 /* The first difference between two headers that makes their records incomparable: model
  * fingerprint, data sha256, g4 version or any option. NULL when there is none, otherwise a
- * malloc'd phrase such as "option act is \"fake\" in the file, \"int\" now". */
+ * malloc'd phrase such as "option act is \"fake\" in the file, \"int\" now" (in_a "in the
+ * file", in_b "now"). g4_eval_header_mismatch says "in the file" and "now". */
+char *g4_eval_header_diff(const cJSON *a, const cJSON *b, const char *in_a, const char *in_b);
 char *g4_eval_header_mismatch(const cJSON *in_file, const cJSON *now);
+
+/* ---- header and summary records ---- */
+
+/* Adds every result-affecting engine option to the header's options object, resolved as the
+ * session runs it, in the options table's order and words (integers as numbers). */
+int g4_eval_add_engine_options(cJSON *obj, const g4_options *o);
+
+/* The summary record: the score of every record in the file, and this invocation's throughput. */
+cJSON *g4_eval_summary_json(const g4_eval_score *sc, const g4_eval_timing *t, int evaluated, double wall, int batch);
+
+/* ---- shards ---- */
+
+/* A shard's part of a run (`g4 eval gsm8k --shard I/N`): question qK belongs to shard K mod N, so a
+ * shard's questions follow from their indices alone, whatever the selection and the batch. */
+static inline int g4_eval_in_shard(int index, int shard, int n_shards) {
+    return index % n_shards == shard;
+}
+
+/* Parses "I/N" (0 <= I < N <= 2^20). -1 with the error set otherwise. */
+int g4_eval_parse_shard(const char *text, int *shard, int *n_shards);
+
+/* Merges the results files of the shards of one run into what the unsharded run writes: its
+ * header (no shard option), every question record (the shards' lines, byte for byte) by index,
+ * and a summary scoring them all (throughput summed over the shards, wall time the longest).
+ * Refuses, naming the files: an input that is not a finished run (no summary, an incomplete
+ * line), inputs of different models, data, g4 versions or options, shards of different splits, a
+ * shard given twice (an overlap) or not at all (a gap), a record outside its shard, and a total
+ * other than the run's question count. out_path must not exist; it is written whole or not at
+ * all. *score: the merged run's. */
+int g4_eval_merge(const char *out_path, const char *const *in_paths, int n_in, g4_eval_score *score);
 
 #endif

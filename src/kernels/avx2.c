@@ -593,11 +593,11 @@ INLINE __m256i quant8(__m256 v) {
 
 /* The quantizer's x / s (or x * (1/s)) of 8 values. */
 INLINE __m256 quant_scaled(const g4_quantizer *q, __m256 x) {
-    return q->qdiv == G4_QDIV_DIV ? _mm256_div_ps(x, _mm256_set1_ps(q->scale)) : _mm256_mul_ps(x, _mm256_set1_ps(q->inv_scale));
+    return q->qdiv == G4_QDIV_DIVIDE ? _mm256_div_ps(x, _mm256_set1_ps(q->scale)) : _mm256_mul_ps(x, _mm256_set1_ps(q->inv_scale));
 }
 
 /* The vector paths cover the default rules only: half-even rounding and zero point 0. */
-static int quant_vectorizable(const g4_quantizer *q) { return q->round == G4_ROUND_HALF_EVEN && q->zero_point == 0; }
+static int quant_vectorizable(const g4_quantizer *q) { return q->round == G4_ROUND_EVEN && q->zero_point == 0; }
 
 void g4_avx2_quantize(const g4_quantizer *q, const float *x, size_t n, int8_t *codes) {
     if (!quant_vectorizable(q)) {

@@ -1,13 +1,13 @@
 /* Level selection: the levels of levels.h in their order, the best one this build and CPU can
  * run, or the one G4_DISPATCH names. */
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_x86.h"
 #include "kernels.h"
 #include "levels.h"
+#include "util/err.h"
 
 #define G4_LEVEL_ENTRY(name) &g4_kernels_##name,
 static const g4_kernels *const levels[] = {G4_KERNEL_LEVELS(G4_LEVEL_ENTRY)};
@@ -59,7 +59,7 @@ const g4_kernels *g4_kernels_get(void) {
     /* Sessions call this once each; one warning per process is enough. */
     static atomic_int warned;
     if (!atomic_exchange(&warned, 1))
-        fprintf(stderr, "g4: G4_DISPATCH=%s %s (%s); using %s\n", force, level_named(force) ? "is not supported on this CPU" : "is unknown",
+        g4_warn("G4_DISPATCH=%s %s (%s); using %s", force, level_named(force) ? "is not supported on this CPU" : "is unknown",
                 g4_kernels_names(), best->name);
     return best;
 }

@@ -224,7 +224,7 @@ int g4_kernels_available(const g4_kernels *k);
 
 /* The kernel set chosen for this CPU: the best available level, or the one forced by
  * G4_DISPATCH=NAME (an unknown or unavailable name falls back to the best level with a one-line
- * warning on stderr). */
+ * warning, through g4_set_log's function). */
 const g4_kernels *g4_kernels_get(void);
 
 /* The level g4_kernels_get chooses when G4_DISPATCH is unset. */

@@ -30,14 +30,12 @@ void g4_requant_apply(const g4_session *s, const g4_linear *L, const int32_t *ac
 
 /* L's per-row requantization table, when it runs in integers with a quantized output. */
 static int build_requant_table(g4_session *s, const g4_linear *L) {
-    static const g4_requant_mode modes[] = {G4_REQUANT_F32,        G4_REQUANT_F64,           G4_REQUANT_TFL_DOUBLE,
-                                            G4_REQUANT_TFL_SINGLE, G4_REQUANT_TFL_NEON_4ROW, G4_REQUANT_TFL_REF};
     if (!runs_int(s, L) || L->s_out == 0) return 0;
     g4_requant *rq = malloc(sizeof *rq * (size_t)L->w.out);
     if (!rq) return g4_fail("out of memory for requantization tables");
     /* every rule is validated the same way; f32 then keeps only its multipliers (4 bytes a row) */
-    int rc = g4_requant_init_rows(rq, (size_t)L->w.out, modes[s->o.requant], L->s_in, L->w.w_scale, L->s_out, 0);
-    if (rc == 0 && s->o.requant == G4_REQ_F32) {
+    int rc = g4_requant_init_rows(rq, (size_t)L->w.out, s->o.requant, L->s_in, L->w.w_scale, L->s_out, 0);
+    if (rc == 0 && s->o.requant == G4_REQUANT_F32) {
         float *m32 = malloc(sizeof *m32 * (size_t)L->w.out);
         if (!m32) rc = g4_fail("out of memory for requantization tables");
         for (int o = 0; m32 && o < L->w.out; o++) m32[o] = rq[o].scale_f32;
@@ -57,7 +55,7 @@ int g4_requant_tables_build(g4_session *s) {
     s->rq = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq);
     s->rq_f32 = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq_f32);
     if (!s->rq || !s->rq_f32) return g4_fail("out of memory for requantization tables");
-    if (s->o.requant < G4_REQ_F32 || s->o.requant > G4_REQ_TFL_REF) return g4_fail("unknown requant rule %d", (int)s->o.requant);
+    if (s->o.requant < G4_REQUANT_F32 || s->o.requant > G4_REQUANT_TFL_REF) return g4_fail("unknown requant rule %d", (int)s->o.requant);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const g4_linear *lins[9];
         int count = g4_layer_linears(&m->layers[l], g4_layer_is_producer(m, l), lins);

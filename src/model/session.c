@@ -8,12 +8,6 @@
 #include "session.h"
 #include "util/err.h"
 
-void g4_options_default(g4_options *o) {
-    *o = (g4_options){.act = G4_ACT_INT, .linear_quant = 1, .kv_quant = 1, .pmp_quant = 1, .pmp_out_raw = 0,
-                      .pmp_s_in = 0.038878f, .pmp_s_out = 0.002353f, .round = G4_ROUND_EVEN,
-                      .qdiv = G4_QDIV_DEFAULT, .requant = G4_REQ_F32, .ctx = 4096};
-}
-
 static void *alloc_or_flag(size_t bytes, int *ok) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) *ok = 0;
@@ -32,9 +26,12 @@ static int resolve_options(g4_session *s) {
     if (o->lmhead_dynamic_q8 && lm_head_static_input(s))
         g4_warn("--lmhead-dynamic-q8 has no effect: lm_head.input_activation_scale is %g, a static input quantization that takes precedence",
                 s->m->lm_head.s_in);
-    s->round = o->round == G4_ROUND_AWAY ? G4_ROUND_HALF_AWAY : G4_ROUND_HALF_EVEN;
-    if (o->qdiv == G4_QDIV_DEFAULT) s->qdiv = o->act == G4_ACT_INT ? G4_QDIV_RECIP : G4_QDIV_DIV;
-    else s->qdiv = o->qdiv == G4_QDIV_DIVIDE ? G4_QDIV_DIV : G4_QDIV_RECIP;
+    g4_options resolved = *o;
+    g4_options_resolve(&resolved); /* what the engine chooses is decided in one place (options.c) */
+    if (resolved.round != G4_ROUND_EVEN && resolved.round != G4_ROUND_AWAY) return g4_fail("unknown rounding rule %d", (int)o->round);
+    if (resolved.qdiv != G4_QDIV_RECIPROCAL && resolved.qdiv != G4_QDIV_DIVIDE) return g4_fail("unknown quantizer division %d", (int)o->qdiv);
+    s->round = resolved.round;
+    s->qdiv = resolved.qdiv;
     if (s->q_pmp) {
         g4_quantizer q;
         if (g4_quantizer_init(&q, o->pmp_s_in, 0, s->round, s->qdiv) || g4_quantizer_init(&q, o->pmp_s_out, 0, s->round, s->qdiv))

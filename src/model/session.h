@@ -41,8 +41,8 @@ struct g4_session {
     int row_seq[CHUNK], row_pos[CHUNK];
     /* Resolved switches: which quantization points are on, and the rules they use. */
     int q_linear, q_kv, q_pmp;
-    g4_round_rule round;
-    g4_qdiv_rule qdiv;
+    g4_round round;
+    g4_qdiv qdiv;
     g4_requant **rq; /* [n_linears] per-row requantization (int mode, rules other than f32) */
     float **rq_f32;  /* [n_linears] per-row f32 multipliers (int mode, requant f32: XNNPACK's rule) */
     long long *rows_int, *rows_float; /* [n_linears] token rows each linear ran through either path (probe.h) */

@@ -23,7 +23,7 @@ const char *g4_dynq_mode_name(g4_dynq_mode mode) {
 /* Rounded, clamped code. Clamping in float before the conversion keeps the int cast defined
  * whatever the magnitude; the bounds are integers, so clamping before or after rounding gives
  * the same code (XNNPACK clamps first, TFLite after). */
-static int8_t to_code(float v, g4_round_rule rule, float lo, float hi) {
+static int8_t to_code(float v, g4_round rule, float lo, float hi) {
     float r = g4_round_f32(v, rule);
     if (r < lo) r = lo;
     if (r > hi) r = hi;
@@ -58,14 +58,14 @@ static void quantize_xnn_qd8(const float *x, size_t n, float mn, float mx, int8_
     float zp = err_min + err_max > 0.0f ? -128.0f - dmin : 127.0f - dmax;
     if (zp < -128.0f) zp = -128.0f;
     if (zp > 127.0f) zp = 127.0f;
-    int32_t z = (int32_t)g4_round_f32(zp, G4_ROUND_HALF_EVEN);
+    int32_t z = (int32_t)g4_round_f32(zp, G4_ROUND_EVEN);
     row->inv_scale = m;
     row->scale = 1.0f / m;
     row->zero_point = z;
     float lo = (float)(-128 - z), hi = (float)(127 - z);
     for (size_t i = 0; i < n; i++) {
         float v = x[i] * m;
-        codes[i] = (int8_t)(to_code(v, G4_ROUND_HALF_EVEN, lo, hi) + z);
+        codes[i] = (int8_t)(to_code(v, G4_ROUND_EVEN, lo, hi) + z);
     }
 }
 
@@ -84,7 +84,7 @@ static void quantize_tfl_symmetric(const float *x, size_t n, float mn, float mx,
     row->scale = range / 127.0f;
     row->inv_scale = 127.0f / range;
     for (size_t i = 0; i < n; i++)
-        codes[i] = to_code(x[i] * row->inv_scale, G4_ROUND_HALF_AWAY, -127.0f, 127.0f);
+        codes[i] = to_code(x[i] * row->inv_scale, G4_ROUND_AWAY, -127.0f, 127.0f);
 }
 
 /* TFLite AsymmetricQuantizeFloats as this LiteRT build computes it: the range is an f32
@@ -108,13 +108,13 @@ static void quantize_tfl_asymmetric(const float *x, size_t n, float mn, float mx
     double z_min = -128.0 - lo_q, z_max = 127.0 - hi_q;
     double e_min = 128.0 + fabs(lo_q), e_max = 127.0 + fabs(hi_q);
     double z = e_min < e_max ? z_min : z_max;
-    int32_t zp = z <= -128.0 ? -128 : z >= 127.0 ? 127 : (int32_t)g4_round_f64(z, G4_ROUND_HALF_AWAY);
+    int32_t zp = z <= -128.0 ? -128 : z >= 127.0 ? 127 : (int32_t)g4_round_f64(z, G4_ROUND_AWAY);
     row->scale = (float)scale;
     row->inv_scale = 1.0f / row->scale;
     row->zero_point = zp;
     for (size_t i = 0; i < n; i++) {
         float v = (float)zp + x[i] * row->inv_scale;
-        codes[i] = to_code(v, G4_ROUND_HALF_AWAY, -128.0f, 127.0f);
+        codes[i] = to_code(v, G4_ROUND_AWAY, -128.0f, 127.0f);
     }
 }
 

@@ -37,15 +37,15 @@ static int32_t shl_wrap32(int32_t x, int left) {
 
 /* Tie detection uses exact arithmetic (r - v is exact when |r - v| <= 0.5), so the result
  * does not depend on the current FP rounding mode the way rintf/lrintf do. */
-float g4_round_f32(float v, g4_round_rule rule) {
+float g4_round_f32(float v, g4_round rule) {
     float r = roundf(v); /* ties away from zero */
-    if (rule == G4_ROUND_HALF_EVEN && fabsf(r - v) == 0.5f) r = 2.0f * roundf(0.5f * v);
+    if (rule == G4_ROUND_EVEN && fabsf(r - v) == 0.5f) r = 2.0f * roundf(0.5f * v);
     return r;
 }
 
-double g4_round_f64(double v, g4_round_rule rule) {
+double g4_round_f64(double v, g4_round rule) {
     double r = round(v);
-    if (rule == G4_ROUND_HALF_EVEN && fabs(r - v) == 0.5) r = 2.0 * round(0.5 * v);
+    if (rule == G4_ROUND_EVEN && fabs(r - v) == 0.5) r = 2.0 * round(0.5 * v);
     return r;
 }
 
@@ -66,17 +66,20 @@ static int8_t add_zp_clamp_f64(double r, int32_t zp) {
 
 /* ---------------------------------------------------------------- activation quantizer --- */
 
-int g4_quantizer_init(g4_quantizer *q, float scale, int32_t zero_point, g4_round_rule round,
-                      g4_qdiv_rule qdiv) {
+int g4_quantizer_init(g4_quantizer *q, float scale, int32_t zero_point, g4_round round,
+                      g4_qdiv qdiv) {
     if (!(scale >= 0.0f) || !isfinite(scale))
         return g4_fail("activation scale %g must be 0 or positive and finite", (double)scale);
     if (zero_point < -128 || zero_point > 127)
         return g4_fail("activation zero point %d outside [-128, 127]", (int)zero_point);
+    /* G4_QDIV_DEFAULT is an option's "engine chooses", resolved before a quantizer is made */
+    if (round != G4_ROUND_EVEN && round != G4_ROUND_AWAY) return g4_fail("unknown rounding rule %d", (int)round);
+    if (qdiv != G4_QDIV_RECIPROCAL && qdiv != G4_QDIV_DIVIDE) return g4_fail("unknown quantizer division %d", (int)qdiv);
     q->scale = scale;
     q->inv_scale = 0.0f;
     if (!g4_scale_is_identity(scale)) {
         q->inv_scale = 1.0f / scale; /* one f32 rounding, as XNNPACK's microparams init */
-        /* A reciprocal of inf would turn x = 0 into NaN under G4_QDIV_RECIP. */
+        /* A reciprocal of inf would turn x = 0 into NaN under G4_QDIV_RECIPROCAL. */
         if (!isfinite(q->inv_scale))
             return g4_fail("activation scale %g too small: 1/s overflows f32", (double)scale);
     }
@@ -90,7 +93,7 @@ int g4_quantizer_init(g4_quantizer *q, float scale, int32_t zero_point, g4_round
  * bounds are integers, so both orders give the same code. */
 int8_t g4_quantize(const g4_quantizer *q, float x) {
     assert(!g4_quantizer_is_identity(q));
-    float v = q->qdiv == G4_QDIV_DIV ? x / q->scale : x * q->inv_scale;
+    float v = q->qdiv == G4_QDIV_DIVIDE ? x / q->scale : x * q->inv_scale;
     return add_zp_clamp_f32(g4_round_f32(v, q->round), q->zero_point);
 }
 
@@ -189,13 +192,13 @@ int32_t g4_mbqm_neon_4row(int32_t x, int32_t mult, int shift) {
 
 /* ---------------------------------------------------------------- requantization -------- */
 
-const char *g4_requant_mode_name(g4_requant_mode mode) {
+const char *g4_requant_rule_name(g4_requant_rule mode) {
     switch (mode) {
     case G4_REQUANT_F32: return "f32";
     case G4_REQUANT_F64: return "f64";
     case G4_REQUANT_TFL_DOUBLE: return "tfl_double";
     case G4_REQUANT_TFL_SINGLE: return "tfl_single";
-    case G4_REQUANT_TFL_NEON_4ROW: return "tfl_neon_4row";
+    case G4_REQUANT_TFL_NEON: return "tfl_neon_4row";
     case G4_REQUANT_TFL_REF: return "tfl_ref";
     }
     return "?";
@@ -210,7 +213,7 @@ static float requant_scale_f32(float s_x, float s_w, float s_y) {
     return p / s_y;
 }
 
-int g4_requant_init(g4_requant *rq, g4_requant_mode mode, float s_x, float s_w, float s_y,
+int g4_requant_init(g4_requant *rq, g4_requant_rule mode, float s_x, float s_w, float s_y,
                     int32_t zero_point) {
     if (!scale_is_positive_finite(s_x) || !scale_is_positive_finite(s_w) ||
         !scale_is_positive_finite(s_y))
@@ -236,7 +239,7 @@ int g4_requant_init(g4_requant *rq, g4_requant_mode mode, float s_x, float s_w, 
                                          : g4_quantize_multiplier(m, &rq->mult, &rq->shift);
 }
 
-int g4_requant_init_rows(g4_requant *rq, size_t out, g4_requant_mode mode, float s_x,
+int g4_requant_init_rows(g4_requant *rq, size_t out, g4_requant_rule mode, float s_x,
                          const float *s_w, float s_y, int32_t zero_point) {
     for (size_t o = 0; o < out; o++)
         if (g4_requant_init(&rq[o], mode, s_x, s_w[o], s_y, zero_point))
@@ -249,13 +252,13 @@ int g4_requant_init_rows(g4_requant *rq, size_t out, g4_requant_mode mode, float
 static int8_t requant_f32(const g4_requant *rq, int32_t acc) {
     float v = (float)acc;
     v = v * rq->scale_f32;
-    return add_zp_clamp_f32(g4_round_f32(v, G4_ROUND_HALF_EVEN), rq->zero_point);
+    return add_zp_clamp_f32(g4_round_f32(v, G4_ROUND_EVEN), rq->zero_point);
 }
 
 int8_t g4_requantize_f32(int32_t acc, float scale_f32) {
     float v = (float)acc;
     v = v * scale_f32;
-    return add_zp_clamp_f32(g4_round_f32(v, G4_ROUND_HALF_EVEN), 0);
+    return add_zp_clamp_f32(g4_round_f32(v, G4_ROUND_EVEN), 0);
 }
 
 /* The unit_linear reference: ((acc * s_x) * s_w) / s_y, each step rounded to double. This is
@@ -264,14 +267,14 @@ static int8_t requant_f64(const g4_requant *rq, int32_t acc) {
     double y = (double)acc * rq->s_x;
     y = y * rq->s_w;
     y = y / rq->s_y;
-    return add_zp_clamp_f64(g4_round_f64(y, G4_ROUND_HALF_EVEN), rq->zero_point);
+    return add_zp_clamp_f64(g4_round_f64(y, G4_ROUND_EVEN), rq->zero_point);
 }
 
 /* LiteRT's reference FULLY_CONNECTED (measured against ai-edge-litert 2.3.0, tools/ref):
  * the multiplier (double)s_x * s_w / s_y, one multiply in double, std::round (ties away). */
 static int8_t requant_tfl_ref(const g4_requant *rq, int32_t acc) {
     double m = rq->s_x * rq->s_w / rq->s_y;
-    return add_zp_clamp_f64(g4_round_f64((double)acc * m, G4_ROUND_HALF_AWAY), rq->zero_point);
+    return add_zp_clamp_f64(g4_round_f64((double)acc * m, G4_ROUND_AWAY), rq->zero_point);
 }
 
 int8_t g4_requantize(const g4_requant *rq, int32_t acc) {
@@ -282,7 +285,7 @@ int8_t g4_requantize(const g4_requant *rq, int32_t acc) {
     case G4_REQUANT_TFL_REF: return requant_tfl_ref(rq, acc);
     case G4_REQUANT_TFL_DOUBLE: y = g4_mbqm_double(acc, rq->mult, rq->shift); break;
     case G4_REQUANT_TFL_SINGLE: y = g4_mbqm_single(acc, rq->mult, rq->shift); break;
-    case G4_REQUANT_TFL_NEON_4ROW: y = g4_mbqm_neon_4row(acc, rq->mult, rq->shift); break;
+    case G4_REQUANT_TFL_NEON: y = g4_mbqm_neon_4row(acc, rq->mult, rq->shift); break;
     default: assert(0 && "unknown requant mode"); return 0;
     }
     return clamp_i8((int64_t)y + rq->zero_point);

@@ -18,31 +18,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The rules (g4_round, g4_qdiv, g4_requant_rule) are the public API's enums: one enum per
+ * concept, so the options a caller sets reach the arithmetic without a translation table. */
+#include "g4.h"
+
 /* ---------------------------------------------------------------- rounding ------------- */
 
-typedef enum {
-    G4_ROUND_HALF_EVEN = 0, /* torch.round, lrintf, vcvtnq: HF, XNNPACK, NEON (int default) */
-    G4_ROUND_HALF_AWAY = 1, /* std::round: TFLite reference kernels */
-} g4_round_rule;
-
 /* Round to an integral value with the given tie rule, independent of the FP environment. */
-float g4_round_f32(float v, g4_round_rule rule);
-double g4_round_f64(double v, g4_round_rule rule);
+float g4_round_f32(float v, g4_round rule);
+double g4_round_f64(double v, g4_round rule);
 
 /* ---------------------------------------------------------------- activation quantizer --- */
-
-typedef enum {
-    G4_QDIV_RECIP = 0, /* x * (1/s), 1/s rounded once to f32: XNNPACK, NEON, seed kernels */
-    G4_QDIV_DIV = 1,   /* x / s as one f32 division: HF, TFLite reference */
-} g4_qdiv_rule;
 
 /* One per quantization point, built once at load time. */
 typedef struct {
     float scale;        /* s; 0 means "uncalibrated: identity" (checkpoint.md §6) */
     float inv_scale;    /* 1.0f / s in f32 (0 when s == 0) */
     int32_t zero_point; /* 0 for every Gemma 4 tensor */
-    g4_round_rule round;
-    g4_qdiv_rule qdiv;
+    g4_round round;
+    g4_qdiv qdiv;
 } g4_quantizer;
 
 /* Scale 0 means the tensor is not quantized: the caller passes it through unchanged. */
@@ -53,8 +47,8 @@ static inline int g4_quantizer_is_identity(const g4_quantizer *q) {
 
 /* scale must be 0 (identity) or positive and finite; zero_point in [-128, 127].
  * Returns 0, or -1 with g4_last_error() set. */
-int g4_quantizer_init(g4_quantizer *q, float scale, int32_t zero_point, g4_round_rule round,
-                      g4_qdiv_rule qdiv);
+int g4_quantizer_init(g4_quantizer *q, float scale, int32_t zero_point, g4_round round,
+                      g4_qdiv qdiv);
 
 /* code = clamp(round(x / s) + zp, -128, 127). Precondition: !g4_quantizer_is_identity(q).
  * NaN input is a caller bug; it yields 127 rather than undefined behaviour. */
@@ -92,21 +86,12 @@ int32_t g4_mbqm_neon_4row(int32_t x, int32_t mult, int shift); /* vqrdmulh + vrs
 
 /* ---------------------------------------------------------------- requantization -------- */
 
-typedef enum {
-    G4_REQUANT_F32 = 0,        /* XNNPACK fp32: g4's default `requant=f32` */
-    G4_REQUANT_F64 = 1,        /* ((acc*s_x)*s_w)/s_y in double, ties-even: unit_linear y_codes */
-    G4_REQUANT_TFL_DOUBLE = 2, /* TFLite reference: Q31 multiplier, gemmlowp double rounding */
-    G4_REQUANT_TFL_SINGLE = 3, /* TFLITE_SINGLE_ROUNDING / ruy: Q31 multiplier, one rounding */
-    G4_REQUANT_TFL_NEON_4ROW = 4, /* TFLite optimized NEON helper, double rounding half-up */
-    G4_REQUANT_TFL_REF = 5,    /* TFLite reference kernel: round(acc * (double)(s_x*s_w/s_y)), ties away */
-} g4_requant_mode;
-
-const char *g4_requant_mode_name(g4_requant_mode mode);
+const char *g4_requant_rule_name(g4_requant_rule mode);
 
 /* Per output channel, built once at load time. Every representation is filled in whatever
  * the mode, so a test or a kernel can read the one it needs. */
 typedef struct {
-    g4_requant_mode mode;
+    g4_requant_rule mode;
     float scale_f32;      /* (s_x * s_w) / s_y in f32, as XNNPACK forms it */
     double s_x, s_w, s_y; /* F64 evaluates acc*s_x*s_w/s_y left to right at run time */
     int32_t mult;         /* Q31 multiplier of (double)s_x*s_w/s_y (mode's QuantizeMultiplier) */
@@ -117,10 +102,10 @@ typedef struct {
 /* s_x, s_w, s_y positive and finite (a zero scale is the caller's float special case,
  * activation-quant.md §7); zero_point in [-128, 127]; s_x*s_w/s_y < 256 in every mode
  * (XNNPACK's limit). Returns 0, or -1 with the error set. */
-int g4_requant_init(g4_requant *rq, g4_requant_mode mode, float s_x, float s_w, float s_y,
+int g4_requant_init(g4_requant *rq, g4_requant_rule mode, float s_x, float s_w, float s_y,
                     int32_t zero_point);
 /* rq[o] for o in [0, out) from per-row weight scales s_w[o]. */
-int g4_requant_init_rows(g4_requant *rq, size_t out, g4_requant_mode mode, float s_x,
+int g4_requant_init_rows(g4_requant *rq, size_t out, g4_requant_rule mode, float s_x,
                          const float *s_w, float s_y, int32_t zero_point);
 
 /* int32 accumulator -> int8 output code, clamped to [-128, 127]. */

@@ -4,8 +4,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "g4.h"
+
 static _Thread_local char last_error[1024];
-static int quiet;
+/* Where warnings go (g4_set_log): set before other calls, read by any thread that warns. */
+static g4_log_fn log_fn = g4_log_stderr;
+static void *log_user;
 
 int g4_fail(const char *fmt, ...) {
     va_list ap;
@@ -36,14 +40,24 @@ const char *g4_last_error(void) { return last_error[0] ? last_error : "unknown e
 
 void g4_clear_error(void) { last_error[0] = 0; }
 
-void g4_set_quiet(int q) { quiet = q; }
+void g4_log_stderr(void *user, g4_log_level level, const char *message) {
+    (void)user;
+    (void)level; /* warnings are the only level */
+    fprintf(stderr, "g4: warning: %s\n", message);
+}
+
+void g4_set_log(g4_log_fn fn, void *user) {
+    log_fn = fn;
+    log_user = user;
+}
 
 void g4_warn(const char *fmt, ...) {
-    if (quiet) return;
+    g4_log_fn fn = log_fn;
+    if (!fn) return;
+    char msg[4096]; /* room for a path or two */
     va_list ap;
     va_start(ap, fmt);
-    fputs("g4: warning: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fn(log_user, G4_LOG_WARNING, msg);
 }

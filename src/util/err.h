@@ -16,8 +16,7 @@ int g4_fail(const char *fmt, ...) G4_PRINTF(1, 2);
 int g4_fail_prefix(const char *fmt, ...) G4_PRINTF(1, 2);
 const char *g4_last_error(void);
 void g4_clear_error(void);
-/* Warnings go to stderr once, prefixed "g4: warning: ", unless silenced. */
+/* A warning, to the log function (g4_set_log in g4.h; by default stderr, "g4: warning: ..."). */
 void g4_warn(const char *fmt, ...) G4_PRINTF(1, 2);
-void g4_set_quiet(int quiet);
 
 #endif

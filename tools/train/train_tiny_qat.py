@@ -1255,6 +1255,8 @@ def cmd_train(args):
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     t_all = time.time()
     os.makedirs(args.out, exist_ok=True)
+    if args.scratch:
+        os.makedirs(args.scratch, exist_ok=True)  # train_state.pt and the log are written there
     tok_dir = args.tokenizer or args.out
     tok = load_tokenizer(tok_dir)
     if os.path.abspath(tok_dir) != os.path.abspath(args.out):
@@ -1456,8 +1458,6 @@ def cmd_train(args):
     metrics["torch_greedy_n40"] = tg
     flush()
     if time_left():
-        run_eval("float_master_weights", model, "float", "float master weights, nothing quantized")
-    if time_left():
         run_eval("export_weights_only_float_acts", dm, "wonly", "export, quantized weights + float activations = g4 --act float")
     if time_left():
         run_eval("export_hf_profile", dm, "hf", "export, hf profile (linear clamps only) = g4 --act fake --profile hf")
@@ -1465,6 +1465,8 @@ def cmd_train(args):
         run_eval("export_no_kv_quant", dm, "nokv", "export, linears + per_layer_model_projection, float KV = g4 --act fake --kv f32")
     if time_left():
         run_eval("export_no_pmp_quant", dm, "nopmp", "export, linears + int8 KV, float per_layer_model_projection = g4 --act fake --pmp-quant off")
+    if time_left():
+        run_eval("float_master_weights", model, "float", "float master weights, nothing quantized")
     if time_left():
         run_eval("training_model_full_fakequant", model, "full", "training model (learnable fake-quant), full")
     log(f"total {time.time() - t_all:.1f}s")
