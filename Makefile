@@ -145,11 +145,12 @@ serve-test: $(OUT)/g4
 
 # The model-level tests again under each kernel level forced with G4_DISPATCH: every level must
 # give the same tokens (and, by construction, the same bits) on the fixtures. `make test` runs the
-# best level the CPU has; this runs the others too. A level the CPU lacks is skipped by each
-# program with a printed reason (tests/testutil.h, check_dispatch_level). NEON runs under qemu
-# (neon-test).
+# best level the CPU has; this runs the others too. The levels are the table's in
+# src/kernels/levels.h (its LEVEL lines), the portable one first. A level this build or CPU lacks
+# is skipped by each program with a printed reason (tests/testutil.h, check_dispatch_level): on
+# x86, NEON, which runs under qemu (neon-test).
 DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear
-DISPATCH_LEVELS = portable avx2 avxvnni avx512vnni
+DISPATCH_LEVELS := $(shell sed -n 's/^ *LEVEL(\([a-z0-9_]*\)).*/\1/p' src/kernels/levels.h | tac)
 dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@all_f=0; \
 	for level in $(DISPATCH_LEVELS); do \
@@ -213,7 +214,7 @@ neon-test: $(NEON_TESTS:%=$(A64_OUT)/tests/%)
 
 # Mutation testing (scripts/mutation-test.sh): each mutant of tests/mutations.txt, applied alone to
 # a copy of the tree in a temporary folder (never to this one), must make one of the release TESTS
-# fail. MUTATIONS="NAME ..." runs only those. About 3-4.5 minutes on 2 cores (46 mutants).
+# fail. MUTATIONS="NAME ..." runs only those. About 4-5 minutes on 2 cores (the list has its count: `scripts/mutation-test.sh --check`).
 mutation-test:
 	@G4_SHARED=$(SHARED_DIR) scripts/mutation-test.sh $(MUTATIONS)
 

@@ -4,9 +4,9 @@
  * do in a real decode step.
  *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
- *       src/kernels/{ref,dispatch,attention,pool,avx2,avx512vnni,avxvnni,cpu_x86,neon}.c src/quant/int8.c src/quant/pack.c src/util/err.c -lm
+ *       src/kernels/[a-z]*.c src/quant/int8.c src/quant/pack.c src/util/err.c src/util/select.c -lm
  *   ./bench_kernels [quick|attention|decode|full [LEVELS]]   (quick: fewer shapes, shorter runs; attention:
- *   only that; decode: one decode step's int8 matmuls, E2B's, in order, against plain loads of the same bytes; LEVELS: a comma-separated subset of portable,avx2,avxvnni,avx512vnni,neon). The levels
+ *   only that; decode: one decode step's int8 matmuls, E2B's, in order, against plain loads of the same bytes; LEVELS: a comma-separated subset of the level names, g4_kernels_names()). The levels
  *   of a shape run in turn, round after round, and each level after avx2 is also given as its
  *   speed-up over avx2 in the same rounds. */
 #define _POSIX_C_SOURCE 200809L
@@ -46,20 +46,36 @@ typedef struct {
     int in, out, bits;
 } bshape;
 
-/* The levels compared, in this order (bench_kernels' second argument can name a subset). */
-static const char *all_levels[] = {"portable", "avx2", "avxvnni", "avx512vnni", "neon"};
-#define N_ALL_LEVELS 5
-static int level_on[N_ALL_LEVELS] = {1, 1, 1, 1, 1};
+/* The levels compared, in this order: the kernel table's reversed, so the portable level (the
+ * references) comes first and the best last (find_levels; bench_kernels' second argument can name
+ * a subset). Each level after RATIO_BASE is also given as its speed-up over it. */
+#define MAX_LEVELS 16
+#define RATIO_BASE "avx2"
+static const char *all_levels[MAX_LEVELS];
+static int n_all_levels, level_on[MAX_LEVELS], ratio_base = -1;
+
+static int find_levels(void) {
+    if (g4_kernels_count() > MAX_LEVELS) return -1;
+    for (int i = g4_kernels_count() - 1; i >= 0; i--) {
+        if (!strcmp(g4_kernels_at(i)->name, RATIO_BASE)) ratio_base = n_all_levels;
+        level_on[n_all_levels] = 1;
+        all_levels[n_all_levels++] = g4_kernels_at(i)->name;
+    }
+    return 0;
+}
+
+/* Whether level l is given as its speed-up over the ratio base. */
+static int shows_ratio(int l, const int on[]) { return ratio_base >= 0 && l > ratio_base && on[ratio_base]; }
 
 /* Seconds per call of call(ctx, level) for each level l with on[l]: the best of 5 rounds, each
  * round running every level once in turn, so a busy spell on the shared machine slows all of
  * them alike (others only ever slow a batch down). */
-static void best_per_call(void (*call)(void *ctx, int level), void *ctx, const int on[N_ALL_LEVELS], int quick,
-                          double per[N_ALL_LEVELS]) {
+static void best_per_call(void (*call)(void *ctx, int level), void *ctx, const int on[MAX_LEVELS], int quick,
+                          double per[MAX_LEVELS]) {
     double budget = (quick ? 0.3 : 1.0) / 5;
-    for (int l = 0; l < N_ALL_LEVELS; l++) per[l] = 1e30;
+    for (int l = 0; l < n_all_levels; l++) per[l] = 1e30;
     for (int round = 0; round < 5; round++)
-        for (int l = 0; l < N_ALL_LEVELS; l++) {
+        for (int l = 0; l < n_all_levels; l++) {
             if (!on[l]) continue;
             double t0 = now_s(), dt;
             int c = 0;
@@ -74,7 +90,7 @@ static void best_per_call(void (*call)(void *ctx, int level), void *ctx, const i
 
 /* One matmul per call, each on the next copy of the weights. */
 typedef struct {
-    const g4_kernels *k[N_ALL_LEVELS];
+    const g4_kernels *k[MAX_LEVELS];
     g4_qweight *qw;
     uint8_t **w;
     int copies, calls, op, n;
@@ -123,8 +139,8 @@ static void bench_shape(const bshape *s, int quick) {
             int n = ns[ni];
             double macs = (double)s->in * s->out * n;
             matmul_call mc = {.w = w, .copies = copies, .op = op, .n = n, .xi = xi, .acc = acc, .xf = xf, .y = y};
-            int on[N_ALL_LEVELS];
-            for (int l = 0; l < N_ALL_LEVELS; l++) {
+            int on[MAX_LEVELS];
+            for (int l = 0; l < n_all_levels; l++) {
                 mc.k[l] = g4_kernels_level(all_levels[l]);
                 /* the reference at n = 64 on the big shapes takes minutes: skip what it cannot finish */
                 on[l] = level_on[l] && mc.k[l] && !(l == 0 && macs > 1e9);
@@ -133,15 +149,15 @@ static void bench_shape(const bshape *s, int quick) {
                 g4_kernels_set_threads(threads);
                 g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0], .w_scale = scale};
                 mc.qw = &qw;
-                double per[N_ALL_LEVELS];
+                double per[MAX_LEVELS];
                 best_per_call(run_matmul, &mc, on, quick, per);
-                for (int l = 0; l < N_ALL_LEVELS; l++) {
+                for (int l = 0; l < n_all_levels; l++) {
                     if (!on[l]) continue;
                     double gbs = (double)(wbytes + sbytes) / per[l] / 1e9;
                     printf("%-22s %-4s %-10s n=%-2d thr=%d  %9.3f ms  %7.2f GB/s  %7.2f GMAC/s  %9.1f tok/s(this)  %6.1f tok/s(model@GB/s)",
                            s->name, op == 0 ? "i8" : "f32", all_levels[l], n, threads, per[l] * 1e3, gbs, macs / per[l] / 1e9, n / per[l],
                            gbs * 1e9 / MODEL_BYTES);
-                    if (l > 1 && on[1]) printf("  %.3fx avx2", per[1] / per[l]);
+                    if (shows_ratio(l, on)) printf("  %.3fx " RATIO_BASE, per[ratio_base] / per[l]);
                     printf("\n");
                 }
                 fflush(stdout);
@@ -165,7 +181,7 @@ typedef struct {
 } battn;
 
 typedef struct {
-    const g4_kernels *k[N_ALL_LEVELS];
+    const g4_kernels *k[MAX_LEVELS];
     const g4_attn *a;
 } attention_call;
 
@@ -188,17 +204,17 @@ static void bench_attention(const battn *s, int quick) {
     g4_attn a = {.n = 1, .n_heads = heads, .head_dim = s->head_dim, .kv_width = kv_width, .group = heads, .q = q,
                  .out = out, .rows = &row};
     attention_call ac = {.a = &a};
-    int on[N_ALL_LEVELS];
-    for (int l = 0; l < N_ALL_LEVELS; l++) on[l] = level_on[l] && (ac.k[l] = g4_kernels_level(all_levels[l])) != NULL;
+    int on[MAX_LEVELS];
+    for (int l = 0; l < n_all_levels; l++) on[l] = level_on[l] && (ac.k[l] = g4_kernels_level(all_levels[l])) != NULL;
     for (int threads = 1; threads <= 2; threads++) {
         g4_kernels_set_threads(threads);
-        double per[N_ALL_LEVELS];
+        double per[MAX_LEVELS];
         best_per_call(run_attention, &ac, on, quick, per);
-        for (int l = 0; l < N_ALL_LEVELS; l++) {
+        for (int l = 0; l < n_all_levels; l++) {
             if (!on[l]) continue;
             printf("%-22s attn %-10s n=1  thr=%d  %9.3f ms  %7.2f GFLOP/s", s->name, all_levels[l], threads, per[l] * 1e3,
                    4.0 * heads * s->head_dim * s->positions / per[l] / 1e9);
-            if (l > 1 && on[1]) printf("  %.3fx avx2", per[1] / per[l]);
+            if (shows_ratio(l, on)) printf("  %.3fx " RATIO_BASE, per[ratio_base] / per[l]);
             printf("\n");
         }
         fflush(stdout);
@@ -284,18 +300,18 @@ static void load_rows(void *ctx, int o0, int o1) {
 }
 
 typedef struct {
-    const g4_kernels *k[N_ALL_LEVELS];
+    const g4_kernels *k[MAX_LEVELS];
     step_matrix *m;
     int count;
     uint64_t sink;
 } step_call;
 
-/* variant N_ALL_LEVELS: the plain loads */
+/* variant n_all_levels: the plain loads */
 static void run_step(void *ctx, int variant) {
     step_call *c = ctx;
     for (int i = 0; i < c->count; i++) {
         step_matrix *m = &c->m[i];
-        if (variant < N_ALL_LEVELS) {
+        if (variant < n_all_levels) {
             c->k[variant]->matmul_i8(&m->w, m->x, 1, m->acc);
         } else {
             load_job j = {&m->w, 0};
@@ -334,10 +350,11 @@ static void bench_decode_step(int rounds) {
     loads_512 = __builtin_cpu_supports("avx512f");
 #endif
     step_call c = {.m = m, .count = count};
-    const int V = N_ALL_LEVELS + 1;
-    int on[N_ALL_LEVELS + 1];
-    for (int l = 0; l < N_ALL_LEVELS; l++) on[l] = level_on[l] && l > 0 && (c.k[l] = g4_kernels_level(all_levels[l])) != NULL;
-    on[N_ALL_LEVELS] = 1;
+    const int V = n_all_levels + 1;
+    int on[MAX_LEVELS + 1];
+    /* level 0, the portable one, would take minutes a round */
+    for (int l = 0; l < n_all_levels; l++) on[l] = level_on[l] && l > 0 && (c.k[l] = g4_kernels_level(all_levels[l])) != NULL;
+    on[n_all_levels] = 1;
     double *t = calloc((size_t)V * (size_t)rounds, sizeof *t);
     g4_kernels_set_threads(2);
     for (int r = 0; r < rounds; r++)
@@ -347,7 +364,7 @@ static void bench_decode_step(int rounds) {
             run_step(&c, v);
             t[(size_t)v * rounds + r] = now_s() - t0;
         }
-    double med[N_ALL_LEVELS + 1];
+    double med[MAX_LEVELS + 1];
     for (int v = 0; v < V; v++) {
         if (!on[v]) continue;
         double *tv = t + (size_t)v * rounds;
@@ -361,10 +378,10 @@ static void bench_decode_step(int rounds) {
     printf("decode step: %d int8 matmuls, %.1f MB, 2 threads, %d rounds (median step)\n", count, total / 1e6, rounds);
     for (int v = 0; v < V; v++) {
         if (!on[v]) continue;
-        printf("  %-12s %8.2f ms  %6.2f GB/s", v < N_ALL_LEVELS ? all_levels[v] : loads_512 ? "loads (64 B)" : "loads (32 B)", med[v] * 1e3,
+        printf("  %-12s %8.2f ms  %6.2f GB/s", v < n_all_levels ? all_levels[v] : loads_512 ? "loads (64 B)" : "loads (32 B)", med[v] * 1e3,
                total / med[v] / 1e9);
-        if (v != 1 && on[1]) printf("  %.3fx avx2", med[1] / med[v]);
-        printf("  %.3f of the loads' time\n", med[v] / med[N_ALL_LEVELS]);
+        if (ratio_base >= 0 && v != ratio_base && on[ratio_base]) printf("  %.3fx " RATIO_BASE, med[ratio_base] / med[v]);
+        printf("  %.3f of the loads' time\n", med[v] / med[n_all_levels]);
     }
     fflush(stdout);
     for (int i = 0; i < count; i++) {
@@ -391,8 +408,12 @@ static void print_load(const char *when) {
 
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+    if (find_levels() != 0) {
+        fprintf(stderr, "bench_kernels: more than %d kernel levels\n", MAX_LEVELS);
+        return 1;
+    }
     if (argc > 2) /* a comma-separated subset of the levels */
-        for (int l = 0; l < N_ALL_LEVELS; l++) {
+        for (int l = 0; l < n_all_levels; l++) {
             char pat[32];
             snprintf(pat, sizeof pat, ",%s,", all_levels[l]);
             char list[256];

@@ -663,9 +663,10 @@ const char *g4_stop_reason_name(g4_stop_reason r);
  * G4_CHAT_TOOL message per call, reply again (the model goes on in its turn).
  *
  * The sequence keeps each reply as the model wrote it, thoughts included, where the template would
- * strip them from a history rendered anew: with thinking off, and replies that encode back to their
- * own tokens, continuing gives the very tokens of rendering the whole history from scratch
- * (g4_conversation_messages), with thinking on it does not. A conversation may instead be one of raw
+ * strip them from a history rendered anew (and put a reply's tool calls before its text, and drop
+ * the 26B form's empty thought): in the E2B form with thinking off, for replies that encode back to
+ * their own tokens, continuing gives the very tokens of rendering the whole history from scratch
+ * (g4_conversation_messages); otherwise the two differ where the template rewrites the history. A conversation may instead be one of raw
  * tokens (g4_conversation_add_tokens: a prompt rendered elsewhere), fed as they are, with no template.
  * Errors leave a one-line message in g4_last_error(). */
 typedef struct g4_conversation g4_conversation;

@@ -314,6 +314,7 @@ static void check_refusals(void) {
 }
 
 int main(void) {
+    if (!check_dispatch_level()) return check_report("decode");
     check_model(tiny_dir());
     check_model("tests/fixtures/tiny-b");
     check_refusals();

@@ -125,16 +125,26 @@ static void run_level(const g4_kernels *k, problem *p, const shape *s, const cha
     }
 }
 
-static const char *level_names[] = {"portable", "avx2", "avxvnni", "avx512vnni", "neon"};
-#define N_LEVELS 5
+/* The levels this build and CPU have, the portable one (the references) first and the best one
+ * last: the table's order reversed (find_levels). */
+#define MAX_LEVELS 16
+static const g4_kernels *levels[MAX_LEVELS];
+static int n_levels;
+
+static void find_levels(void) {
+    for (int i = g4_kernels_count() - 1; i >= 0; i--) {
+        const g4_kernels *k = g4_kernels_at(i);
+        if (g4_kernels_level(k->name)) printf("ok level %s available\n", k->name);
+        else SKIP_FEATURE("level %s: not built for this architecture or not supported by this CPU", k->name);
+        if (g4_kernels_available(k) && n_levels < MAX_LEVELS) levels[n_levels++] = k;
+    }
+    CHECK(n_levels <= MAX_LEVELS && n_levels >= 1, "%d levels available (room for %d)", n_levels, MAX_LEVELS);
+}
 
 static void check_shape(const shape *s, const char *what) {
     problem p;
     make_problem(&p, s);
-    for (int l = 0; l < N_LEVELS; l++) {
-        const g4_kernels *k = g4_kernels_level(level_names[l]);
-        if (k) run_level(k, &p, s, what);
-    }
+    for (int l = 0; l < n_levels; l++) run_level(levels[l], &p, s, what);
     free_problem(&p);
 }
 
@@ -383,9 +393,8 @@ static void check_attention_shape(const attn_shape *as) {
     g4_attn a = {.n = as->n, .n_heads = as->nh, .head_dim = as->hd, .kv_width = kvw, .group = as->group, .q = q, .out = oref,
                  .rows = rows};
     g4_ref_attention(&a);
-    for (int l = 0; l < N_LEVELS; l++) {
-        const g4_kernels *k = g4_kernels_level(level_names[l]);
-        if (!k) continue;
+    for (int l = 0; l < n_levels; l++) {
+        const g4_kernels *k = levels[l];
         memset(out, 0xA5, sizeof(float) * (size_t)as->n * w);
         a.out = out;
         k->attention(&a);
@@ -416,9 +425,8 @@ static void check_attention(void) {
 }
 
 static void elementwise_kernels(void) {
-    for (int l = 0; l < N_LEVELS; l++) {
-        const g4_kernels *k = g4_kernels_level(level_names[l]);
-        if (!k) continue;
+    for (int l = 0; l < n_levels; l++) {
+        const g4_kernels *k = levels[l];
         check_quantizers(k);
         check_requant(k);
         check_gelu(k);
@@ -657,28 +665,6 @@ static int cpu_has(const char *feature) {
 #endif
 }
 
-/* The levels, best first, with the CPU features each needs; each is compiled in on its own
- * architecture only. A later level (AVX-VNNI, AVX512-VNNI, NEON dot product) goes above the levels
- * it beats, with its own features. */
-typedef struct {
-    const char *level;
-    const char *features[8]; /* NULL-terminated */
-} level_need;
-
-static const level_need level_needs[] = {
-#if defined(__x86_64__)
-    {"avx512vnni", {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx2", "fma", NULL}},
-    {"avxvnni", {"avx_vnni", "avx2", "fma", NULL}},
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-    {"avx2", {"avx2", "fma", NULL}},
-#endif
-#if defined(__aarch64__)
-    {"neon", {"asimd", NULL}},
-#endif
-    {"portable", {NULL}},
-};
-
 /* A CPU with a level's features gets that level, and the dispatcher picks the best such level
  * (G4_DISPATCH unset); a level whose features the CPU lacks is not offered. Tests of the levels
  * skip those that are not available, so without this a dispatcher that never offered AVX2 would
@@ -688,25 +674,32 @@ static void dispatch_matches_cpu(void) {
     char *saved_env = outer ? strdup(outer) : NULL;
     unsetenv("G4_DISPATCH");
     const char *want_best = NULL;
-    for (size_t i = 0; i < sizeof level_needs / sizeof *level_needs; i++) {
-        const level_need *ln = &level_needs[i];
-        int has = 1;
-        char list[160] = "";
-        for (int f = 0; ln->features[f]; f++) {
-            int h = cpu_has(ln->features[f]);
-            CHECK(h >= 0, "cannot read whether the CPU has %s", ln->features[f]);
-            has = has && h == 1;
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", f ? "+" : "", ln->features[f]);
+    for (int i = 0; i < g4_kernels_count(); i++) {
+        const g4_kernels *level = g4_kernels_at(i), *k = g4_kernels_level(level->name);
+        if (!level->built) { /* another architecture's: its features are not this CPU's to read */
+            CHECK(k == NULL, "the %s level is offered by a build that does not compile it", level->name);
+            continue;
         }
-        const g4_kernels *k = g4_kernels_level(ln->level);
+        int has = 1;
+        char list[160] = "", feature[32];
+        for (const char *f = level->cpu_needs; *f;) {
+            size_t len = strcspn(f, " ");
+            snprintf(feature, sizeof feature, "%.*s", (int)len, f);
+            int h = cpu_has(feature);
+            CHECK(h >= 0, "cannot read whether the CPU has %s", feature);
+            has = has && h == 1;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "+" : "", feature);
+            f += len;
+            f += *f == ' ';
+        }
         if (has) {
-            CHECK(k != NULL, "the CPU has %s but the %s level is not available", list[0] ? list : "(nothing needed)", ln->level);
-            if (!want_best) want_best = ln->level;
+            CHECK(k != NULL, "the CPU has %s but the %s level is not available", list[0] ? list : "(nothing needed)", level->name);
+            if (!want_best) want_best = level->name;
         } else {
-            CHECK(k == NULL, "the %s level is offered on a CPU without %s", ln->level, list);
+            CHECK(k == NULL, "the %s level is offered on a CPU without %s", level->name, list);
         }
         if (has == (k != NULL))
-            printf("ok cpu %s %s: level %s %s\n", list[0] ? (has ? "has" : "lacks") : "needs", list[0] ? list : "nothing", ln->level,
+            printf("ok cpu %s %s: level %s %s\n", list[0] ? (has ? "has" : "lacks") : "needs", list[0] ? list : "nothing", level->name,
                    k ? "available" : "not available");
     }
     const char *best = g4_kernels_get()->name;
@@ -806,9 +799,8 @@ static int argmax_case(const g4_qweight *w, const float *x, int n, float cap, in
     int32_t want[16], got[16];
     full_argmax(w, x, n, cap, want);
     int settled = -1;
-    for (int l = 0; l < N_LEVELS; l++) {
-        const g4_kernels *k = g4_kernels_level(level_names[l]);
-        if (!k) continue;
+    for (int l = 0; l < n_levels; l++) {
+        const g4_kernels *k = levels[l];
         /* odd levels with the caller's scratch of the stated size (ASan checks it is enough) */
         void *scratch = l % 2 ? malloc(g4_codes_f32_argmax_scratch(w, n)) : NULL;
         g4_codes_f32_argmax(w, x, n, cap, coarse, k->matmul_i8, got, scratch);
@@ -920,9 +912,8 @@ static int top_case(const g4_qweight *w, const float *x, float cap, int k, const
     qsort(sorted, (size_t)V, sizeof(float), cmp_float_desc);
     const float kth = sorted[k - 1];
     int settled = -2, first_m = 0;
-    for (int l = 0; l < N_LEVELS; l++) {
-        const g4_kernels *kl = g4_kernels_level(level_names[l]);
-        if (!kl) continue;
+    for (int l = 0; l < n_levels; l++) {
+        const g4_kernels *kl = levels[l];
         void *scratch = l % 2 ? malloc(g4_codes_f32_argmax_scratch(w, 1)) : NULL;
         float bound = NAN;
         int m = g4_codes_f32_top(w, x, cap, k, extra, n_extra, coarse, kl->matmul_i8, cand, vals, max_cand, &bound, scratch);
@@ -998,9 +989,7 @@ static void check_codes_top(void) {
 }
 
 int main(void) {
-    for (int l = 0; l < N_LEVELS; l++)
-        if (g4_kernels_level(level_names[l])) printf("ok level %s available\n", level_names[l]);
-        else SKIP_FEATURE("level %s: not built for this architecture or not supported by this CPU", level_names[l]);
+    find_levels();
     dispatch_env();
     dispatch_matches_cpu();
     CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());

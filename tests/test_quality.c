@@ -7,14 +7,14 @@
  *   - its accuracy is within [PyTorch full fake-quant - 2, + 3] points (an engine that scores far
  *     above its reference is as broken as one below it: a scorer that counts any number as right),
  *   - it is at least DROP points above the `--act float` run, DROP = min(20, PyTorch's own full -
- *     float-activation drop - 3): a model that depends on its clamps must lose them visibly (on the
- *     shipped model PyTorch's drop is small and this bound weak; the agreement carries the gate),
+ *     float-activation drop - 3): a model that depends on its clamps must lose them visibly (the
+ *     shipped model's PyTorch drop is 43.8 points, 78.6 % -> 34.8 %, so DROP is 20),
  *   - its answers agree question by question with PyTorch's full fake-quant answers on at least
  *     AGREE_GATE of the questions: accuracy alone cannot see an engine that is right on other
  *     questions than its reference.
  * `--act int` and `--act fake` must be accepted; the same criteria applied to the `--act float` run
  * must reject it (the negative control: the test fails if the gate cannot tell a defective engine
- * that ignores every activation scale). Every record's verdict is recomputed here from its output
+ * that ignores every activation scale; on the shipped model each of the three criteria rejects it). Every record's verdict is recomputed here from its output
  * and gold rather than trusted. `--profile hf` and `--kv f32` are reported, not gated.
  * Everything runs in a private temp dir; every `g4 eval` must exit 0. */
 #define _POSIX_C_SOURCE 200809L
@@ -29,10 +29,10 @@
 
 #define MODEL "models/gemma4-tiny-math"
 #define N_HELD_OUT 1000 /* test.jsonl */
-/* Measured agreement with PyTorch's full fake-quant answers on the shipped model: int 0.982 (all 1000),
- * fake 0.978, float 0.895, `--profile hf` 0.950, `--kv f32` 0.938 (first 400). The gate sits between
- * the clamped modes and float with margin on both sides (3.5 and 4.8 points; g4 is deterministic, so
- * only a change of the engine moves them). */
+/* Measured agreement with PyTorch's full fake-quant answers on the shipped model: int 0.976 (all 1000),
+ * fake 0.990, float 0.365, `--profile hf` 0.960, `--kv f32` 0.978 (first 400; on all 1000: fake 0.988,
+ * float 0.362). The gate sits between the clamped modes and float with margin on both sides (4.6 and
+ * 56 points; g4 is deterministic, so only a change of the engine moves them). */
 #define AGREE_GATE 0.93
 #define N_AGREE 400 /* questions of the fake/float/hf/kv runs (int runs all of them) */
 

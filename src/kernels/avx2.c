@@ -1,5 +1,5 @@
 /* AVX2 kernels. The file needs no compiler flags: the kernels are compiled for AVX2 through a
- * target pragma (AVX2 and FMA) and only called after g4_avx2_supported() said yes, so the rest
+ * target pragma (AVX2 and FMA) and only called after avx2_supported() said yes, so the rest
  * of the program stays baseline x86-64. Fused multiply-adds appear only where the reference has
  * fmaf (the attention dots and sums); -ffp-contract=off keeps the compiler from fusing anything
  * else, since elsewhere the reference rounds the product and the sum separately.
@@ -31,22 +31,19 @@
 #pragma GCC target("avx2,fma")
 #endif
 
+#include "sweep.h"
+
 #define INLINE static inline __attribute__((always_inline))
-#define MAX_RO 4
-#define MAX_RT 4
+#define MAX_RO G4_TILE_MAX_RO
+#define MAX_RT G4_TILE_MAX_RT
 
-/* Weight rows per tile for 1..4 activation rows: fewer activation rows, more weight rows, so there
- * are always 4 to 8 independent accumulators and no spills. The 2/4-bit int8 path holds an int16
- * partial sum beside each accumulator, hence its smaller tiles. */
-static const int tile_ro[MAX_RT + 1] = {0, 4, 4, 2, 2};
-static const int tile_ro_i8_low[MAX_RT + 1] = {0, 4, 2, 1, 1};
-
-/* Rows of a thread's range handled together so the activation group (RT rows) and this chunk of
- * weight rows both stay in L1/L2 while every group of the chunk runs. */
-static int chunk_rows(size_t row_bytes) {
-    size_t r = 16384 / (row_bytes ? row_bytes : 1);
-    return r < MAX_RO ? MAX_RO : r > 4096 ? 4096 : (int)(r & ~(size_t)3);
-}
+/* Weight rows of the widest tile for RT = 1..4 activation rows (kernels/sweep.h): fewer activation
+ * rows, more weight rows, so there are always 4 to 8 independent accumulators and no spills. The
+ * 2/4-bit int8 path holds an int16 partial sum beside each accumulator, hence its smaller tiles;
+ * 8-bit codes and BF16 (BITS 16) take the larger ones. */
+#define TILE_WIDE(BITS, RT) ((BITS) >= 8 ? ((RT) <= 2 ? 4 : 2) : (RT) == 1 ? 4 : (RT) == 2 ? 2 : 1)
+static const int tile_ro[MAX_RT + 1] = G4_TILE_RO(TILE_WIDE, 8);
+static const int tile_ro_i8_low[MAX_RT + 1] = G4_TILE_RO(TILE_WIDE, 4);
 
 static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in * n; }
 
@@ -65,19 +62,7 @@ static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in *
  * both exceed 32767), so they go through madd_epi16 on sign-extended values; their prepared rows
  * are the activations as int16. Integer sums are exact in any order, so the tile shape, the block
  * grouping and the thread split never change a result. */
-typedef struct {
-    const g4_qweight *w;
-    int n;
-    const uint8_t *xp; /* n prepared rows, xstride bytes apart */
-    size_t xstride;
-    const uint32_t *corr; /* off * sum x per activation row (mod 2^32) */
-    int nfull;            /* whole 32-byte blocks per weight row */
-    int tail;             /* bytes of the last partial block (0: none) */
-    int32_t *acc;
-    /* The span of blocks a tile covers: [kb0, kb1), block nfull being the tail. The first span
-     * stores its sums, later ones add theirs (int32 sums may be split anywhere). */
-    int kb0, kb1, first;
-} i8_job;
+typedef g4_i8_job i8_job;
 
 #define I8_BLOCK 32
 static size_t i8_block_xbytes(int bits) { return bits == 2 ? 128 : 64; }
@@ -197,54 +182,13 @@ INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO
     }
 }
 
-/* One function per bit width, each holding every tile shape the row loop asks for. */
-#define TILE_SWITCH(FN, BITS)                          \
-    switch (ro * 8 + rt) {                             \
-    case 1 * 8 + 1: FN(j, o, t, BITS, 1, 1); break;    \
-    case 1 * 8 + 2: FN(j, o, t, BITS, 1, 2); break;    \
-    case 1 * 8 + 3: FN(j, o, t, BITS, 1, 3); break;    \
-    case 1 * 8 + 4: FN(j, o, t, BITS, 1, 4); break;    \
-    case 4 * 8 + 1: FN(j, o, t, BITS, 4, 1); break;    \
-    case 4 * 8 + 2: FN(j, o, t, BITS, 4, 2); break;    \
-    case 2 * 8 + 2: FN(j, o, t, BITS, 2, 2); break;    \
-    case 2 * 8 + 3: FN(j, o, t, BITS, 2, 3); break;    \
-    case 2 * 8 + 4: FN(j, o, t, BITS, 2, 4); break;    \
-    default: abort();                                  \
-    }
-
-static void i8_tile_2(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 2) }
-static void i8_tile_4(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 4) }
-static void i8_tile_8(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 8) }
+/* One function per bit width, each holding every tile shape the sweep asks for. */
+G4_I8_TILE_FNS(i8_tile, i8_job, i8_tile, TILE_WIDE)
 
 static void i8_rows(void *ctx, int o0, int o1) {
     const i8_job *j = ctx;
     int bits = j->w->bits;
-    void (*tile)(const i8_job *, int, int, int, int) = bits == 2 ? i8_tile_2 : bits == 4 ? i8_tile_4 : i8_tile_8;
-    const int *shape = bits == 8 ? tile_ro : tile_ro_i8_low;
-    /* With several activation rows, split K so one group's slice of prepared activations (about
-     * 16 KB) stays in L1 while a chunk of weight rows runs through it; one row needs no split. */
-    int kb_total = j->nfull + (j->tail ? 1 : 0);
-    int ks = j->n == 1 ? kb_total : (int)(16384 / (MAX_RT * i8_block_xbytes(bits)));
-    if (ks >= kb_total) ks = kb_total;
-    int chunk = chunk_rows((size_t)ks * I8_BLOCK);
-    i8_job js = *j;
-    for (int ob = o0; ob < o1; ob += chunk) {
-        int oe = o1 - ob > chunk ? ob + chunk : o1;
-        for (int kb = 0; kb < kb_total; kb += ks) {
-            js.kb0 = kb;
-            js.kb1 = kb_total - kb > ks ? kb + ks : kb_total;
-            js.first = kb == 0;
-            for (int t = 0; t < j->n;) {
-                int rt = j->n - t < MAX_RT ? j->n - t : MAX_RT;
-                for (int o = ob; o < oe;) {
-                    int ro = oe - o >= shape[rt] ? shape[rt] : 1;
-                    tile(&js, o, t, ro, rt);
-                    o += ro;
-                }
-                t += rt;
-            }
-        }
-    }
+    g4_i8_sweep(j, o0, o1, I8_BLOCK, i8_block_xbytes(bits), bits == 8 ? tile_ro : tile_ro_i8_low, i8_tile_for(bits));
 }
 
 /* One activation row (decode): each weight row is streamed on its own, front to back, so a
@@ -453,16 +397,9 @@ INLINE void i8_rowsN_bits(const i8_job *j, int o0, int o1, const int BITS, const
     }
 }
 
-#define ROWS_N(RT)                                                            \
-    static void i8_rows##RT(void *ctx, int o0, int o1) {                      \
-        const i8_job *j = ctx;                                                \
-        if (j->w->bits == 2) i8_rowsN_bits(j, o0, o1, 2, RT);                 \
-        else if (j->w->bits == 4) i8_rowsN_bits(j, o0, o1, 4, RT);            \
-        else i8_rowsN_bits(j, o0, o1, 8, RT);                                 \
-    }
-ROWS_N(2)
-ROWS_N(3)
-ROWS_N(4)
+G4_I8_ROWS_FN(i8_rows2, i8_job, i8_rowsN_bits, 2)
+G4_I8_ROWS_FN(i8_rows3, i8_job, i8_rowsN_bits, 3)
+G4_I8_ROWS_FN(i8_rows4, i8_job, i8_rowsN_bits, 4)
 
 /* One prepared block from `elems` activations at x (fewer than a whole block only at the end of a
  * row: the rest is zero). Returns sum(x) over the block. */
@@ -542,36 +479,8 @@ static void i8_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, ui
 }
 
 static void avx2_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
-    if (n <= 0 || w->out <= 0) return;
-    int bits = w->bits;
-    if (bits != 2 && bits != 4 && bits != 8) {
-        g4_ref_matmul_i8(w, x, n, acc); /* not a valid int weight; let the reference decide */
-        return;
-    }
-    if (w->in <= 0) { /* empty dot products; the block loops below would write nothing */
-        memset(acc, 0, sizeof *acc * (size_t)n * (size_t)w->out);
-        return;
-    }
-    size_t pb = g4_packed_row_bytes(bits, (size_t)w->in);
-    size_t nblk = (pb + I8_BLOCK - 1) / I8_BLOCK;
-    size_t xstride = nblk * i8_block_xbytes(bits);
-    /* xstride is a multiple of 64, so on a 64-byte aligned buffer every activation load is
-     * aligned */
-    uint8_t *xp = aligned_alloc(64, (size_t)n * xstride + 64);
-    uint32_t *corr = malloc(sizeof *corr * (size_t)n);
-    if (!xp || !corr) {
-        free(xp);
-        free(corr);
-        g4_ref_matmul_i8(w, x, n, acc);
-        return;
-    }
-    i8_prepare(x, n, w->in, bits, nblk, xp, xstride, corr);
-    i8_job j = {.w = w, .n = n, .xp = xp, .xstride = xstride, .corr = corr,
-                .nfull = (int)(pb / I8_BLOCK), .tail = (int)(pb % I8_BLOCK), .acc = acc};
-    g4_pool_fn rows = n == 1 ? i8_rows1 : n == 2 ? i8_rows2 : n == 3 ? i8_rows3 : n == 4 ? i8_rows4 : i8_rows;
-    g4_pool_for(w->out, MAX_RO, macs(w, n), rows, &j);
-    free(xp);
-    free(corr);
+    static const g4_pool_fn rows[5] = {i8_rows, i8_rows1, i8_rows2, i8_rows3, i8_rows4};
+    g4_i8_matmul(w, x, n, acc, I8_BLOCK, i8_block_xbytes(w->bits), i8_prepare, rows);
 }
 
 /* ------------------------------------------------------------------ float x BF16 ---------- */
@@ -654,23 +563,11 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
     }
 }
 
-static void f32_tile_16(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 16) }
+G4_TILE_FN(f32_tile_16, f32_job, f32_tile, 16, TILE_WIDE)
 
 static void f32_rows(void *ctx, int o0, int o1) {
     const f32_job *j = ctx;
-    int chunk = chunk_rows(j->w->row_bytes);
-    for (int ob = o0; ob < o1; ob += chunk) {
-        int oe = o1 - ob > chunk ? ob + chunk : o1;
-        for (int t = 0; t < j->n;) {
-            int rt = j->n - t < MAX_RT ? j->n - t : MAX_RT;
-            for (int o = ob; o < oe;) {
-                int ro = oe - o >= tile_ro[rt] ? tile_ro[rt] : 1;
-                f32_tile_16(j, o, t, ro, rt);
-                o += ro;
-            }
-            t += rt;
-        }
-    }
+    g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro, f32_tile_16);
 }
 
 void g4_avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
@@ -1051,8 +948,17 @@ void g4_avx2_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, ca
 #pragma GCC pop_options
 #endif
 
+/* Outside the target region: this runs on CPUs without AVX2. */
+static int avx2_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 const g4_kernels g4_kernels_avx2 = {
     .name = "avx2",
+    .cpu_needs = "avx2 fma",
+    .built = 1,
+    .supported = avx2_supported,
     .matmul_f32 = g4_avx2_matmul_f32,
     .matmul_i8 = avx2_matmul_i8,
     .quantize = g4_avx2_quantize,
@@ -1064,17 +970,8 @@ const g4_kernels g4_kernels_avx2 = {
     .softcap = g4_avx2_softcap,
 };
 
-
-/* Outside the target region: this runs on CPUs without AVX2. */
-int g4_avx2_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
 #else /* not x86 */
 
-const g4_kernels g4_kernels_avx2 = G4_PORTABLE_KERNELS("avx2");
-
-int g4_avx2_supported(void) { return 0; }
+const g4_kernels g4_kernels_avx2 = G4_LEVEL_NOT_BUILT("avx2", "avx2 fma");
 
 #endif

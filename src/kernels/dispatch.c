@@ -1,7 +1,5 @@
-/* Level selection and the portable level. Every level runs its matmuls through the thread pool;
- * the portable one computes each output with the reference dot products, so it equals
- * g4_ref_matmul_* exactly whatever the thread count. */
-#include <math.h>
+/* Level selection: the levels of levels.h in their order, the best one this build and CPU can
+ * run, or the one G4_DISPATCH names. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,150 +7,33 @@
 #include "cpu_x86.h"
 #include "kernels.h"
 #include "levels.h"
-#include "pool.h"
-#include "quant/int8.h"
 #include "util/err.h"
 
-typedef struct {
-    const g4_qweight *w;
-    const void *x;
-    int n;
-    void *y;
-} portable_job;
+#define G4_LEVEL_ENTRY(name) &g4_kernels_##name,
+static const g4_kernels *const levels[] = {G4_KERNEL_LEVELS(G4_LEVEL_ENTRY)};
+#undef G4_LEVEL_ENTRY
+#define N_LEVELS ((int)(sizeof levels / sizeof *levels))
 
-static void portable_bf16_rows(void *ctx, int o0, int o1) {
-    const portable_job *j = ctx;
-    const g4_qweight *w = j->w;
-    const float *x = j->x;
-    float *y = j->y;
-    for (int o = o0; o < o1; o++) {
-        const uint8_t *row = w->w + (size_t)o * w->row_bytes;
-        for (int t = 0; t < j->n; t++) y[(size_t)t * w->out + o] = g4_ref_dot_bf16_f32(x + (size_t)t * w->in, row, w->in);
-    }
-}
+int g4_kernels_count(void) { return N_LEVELS; }
 
-static void portable_i8_rows(void *ctx, int o0, int o1) {
-    const portable_job *j = ctx;
-    const g4_qweight *w = j->w;
-    const int8_t *x = j->x;
-    int32_t *acc = j->y;
-    for (int o = o0; o < o1; o++) {
-        const uint8_t *row = w->w + (size_t)o * w->row_bytes;
-        for (int t = 0; t < j->n; t++)
-            acc[(size_t)t * w->out + o] = g4_dot_packed(x + (size_t)t * w->in, 0, row, w->bits, (size_t)w->in);
-    }
-}
+const g4_kernels *g4_kernels_at(int i) { return i >= 0 && i < N_LEVELS ? levels[i] : NULL; }
 
-static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in * n; }
+int g4_kernels_available(const g4_kernels *k) { return k && k->built && (!k->supported || k->supported()); }
 
-void g4_portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
-    if (w->bits != 16) {
-        g4_matmul_codes_f32(w, x, n, y, g4_portable_matmul_i8);
-        return;
-    }
-    portable_job j = {w, x, n, y};
-    g4_pool_for(w->out, 1, macs(w, n), portable_bf16_rows, &j);
-}
-
-void g4_portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
-    portable_job j = {w, x, n, acc};
-    g4_pool_for(w->out, 1, macs(w, n), portable_i8_rows, &j);
-}
-
-/* ---- elementwise and attention: the references, split over the pool where that helps ---- */
-
-typedef struct {
-    float *g;
-    const float *m; /* gelu_mul: the multiplier */
-    float cap;      /* softcap */
-    void (*span)(float *x, size_t n, float cap);
-} elem_job;
-
-/* Pool cost of one tanhf and of one expf, in multiply-adds (about 10-15 ns and 4 ns). */
-#define TANH_WORK 40.0
-#define EXP_WORK 10.0
-
-static void gelu_items(void *ctx, int b, int e) {
-    const elem_job *j = ctx;
-    g4_ref_gelu_mul(j->g + b, j->m + b, (size_t)(e - b));
-}
-
-static void softcap_items(void *ctx, int b, int e) {
-    const elem_job *j = ctx;
-    j->span(j->g + b, (size_t)(e - b), j->cap);
-}
-
-/* Runs fn over [0, n) on the pool in int-sized pieces. */
-static void pool_elementwise(size_t n, double work_per_item, g4_pool_fn fn, elem_job *j) {
-    const size_t piece = (size_t)1 << 30;
-    for (size_t at = 0; at < n; at += piece) {
-        size_t len = n - at < piece ? n - at : piece;
-        elem_job sub = {j->g + at, j->m ? j->m + at : NULL, j->cap, j->span};
-        g4_pool_for((int)len, 64, (double)len * work_per_item, fn, &sub);
-    }
-}
-
-void g4_portable_gelu_mul(float *g, const float *m, size_t n, float scale) {
-    (void)scale;
-    elem_job j = {g, m, 0, NULL};
-    pool_elementwise(n, TANH_WORK, gelu_items, &j);
-}
-
-void g4_softcap_pooled(float *x, size_t n, float cap, void (*span)(float *x, size_t n, float cap), double work_per_item) {
-    elem_job j = {x, NULL, cap, span};
-    pool_elementwise(n, work_per_item, softcap_items, &j);
-}
-
-void g4_portable_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n, cap, g4_ref_softcap, TANH_WORK); }
-
-static void attention_items(void *ctx, int b, int e) {
-    const g4_attn *a = ctx;
-    int most = 1;
-    for (int i = b; i < e; i++) {
-        const g4_attn_row *r = &a->rows[i / a->n_heads];
-        if (r->hi - r->lo + 1 > most) most = r->hi - r->lo + 1;
-    }
-    float *scores = malloc(sizeof *scores * (size_t)most); /* NULL: the head recomputes */
-    for (int i = b; i < e; i++) g4_ref_attention_head(a, i / a->n_heads, i % a->n_heads, scores);
-    free(scores);
-}
-
-double g4_attention_work(const g4_attn *a) {
-    double positions = 0;
-    for (int t = 0; t < a->n; t++) positions += a->rows[t].hi - a->rows[t].lo + 1;
-    return positions * a->n_heads * (2.0 * a->head_dim + EXP_WORK);
-}
-
-void g4_portable_attention(const g4_attn *a) {
-    if (a->n <= 0 || a->n_heads <= 0) return;
-    g4_pool_for(a->n * a->n_heads, 1, g4_attention_work(a), attention_items, (void *)a);
-}
-
-const g4_kernels g4_kernels_portable = G4_PORTABLE_KERNELS("portable");
-
-/* Every level, best first, with whether this build and CPU can run it. */
-static const struct {
-    const g4_kernels *k;
-    int (*supported)(void);
-} levels[] = {
-    {&g4_kernels_avx512vnni, g4_avx512vnni_supported},
-    {&g4_kernels_avxvnni, g4_avxvnni_supported},
-    {&g4_kernels_avx2, g4_avx2_supported},
-    {&g4_kernels_neon, g4_neon_supported},
-    {&g4_kernels_portable, NULL},
-};
-#define N_LEVELS (sizeof levels / sizeof *levels)
-
-const g4_kernels *g4_kernels_level(const char *name) {
-    if (!name) return NULL;
-    for (size_t i = 0; i < N_LEVELS; i++)
-        if (strcmp(name, levels[i].k->name) == 0) return !levels[i].supported || levels[i].supported() ? levels[i].k : NULL;
+static const g4_kernels *level_named(const char *name) {
+    for (int i = 0; name && i < N_LEVELS; i++)
+        if (strcmp(name, levels[i]->name) == 0) return levels[i];
     return NULL;
 }
 
+const g4_kernels *g4_kernels_level(const char *name) {
+    const g4_kernels *k = level_named(name);
+    return g4_kernels_available(k) ? k : NULL;
+}
+
 const g4_kernels *g4_kernels_best(void) {
-    for (size_t i = 0; i < N_LEVELS; i++)
-        if (!levels[i].supported || levels[i].supported()) return levels[i].k;
+    for (int i = 0; i < N_LEVELS; i++)
+        if (g4_kernels_available(levels[i])) return levels[i];
     return &g4_kernels_portable;
 }
 
@@ -164,7 +45,10 @@ const char *g4_kernels_cpu_flags(void) {
 #endif
 }
 
-const char *g4_kernels_names(void) { return "avx512vnni|avxvnni|avx2|neon|portable"; }
+/* "|name" for each level, the first bar left out below */
+#define G4_LEVEL_NAME(name) "|" #name
+const char *g4_kernels_names(void) { return &G4_KERNEL_LEVELS(G4_LEVEL_NAME)[1]; }
+#undef G4_LEVEL_NAME
 
 const g4_kernels *g4_kernels_get(void) {
     const char *force = getenv("G4_DISPATCH");
@@ -174,11 +58,8 @@ const g4_kernels *g4_kernels_get(void) {
     if (k) return k;
     /* Sessions call this once each; one warning per process is enough. */
     static atomic_int warned;
-    if (!atomic_exchange(&warned, 1)) {
-        int known = 0;
-        for (size_t i = 0; i < N_LEVELS; i++) known |= !strcmp(force, levels[i].k->name);
-        g4_warn("G4_DISPATCH=%s %s (%s); using %s", force, known ? "is not supported on this CPU" : "is unknown", g4_kernels_names(),
-                best->name);
-    }
+    if (!atomic_exchange(&warned, 1))
+        g4_warn("G4_DISPATCH=%s %s (%s); using %s", force, level_named(force) ? "is not supported on this CPU" : "is unknown",
+                g4_kernels_names(), best->name);
     return best;
 }

@@ -1,7 +1,8 @@
-/* Compute kernels. Each operation has one portable reference implementation here (kernels/ref.c);
- * faster variants (AVX2, NEON) sit behind the g4_kernels dispatch table and are tested against
- * the reference. Float reductions use a fixed 8-lane order so a vector kernel can reproduce the
- * reference bit for bit (no reassociation: a 1-ulp change can flip an int8 rounding downstream).
+/* Compute kernels. Each operation has one portable reference implementation (kernels/ref.c);
+ * the levels (kernels/levels.h: AVX-512 VNNI, AVX-VNNI, AVX2, NEON, portable) sit behind the
+ * g4_kernels table and are tested against the reference. Float reductions use a fixed 8-lane
+ * order so a vector kernel can reproduce the reference bit for bit (no reassociation: a 1-ulp
+ * change can flip an int8 rounding downstream).
  *
  * Every dispatched matmul splits its output rows across a persistent thread pool (kernels/pool.c).
  * Each output element is computed by exactly one thread in the reference order, so results do
@@ -74,7 +75,7 @@ void g4_matmul_codes_f32(const g4_qweight *w, const float *x, int n, float *y, g
  * x[t])) (softcap(y) = cap * g4_tanhf(y / cap), none when cap == 0), found from a coarse image of
  * x[t] that bounds every output and exact dots for the few outputs those bounds leave in the race,
  * so most outputs are never finished. coarse: 1, one int8 row (half the work of 2, but a large
- * outlier in x loosens its bounds), or 2, the two top digit rows (kernels/ref.c). out[t] = -1
+ * outlier in x loosens its bounds), or 2, the two top digit rows (kernels/codes_argmax.c). out[t] = -1
  * where it cannot decide that way (a NaN in x, a scale that is not positive and finite, a near
  * tie, too many candidates, out of memory): the caller then computes that row in full. scratch:
  * g4_codes_f32_argmax_scratch(w, n) bytes kept by the caller (about 1 MB per row for E2B's
@@ -179,8 +180,20 @@ float g4_expf(float x);
 /* x[i] = cap * g4_tanhf(x[i] / cap): the final logit softcap. */
 void g4_ref_softcap(float *x, size_t n, float cap);
 
+/* One kernel level: its name (as G4_DISPATCH names it), what it needs of the CPU, and its
+ * operations. Every level's file defines one (levels.h lists them, best first). */
 typedef struct {
     const char *name;
+    /* The CPU features the level needs, space-separated under the names the kernel reports
+     * (/proc/cpuinfo's flags on x86, HWCAP's on aarch64; "" for none): the tests check the probe
+     * below against them, read independently of it. */
+    const char *cpu_needs;
+    /* Whether this build compiles the level at all (it is for the architecture being built); a
+     * level that is not built has no operations. */
+    int built;
+    /* Whether this CPU and its OS can run the level (asked only when it is built); NULL: any CPU
+     * this build runs on. */
+    int (*supported)(void);
     void (*matmul_f32)(const g4_qweight *w, const float *x, int n, float *y);
     void (*matmul_i8)(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
     /* codes[i] = g4_quantize(q, x[i]) */
@@ -200,10 +213,18 @@ typedef struct {
     void (*softcap)(float *x, size_t n, float cap);
 } g4_kernels;
 
-/* The kernel set chosen for this CPU: the best supported level, or the one forced by
- * G4_DISPATCH=avx512vnni|avxvnni|avx2|neon|portable (an unknown or unsupported value falls back to
- * the best level with a one-line warning, through g4_set_log's function). Best first: avx512vnni,
- * avxvnni, avx2, neon, portable. */
+/* Every level, best first, whether this build and CPU have it or not (kernels/levels.h holds the
+ * one list): g4_kernels_at(i) for i < g4_kernels_count(). Tests and benchmarks iterate it to
+ * compare the levels in one process. */
+int g4_kernels_count(void);
+const g4_kernels *g4_kernels_at(int i);
+
+/* Whether this build and CPU can run level k. */
+int g4_kernels_available(const g4_kernels *k);
+
+/* The kernel set chosen for this CPU: the best available level, or the one forced by
+ * G4_DISPATCH=NAME (an unknown or unavailable name falls back to the best level with a one-line
+ * warning, through g4_set_log's function). */
 const g4_kernels *g4_kernels_get(void);
 
 /* The level g4_kernels_get chooses when G4_DISPATCH is unset. */
@@ -217,9 +238,7 @@ const char *g4_kernels_cpu_flags(void);
 /* The level names, best first, as "avx512vnni|avxvnni|...". */
 const char *g4_kernels_names(void);
 
-/* The kernel set of one level by name ("avx512vnni", "avxvnni", "avx2", "neon", "portable"), or
- * NULL when this build or CPU does not have it. Tests and benchmarks use it to compare levels in
- * one process. */
+/* The level named `name`, or NULL when there is none or this build or CPU does not have it. */
 const g4_kernels *g4_kernels_level(const char *name);
 
 /* Threads the matmuls use, the caller included. n <= 0 restores the default (online CPUs).

@@ -22,49 +22,18 @@
 #include <stdlib.h>
 
 #include "attention.h"
+#include "sweep.h"
 
 #define INLINE static inline __attribute__((always_inline))
-#define MAX_RO 4
-#define MAX_RT 4
+#define MAX_RO G4_TILE_MAX_RO
+#define MAX_RT G4_TILE_MAX_RT
 
-/* Weight rows per tile for 1..4 activation rows (4 to 8 independent accumulator sets). */
-static const int tile_ro[MAX_RT + 1] = {0, 4, 4, 2, 2};
-
-static int chunk_rows(size_t row_bytes) {
-    size_t r = 16384 / (row_bytes ? row_bytes : 1);
-    return r < MAX_RO ? MAX_RO : r > 4096 ? 4096 : (int)(r & ~(size_t)3);
-}
+/* Weight rows of the widest tile for RT = 1..4 activation rows (kernels/sweep.h): 4 to 8
+ * independent accumulator sets. */
+#define TILE_WIDE(BITS, RT) ((RT) <= 2 ? 4 : 2)
+static const int tile_ro[MAX_RT + 1] = G4_TILE_RO(TILE_WIDE, 8);
 
 static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in * n; }
-
-#define TILE_SWITCH(FN, BITS)                          \
-    switch (ro * 8 + rt) {                             \
-    case 1 * 8 + 1: FN(j, o, t, BITS, 1, 1); break;    \
-    case 1 * 8 + 2: FN(j, o, t, BITS, 1, 2); break;    \
-    case 1 * 8 + 3: FN(j, o, t, BITS, 1, 3); break;    \
-    case 1 * 8 + 4: FN(j, o, t, BITS, 1, 4); break;    \
-    case 4 * 8 + 1: FN(j, o, t, BITS, 4, 1); break;    \
-    case 4 * 8 + 2: FN(j, o, t, BITS, 4, 2); break;    \
-    case 2 * 8 + 3: FN(j, o, t, BITS, 2, 3); break;    \
-    case 2 * 8 + 4: FN(j, o, t, BITS, 2, 4); break;    \
-    default: abort();                                  \
-    }
-
-/* Tiles rows [o0, o1) x all activation rows, a chunk of weight rows at a time. */
-#define ROW_LOOP(JOB, TILE)                                                    \
-    int chunk = chunk_rows(JOB->w->row_bytes);                                 \
-    for (int ob = o0; ob < o1; ob += chunk) {                                  \
-        int oe = o1 - ob > chunk ? ob + chunk : o1;                            \
-        for (int t = 0; t < JOB->n;) {                                         \
-            int rt = JOB->n - t < MAX_RT ? JOB->n - t : MAX_RT;                \
-            for (int o = ob; o < oe;) {                                        \
-                int ro = oe - o >= tile_ro[rt] ? tile_ro[rt] : 1;              \
-                TILE(JOB, o, t, ro, rt);                                       \
-                o += ro;                                                       \
-            }                                                                  \
-            t += rt;                                                           \
-        }                                                                      \
-    }
 
 /* ------------------------------------------------------------------ int8 x packed codes ---- */
 
@@ -170,15 +139,13 @@ INLINE void i8_tile(const i8_job *j, int o, int t0, const int BITS, const int RO
     }
 }
 
-static void i8_tile_2(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 2) }
-static void i8_tile_4(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 4) }
-static void i8_tile_8(const i8_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(i8_tile, 8) }
+/* One function per bit width, each holding every tile shape the sweep asks for. */
+G4_I8_TILE_FNS(i8_tile, i8_job, i8_tile, TILE_WIDE)
 
 static void i8_rows(void *ctx, int o0, int o1) {
     const i8_job *j = ctx;
     int bits = j->w->bits;
-    void (*tile)(const i8_job *, int, int, int, int) = bits == 2 ? i8_tile_2 : bits == 4 ? i8_tile_4 : i8_tile_8;
-    ROW_LOOP(j, tile)
+    g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro, i8_tile_for(bits));
 }
 
 static void i8_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, int8_t *xp, size_t xstride) {
@@ -314,11 +281,11 @@ INLINE void f32_tile(const f32_job *j, int o, int t0, const int BITS, const int 
     }
 }
 
-static void f32_tile_16(const f32_job *j, int o, int t, int ro, int rt) { TILE_SWITCH(f32_tile, 16) }
+G4_TILE_FN(f32_tile_16, f32_job, f32_tile, 16, TILE_WIDE)
 
 static void f32_rows(void *ctx, int o0, int o1) {
     const f32_job *j = ctx;
-    ROW_LOOP(j, f32_tile_16)
+    g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro, f32_tile_16);
 }
 
 static void neon_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
@@ -556,6 +523,8 @@ static void neon_softcap(float *x, size_t n, float cap) { g4_softcap_pooled(x, n
 
 const g4_kernels g4_kernels_neon = {
     .name = "neon",
+    .cpu_needs = "asimd",
+    .built = 1, /* every aarch64 CPU has Advanced SIMD: no probe */
     .matmul_f32 = neon_matmul_f32,
     .matmul_i8 = neon_matmul_i8,
     .quantize = g4_ref_quantize,
@@ -567,12 +536,8 @@ const g4_kernels g4_kernels_neon = {
     .softcap = neon_softcap,
 };
 
-int g4_neon_supported(void) { return 1; }
-
 #else /* not aarch64 */
 
-const g4_kernels g4_kernels_neon = G4_PORTABLE_KERNELS("neon");
-
-int g4_neon_supported(void) { return 0; }
+const g4_kernels g4_kernels_neon = G4_LEVEL_NOT_BUILT("neon", "asimd");
 
 #endif
