@@ -30,7 +30,7 @@
 
 typedef struct {
     const char *dir, *host, *api_key, *alias, *test_replies;
-    int port, parallel, queue, timeout_s, prompt_chunk, prompt_cache, verbose, step_ms;
+    int port, parallel, queue, timeout_s, prompt_chunk, prompt_cache, verbose, step_ms, ignore_eos;
     double drain_s;
     size_t max_body, max_unread;
     serve_limits lim;
@@ -475,6 +475,7 @@ static int parse_serve_args(args_t *a, serve_args *s) {
         else if (flag_is(a, "--alias")) s->alias = flag_value(a, "--alias", &bad);
         else if (flag_is(a, "--test-replies")) s->test_replies = flag_value(a, "--test-replies", &bad);
         else if (flag_is(a, "--verbose")) s->verbose = 1;
+        else if (flag_is(a, "--test-ignore-eos")) s->ignore_eos = 1;
         else if (flag_is(a, "--test-step-ms")) bad = !(v = flag_value(a, "--test-step-ms", &bad)) || parse_int(a->cmd, "--test-step-ms", v, 0, 10000, &s->step_ms);
         else if (flag_is(a, "--port")) bad = (v = flag_value(a, "--port", &bad)) == NULL || parse_int(a->cmd, "--port", v, 0, 65535, &s->port);
         else if (flag_is(a, "--parallel")) bad = !(v = flag_value(a, "--parallel", &bad)) || parse_int(a->cmd, "--parallel", v, 1, 64, &s->parallel);
@@ -558,7 +559,7 @@ int cmd_serve(args_t *a) {
     pthread_mutex_init(&sv.count_mu, NULL);
     sv.started = (long)time(NULL);
     serve_engine_config ec = {.queue = sv.a.queue, .prompt_chunk = sv.a.prompt_chunk, .max_unread = sv.a.max_unread, .prompt_cache = sv.a.prompt_cache,
-                             .step_ms = sv.a.step_ms};
+                             .step_ms = sv.a.step_ms, .ignore_eos = sv.a.ignore_eos};
     struct MHD_Daemon *d = NULL;
     int rc = 1;
     if (open_model(&sv) || (sv.a.test_replies && load_script(sv.a.test_replies, sv.tok, &ec))) goto done;

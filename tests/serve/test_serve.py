@@ -8,8 +8,7 @@ scripted model text holds, and the token counts with `g4 tokenize`.
 
     G4_BIN=build/release/g4 python3 tests/serve/test_serve.py        (tests/serve/run.sh makes the venv)
 
-Environment: G4_BIN (the g4 command), SERVE_LOAD_N (load-test requests, default 500),
-SERVE_BENCH=1 (only the concurrency benchmark, on G4_BENCH_MODEL or the built-in model). Prints
+Environment: G4_BIN (the g4 command), SERVE_LOAD_N (load-test requests, default 500). Prints
 "ok ..." per passed check, "FAIL ..." per failed one, and the closing line
 "serve: N passed, N failed, N skipped" that tests/result.sh reads."""
 import http.client
@@ -714,51 +713,72 @@ def test_load(n_requests, concurrency=32):
     check(grew < 8 * 1024, "load: the server's memory after warm-up grew by %d KiB (%d -> %d)" % (grew, rss.get("warm", 0), end))
 
 
-def bench(model_dir=None):
-    """Aggregate decode tokens/s, time to first token and per-stream tokens/s at 1, 4, 8 and 16 concurrent streams."""
-    global MODEL
-    if model_dir:
-        MODEL = model_dir
-    sv = Server("--parallel", "16", "--queue", "16")
-    rows = []
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_nginx():
+    """Two replicas behind nginx (examples/serve/nginx.conf): the openai client through it gets g4 run's answers, both replicas
+    serve, and with one replica stopped the other takes every request."""
+    nginx = "/usr/sbin/nginx"
+    if not os.path.exists(nginx):
+        check(False, "nginx is not installed (scripts/install-deps.sh installs it)")
+        return
+    replicas = [Server("--parallel", "4"), Server("--parallel", "4")]
+    prefix = tempfile.mkdtemp(prefix="g4-nginx-")
+    port = free_port()
+    with open(os.path.join(ROOT, "examples", "serve", "nginx.conf")) as f:
+        conf = f.read()
+    ups = "\n".join("        server 127.0.0.1:%d max_fails=1 fail_timeout=10s;" % r.port for r in replicas)
+    conf = conf.replace("@PREFIX@", prefix).replace("@LISTEN@", "127.0.0.1:%d" % port).replace("@UPSTREAMS@", ups)
+    with open(os.path.join(prefix, "nginx.conf"), "w") as f:
+        f.write(conf)
+    proc = subprocess.Popen([nginx, "-p", prefix, "-c", os.path.join(prefix, "nginx.conf"), "-g", "daemon off;"], stderr=subprocess.PIPE)
     try:
-        for conc in (1, 4, 8, 16):
-            stats = []
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        c = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", max_retries=0, timeout=TIMEOUT)
+        wants = [g4_run(problem(30 + i), extra=["--temp", "0"]) for i in range(8)]
+        got = [None] * 8
 
-            def one(i):
-                t0 = time.time()
-                first = None
-                n = 0
-                for ch in sv.client().chat.completions.create(model=os.path.basename(MODEL.rstrip("/")), stream=True, max_tokens=128,
-                                                              messages=[{"role": "user", "content": problem(i)}], temperature=1.0, seed=i,
-                                                              stream_options={"include_usage": True}):
-                    if ch.choices and ch.choices[0].delta.content and first is None:
-                        first = time.time() - t0
-                    if ch.usage:
-                        n = ch.usage.completion_tokens
-                stats.append((first or 0, n, time.time() - t0))
+        def one(i):
+            kw = dict(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(30 + i)}])
+            if i % 2:
+                got[i] = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(stream=True, **kw) if ch.choices)
+            else:
+                got[i] = c.chat.completions.create(**kw).choices[0].message.content
 
-            t0 = time.time()
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(conc)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.time() - t0
-            toks = sum(s[1] for s in stats)
-            rows.append((conc, toks / wall, sum(s[0] for s in stats) / conc, sum(s[1] / (s[2] - s[0]) for s in stats if s[2] > s[0]) / conc))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        check(got == wants, "nginx: 8 concurrent clients through two replicas get g4 run's answers", [i for i in range(8) if got[i] != wants[i]])
+        served = [r.metrics().get('g4_requests_total{endpoint="/v1/chat/completions",status="200"}', 0) for r in replicas]
+        check(all(n > 0 for n in served) and sum(served) == 8, "nginx: least_conn spread the requests over both replicas", served)
+        check(replicas[0].stop() == 0, "nginx: the first replica drains and stops")
+        ok = 0
+        for i in range(4):
+            r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(30 + i)}])
+            ok += r.choices[0].message.content == wants[i]
+        check(ok == 4, "nginx: with one replica down every request is answered by the other", ok)
     finally:
-        sv.stop()
-    print("| streams | aggregate tokens/s | mean time to first token (s) | mean per-stream tokens/s |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print("| %d | %.1f | %.3f | %.1f |" % r)
+        proc.terminate()
+        proc.wait(timeout=TIMEOUT)
+        for r in replicas:
+            r.stop()
 
 
 def main():
-    if os.environ.get("SERVE_BENCH"):
-        bench(os.environ.get("G4_BENCH_MODEL"))
-        return 0
     common = ("--parallel", "16", "--queue", "16", "--ctx", "2048")
     sv = Server(*common)
     try:
@@ -780,6 +800,7 @@ def main():
     test_cancel()
     test_drain()
     test_metrics(common)
+    test_nginx()
     test_load(int(os.environ.get("SERVE_LOAD_N", "500")))
     print("serve: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
     return 1 if failed else 0

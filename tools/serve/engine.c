@@ -275,7 +275,8 @@ static g4_generate_params job_params(const serve_engine *e, const serve_job *j, 
     g4_generate_params p = {.max_tokens = j->max_tokens, .sampling = e->defaults};
     sampling_override(&p.sampling, &j->req.sampling, j->req.sampling_given);
     p.sampling.seed = j->seed;
-    if (j->script >= 0) p.stop_ids = no_stops, p.n_stop_ids = 1; /* the scripted reply decides where it ends */
+    /* the scripted reply decides where it ends; a benchmark's replies all run to their budget */
+    if (j->script >= 0 || e->c.ignore_eos) p.stop_ids = no_stops, p.n_stop_ids = 1;
     return p;
 }
 

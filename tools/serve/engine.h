@@ -27,6 +27,8 @@ typedef struct {
     /* Test hook (--test-step-ms): a pause after every step, so that a test can act while a reply
      * is still being generated (cancel it, fill the queue, drain). 0: none. */
     int step_ms;
+    /* Benchmark hook (--test-ignore-eos): no stop ids, every reply runs to its budget. */
+    int ignore_eos;
 } serve_engine_config;
 
 /* Every counter since the start, and the state now (for /metrics and /health). */
