@@ -90,12 +90,12 @@ static int cond_init(pthread_cond_t *c) {
     return rc;
 }
 
-/* Ids and seeds: a counter through splitmix64 from a start that differs per process. */
+/* Ids and seeds: a counter through splitmix64 from a start that differs per process (set by
+ * serve_engine_new, before any other thread asks). */
 static _Atomic uint64_t id_counter;
+static uint64_t id_salt;
 static uint64_t random64(void) {
-    static uint64_t salt;
-    if (!salt) salt = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(now_mono() * 1e9);
-    uint64_t z = salt + atomic_fetch_add(&id_counter, 1) * 0x9E3779B97F4A7C15ull;
+    uint64_t z = id_salt + atomic_fetch_add(&id_counter, 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
@@ -440,6 +440,7 @@ static void *engine_main(void *arg) {
 serve_engine *serve_engine_new(g4_session *s, const g4_tokenizer *tok, const serve_engine_config *c) {
     serve_engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
+    if (!id_salt) id_salt = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(now_mono() * 1e9);
     e->s = s, e->tok = tok, e->c = *c;
     e->n_slots = g4_session_n_seq(s);
     e->ctx = g4_session_ctx(s);
