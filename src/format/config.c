@@ -86,17 +86,41 @@ static long regex_search(void *re, const char *s) {
     return pos;
 }
 
+/* The block_size field of `obj` (absent or null: `dflt`): inputs per weight scale, 0 for one
+ * scale per output row. */
+static int opt_block_size(const ctx_t *c, const cJSON *obj, int dflt, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "block_size");
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (need_int(c, obj, "block_size", 0, out) != 0) return -1;
+    if (*out != 0 && (*out < 2 || *out > 4096 || *out % 2))
+        return g4_fail("%s: %sblock_size %d: expected 0 (one scale per output row) or an even number of inputs up to 4096", c->path,
+                       c->where, *out);
+    return 0;
+}
+
 static int parse_quant_config(g4_config *cfg, const cJSON *root, const char *path) {
     ctx_t c = {path, "quantization_config."};
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-    if (!cJSON_IsObject(q))
-        return g4_fail("%s: quantization_config missing (g4 runs Gemma QAT checkpoints with quant_method \"gemma\")", path);
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
-    if (!cJSON_IsString(m) || strcmp(m->valuestring, "gemma") != 0)
-        return g4_fail("%s: quantization_config.quant_method must be \"gemma\"", path);
     g4_quant_config *qc = &cfg->quant;
+    if (!q || cJSON_IsNull(q)) { /* a plain checkpoint: every weight as stored (BF16) */
+        qc->method = G4_QUANT_NONE;
+        return 0;
+    }
+    if (!cJSON_IsObject(q)) return g4_fail("%s: quantization_config must be an object", path);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    if (!cJSON_IsString(m))
+        return g4_fail("%s: quantization_config.quant_method missing (g4 reads \"gemma\" and unquantized checkpoints)", path);
+    if (strcmp(m->valuestring, "gemma") != 0)
+        return g4_fail("%s: quantization_config.quant_method \"%s\" is not implemented (g4 reads \"gemma\" and checkpoints "
+                       "without quantization_config)",
+                       path, m->valuestring);
+    qc->method = G4_QUANT_GEMMA;
     if (need_int(&c, q, "num_bits", 0, &qc->num_bits) != 0) return -1;
     if (opt_bool(&c, q, "quantize_embeddings", 0, &qc->quantize_embeddings) != 0) return -1;
+    if (opt_block_size(&c, q, 0, &qc->block_size) != 0) return -1;
     const cJSON *pats = cJSON_GetObjectItemCaseSensitive(q, "module_quant_configs");
     if (pats && !cJSON_IsNull(pats)) {
         if (!cJSON_IsObject(pats)) return g4_fail("%s: quantization_config.module_quant_configs must be an object", path);
@@ -109,6 +133,7 @@ static int parse_quant_config(g4_config *cfg, const cJSON *root, const char *pat
             ctx_t pc = {path, "quantization_config.module_quant_configs entry "};
             if (!cJSON_IsObject(e)) return g4_fail("%s: module_quant_configs[\"%s\"] must be an object", path, e->string);
             if (need_int(&pc, e, "num_bits", 0, &p->bits) != 0) return -1;
+            if (opt_block_size(&pc, e, -1, &p->block_size) != 0) return -1;
             if (!(p->code = compile_regex(p->pattern, 0, path, "quantization_config.module_quant_configs"))) return -1;
         }
     }
@@ -140,26 +165,46 @@ static int parse_quant_config(g4_config *cfg, const cJSON *root, const char *pat
     return 0;
 }
 
-int g4_config_module_bits(const g4_config *cfg, const char *module) {
-    const g4_quant_config *qc = &cfg->quant;
+/* Whether `module` stays float by modules_to_not_convert (re.match(k + "\\."), re.match(k), or
+ * the name ends with k). */
+static int not_converted(const g4_quant_config *qc, const char *module) {
     size_t mlen = strlen(module);
     for (int i = 0; i < qc->n_not_convert; i++) {
         size_t klen = strlen(qc->not_convert[i]);
         if (regex_search(qc->not_convert_code_dot[i], module) == 0 || regex_search(qc->not_convert_code[i], module) == 0 ||
             (klen <= mlen && strcmp(module + mlen - klen, qc->not_convert[i]) == 0))
-            return 0;
+            return 1;
     }
-    /* One alternation under re.search: the leftmost match wins, ties go to the earlier pattern. */
+    return 0;
+}
+
+/* The module_quant_configs entry that decides `module`, or -1 for none. The patterns form one
+ * alternation under re.search: the leftmost match wins, ties go to the earlier pattern. */
+static int deciding_pattern(const g4_quant_config *qc, const char *module) {
     long best_pos = -1;
-    int bits = qc->num_bits;
+    int best = -1;
     for (int i = 0; i < qc->n_patterns; i++) {
         long pos = regex_search(qc->patterns[i].code, module);
         if (pos >= 0 && (best_pos < 0 || pos < best_pos)) {
             best_pos = pos;
-            bits = qc->patterns[i].bits;
+            best = i;
         }
     }
-    return bits;
+    return best;
+}
+
+int g4_config_module_bits(const g4_config *cfg, const char *module) {
+    const g4_quant_config *qc = &cfg->quant;
+    if (qc->method == G4_QUANT_NONE || not_converted(qc, module)) return 0;
+    int p = deciding_pattern(qc, module);
+    return p >= 0 ? qc->patterns[p].bits : qc->num_bits;
+}
+
+int g4_config_module_block(const g4_config *cfg, const char *module) {
+    const g4_quant_config *qc = &cfg->quant;
+    if (qc->method == G4_QUANT_NONE || not_converted(qc, module)) return 0;
+    int p = deciding_pattern(qc, module);
+    return p >= 0 && qc->patterns[p].block_size >= 0 ? qc->patterns[p].block_size : qc->block_size;
 }
 
 static int parse_layer_types(g4_config *cfg, const ctx_t *c, const cJSON *tc) {

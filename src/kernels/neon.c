@@ -290,6 +290,10 @@ static void f32_rows(void *ctx, int o0, int o1) {
 
 static void neon_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
+    if (w->block > 0 && w->bits != 16) {
+        g4_portable_matmul_blocks_f32(w, x, n, y);
+        return;
+    }
     if (w->bits != 16) {
         g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? neon_matmul_i8 : g4_ref_matmul_i8);
         return;

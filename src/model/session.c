@@ -22,7 +22,9 @@ static int resolve_options(g4_session *s) {
     int quantized = o->act != G4_ACT_FLOAT;
     s->q_linear = quantized && o->linear_quant;
     s->q_kv = quantized && o->kv_quant;
-    s->q_pmp = quantized && o->pmp_quant;
+    /* the per_layer_model_projection's scales are the mobile graph's (not in any checkpoint):
+     * a checkpoint without static activation quantization runs it in float */
+    s->q_pmp = quantized && o->pmp_quant && s->m->static_act;
     if (o->lmhead_dynamic_q8 && lm_head_static_input(s))
         g4_warn("--lmhead-dynamic-q8 has no effect: lm_head.input_activation_scale is %g, a static input quantization that takes precedence",
                 s->m->lm_head.s_in);
