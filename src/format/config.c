@@ -223,6 +223,46 @@ static int parse_layer_types(g4_config *cfg, const ctx_t *c, const cJSON *tc) {
     return 0;
 }
 
+/* per_layer_config, which transformers 5.17 writes instead of global_head_dim (and
+ * num_global_key_value_heads): {"<layer>": {"head_dim": d, "num_key_value_heads": k}} overrides
+ * per layer. When it is there, transformers ignores global_head_dim: a layer without an entry has
+ * head_dim and num_key_value_heads. g4 keeps one shape per attention type, so the overrides must
+ * agree within each type. */
+static int parse_per_layer_config(g4_config *cfg, const ctx_t *c, const cJSON *tc) {
+    const cJSON *plc = cJSON_GetObjectItemCaseSensitive(tc, "per_layer_config");
+    if (!plc || cJSON_IsNull(plc)) return 0;
+    if (!cJSON_IsObject(plc)) return g4_fail("%s: %sper_layer_config must be an object", c->path, c->where);
+    int hd[2] = {-1, -1}, kv[2] = {-1, -1};
+    for (int l = 0; l < cfg->n_layers; l++) {
+        char key[16], where[160];
+        snprintf(key, sizeof key, "%d", l);
+        snprintf(where, sizeof where, "%sper_layer_config.%s.", c->where, key);
+        ctx_t lc = {c->path, where};
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(plc, key);
+        int t = cfg->layer_types[l], h = cfg->head_dim, k = cfg->n_kv_heads;
+        if (o && !cJSON_IsObject(o)) return g4_fail("%s: %sper_layer_config.%s must be an object", c->path, c->where, key);
+        for (const cJSON *e = o ? o->child : NULL; e; e = e->next)
+            if (strcmp(e->string, "head_dim") != 0 && strcmp(e->string, "num_key_value_heads") != 0)
+                return g4_fail("%s: %s%s is not implemented (g4 reads head_dim and num_key_value_heads)", c->path, where, e->string);
+        if (o && (opt_int(&lc, o, "head_dim", 2, h, &h) != 0 || opt_int(&lc, o, "num_key_value_heads", 1, k, &k) != 0)) return -1;
+        if ((hd[t] >= 0 && hd[t] != h) || (kv[t] >= 0 && kv[t] != k))
+            return g4_fail("%s: %sper_layer_config gives the %s layers different shapes (layer %d: head_dim %d, %d KV heads); g4 "
+                           "runs one shape per attention type",
+                           c->path, c->where, t == G4_LAYER_FULL ? "full-attention" : "sliding", l, h, k);
+        hd[t] = h;
+        kv[t] = k;
+    }
+    for (const cJSON *e = plc->child; e; e = e->next) {
+        char *end;
+        long l = strtol(e->string, &end, 10);
+        if (!*e->string || *end || l < 0 || l >= cfg->n_layers)
+            return g4_fail("%s: %sper_layer_config: \"%s\" is not a layer index (0..%d)", c->path, c->where, e->string, cfg->n_layers - 1);
+    }
+    if (hd[G4_LAYER_SLIDING] >= 0) cfg->head_dim = hd[G4_LAYER_SLIDING], cfg->n_kv_heads = kv[G4_LAYER_SLIDING];
+    if (hd[G4_LAYER_FULL] >= 0) cfg->global_head_dim = hd[G4_LAYER_FULL], cfg->n_global_kv_heads = kv[G4_LAYER_FULL];
+    return 0;
+}
+
 static int parse_rope(g4_config *cfg, const ctx_t *c, const cJSON *tc) {
     static const char *names[2] = {"sliding_attention", "full_attention"};
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(tc, "rope_parameters");
@@ -279,7 +319,7 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         need_int(&c, tc, "num_key_value_heads", 1, &cfg->n_kv_heads) ||
         opt_int(&c, tc, "num_global_key_value_heads", 1, cfg->n_kv_heads, &cfg->n_global_kv_heads) ||
         need_int(&c, tc, "head_dim", 2, &cfg->head_dim) ||
-        opt_int(&c, tc, "global_head_dim", 2, cfg->head_dim, &cfg->global_head_dim) ||
+        opt_int(&c, tc, "global_head_dim", 2, 512, &cfg->global_head_dim) || /* transformers' default */
         need_int(&c, tc, "intermediate_size", 1, &cfg->intermediate) ||
         opt_bool(&c, tc, "use_double_wide_mlp", 0, &cfg->double_wide_mlp) ||
         opt_int(&c, tc, "num_kv_shared_layers", 0, 0, &cfg->n_kv_shared) ||
@@ -293,7 +333,6 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         return -1;
     if (cfg->n_layers > 4096 || cfg->hidden > (1 << 20) || cfg->vocab > (1 << 24))
         return g4_fail("%s: %shidden_size, num_hidden_layers or vocab_size is implausibly large", path, where);
-    if (cfg->head_dim % 2 || cfg->global_head_dim % 2) return g4_fail("%s: %shead_dim and global_head_dim must be even", path, where);
     if (cfg->n_heads % cfg->n_kv_heads || cfg->n_heads % cfg->n_global_kv_heads)
         return g4_fail("%s: %snum_attention_heads must be a multiple of num_key_value_heads", path, where);
     if (cfg->n_kv_shared >= cfg->n_layers) return g4_fail("%s: %snum_kv_shared_layers must be below num_hidden_layers", path, where);
@@ -309,7 +348,11 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         return -1;
     const cJSON *asc = cJSON_GetObjectItemCaseSensitive(tc, "attn_logit_softcapping");
     if (asc && !cJSON_IsNull(asc)) return g4_fail("%s: %sattn_logit_softcapping is set; g4 does not implement it", path, where);
-    if (parse_layer_types(cfg, &c, tc) != 0 || parse_rope(cfg, &c, tc) != 0) return -1;
+    if (parse_layer_types(cfg, &c, tc) != 0 || parse_per_layer_config(cfg, &c, tc) != 0) return -1;
+    if (cfg->head_dim % 2 || cfg->global_head_dim % 2) return g4_fail("%s: %shead_dim and global_head_dim must be even", path, where);
+    if (cfg->n_heads % cfg->n_kv_heads || cfg->n_heads % cfg->n_global_kv_heads)
+        return g4_fail("%s: %snum_attention_heads must be a multiple of num_key_value_heads", path, where);
+    if (parse_rope(cfg, &c, tc) != 0) return -1;
     int any_sliding = 0;
     for (int i = 0; i < cfg->n_layers; i++) any_sliding |= cfg->layer_types[i] == G4_LAYER_SLIDING;
     if (any_sliding && need_int(&c, tc, "sliding_window", 1, &cfg->sliding_window) != 0) return -1;

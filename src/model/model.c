@@ -119,20 +119,22 @@ static float scale_at(const g4_tensor *t, int64_t i) {
     return t->dtype == G4_DT_F16 ? g4_f16_to_f32((uint16_t)(t->data[2 * i] | t->data[2 * i + 1] << 8)) : g4_load_f32(t->data + 4 * i);
 }
 
-/* Positive, finite scales [rows, nblocks]: F32, or F16 too when allow_f16 (the block-scaled
- * format, whose scales are llama.cpp's fp16 block scales); copied out as f32 (or only checked
- * when copy is NULL). */
-static int read_scales(const g4_model *m, const g4_tensor *t, int64_t rows, int64_t nblocks, int allow_f16, float *copy) {
-    if (!(t->dtype == G4_DT_F32 || (allow_f16 && t->dtype == G4_DT_F16)) || !shape_is(t, 2, rows, nblocks)) {
+/* Scales [rows, nblocks], copied out as f32 (or only checked when copy is NULL). The mobile
+ * format's are F32, positive and finite (the lm_head's argmax search relies on the sign); the
+ * block-scaled format (block != 0) may store F16 and signed values, as llama.cpp's Q4_0 does
+ * (d = max / -8 takes the sign that maps the block's largest element to code -8), and 0 for a
+ * block of zeros. */
+static int read_scales(const g4_model *m, const g4_tensor *t, int64_t rows, int64_t nblocks, int block, float *copy) {
+    if (!(t->dtype == G4_DT_F32 || (block && t->dtype == G4_DT_F16)) || !shape_is(t, 2, rows, nblocks)) {
         char want[64];
-        snprintf(want, sizeof want, "%s [%lld, %lld]", allow_f16 ? "F32 or F16" : "F32", (long long)rows, (long long)nblocks);
+        snprintf(want, sizeof want, "%s [%lld, %lld]", block ? "F32 or F16" : "F32", (long long)rows, (long long)nblocks);
         return wrong(m, t, want);
     }
     for (int64_t i = 0; i < t->numel; i++) {
         float s = scale_at(t, i);
-        if (!(s > 0) || !isfinite(s))
-            return g4_fail("%s: tensor %s: scale %g at element %lld is not positive and finite", g4_st_path(&m->st, t),
-                           t->name, s, (long long)i);
+        if (!isfinite(s) || (!block && !(s > 0)))
+            return g4_fail("%s: tensor %s: scale %g at element %lld is not %s", g4_st_path(&m->st, t), t->name, s, (long long)i,
+                           block ? "finite" : "positive and finite");
         if (copy) copy[i] = s;
     }
     return 0;
