@@ -21,13 +21,13 @@ OUT = build/$(BUILD)
 
 include sources.mk
 
-TESTS = test_config test_bf16 test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard
+TESTS = test_config test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test
-.SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o
+.SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
@@ -45,7 +45,7 @@ $(OUT)/tools/cli.o: CFLAGS += -DG4_SOURCE_DIR='"$(CURDIR)"'
 $(OUT)/libg4.a: $(LIB_OBJ)
 	@ar rcs $@ $^
 
-$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/libg4.a
+$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a

@@ -152,6 +152,8 @@ static void usage(FILE *f) {
             "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
             "  g4 synth --preset e2b|tiny -o DIR      write a random checkpoint in the real layout\n"
+            "  g4 quantize --q4_0 IN OUT [--embed q8_0|q4_0|bf16]\n"
+            "                                         a BF16 checkpoint as Q4_0 (int4, one scale per 32 inputs) in g4's format\n"
             "  g4 bench -m DIR [-t N] [-p 512] [-n 128] [-r 3] [--json] [--bandwidth on|off] [--logits greedy|full|top]\n"
             "           [--kernels LEVEL,LEVEL... [--alternate reps|steps]]  reps (and decode steps) alternate between kernel\n"
             "           levels; each level's speed over the first's\n"
@@ -181,6 +183,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(&a);
     if (!strcmp(argv[1], "synth")) return g4_cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "quantize")) return g4_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "run")) {
         /* token ids in and out (--ids), or text (-p, -f, standard input) */
         for (int i = 2; i < argc; i++)
@@ -191,6 +194,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "bench")) return cmd_bench(&a);
     if (!strcmp(argv[1], "eval")) return cmd_eval(&a);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&a);
-    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, tokenize, eval, inspect, bench, synth, help)\n", argv[1]);
+    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, tokenize, eval, inspect, bench, synth, quantize, help)\n", argv[1]);
     return 1;
 }

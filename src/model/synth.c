@@ -729,47 +729,6 @@ static int write_text(const char *path, const char *text) {
     return 0;
 }
 
-static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return g4_fail("%s: cannot open: %s", src, strerror(errno));
-    FILE *out = fopen(dst, "wb");
-    if (!out) {
-        fclose(in);
-        return g4_fail("%s: cannot create: %s", dst, strerror(errno));
-    }
-    char buf[1 << 16];
-    size_t n;
-    int bad = 0;
-    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
-    int rbad = ferror(in);
-    fclose(in);
-    if (fclose(out) != 0) bad = 1;
-    if (rbad) return g4_fail("%s: read error", src);
-    if (bad) return g4_fail("%s: write failed", dst);
-    return 0;
-}
-
-/* mkdir -p: the output folder may be new, and so may its parents. */
-static int make_dirs(const char *dir) {
-    size_t n = strlen(dir);
-    if (!n) return g4_fail("synth: empty output folder name");
-    char *p = malloc(n + 1);
-    if (!p) return g4_fail("%s: out of memory", dir);
-    memcpy(p, dir, n + 1);
-    int rc = 0;
-    for (size_t i = 1; i <= n && rc == 0; i++) {
-        if (p[i] != '/' && p[i] != 0) continue;
-        char c = p[i];
-        p[i] = 0;
-        struct stat st;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = g4_fail("%s: cannot create the folder: %s", p, strerror(errno));
-        else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) rc = g4_fail("%s: exists and is not a folder", p);
-        p[i] = c;
-    }
-    free(p);
-    return rc;
-}
-
 static int is_text_tensor(const char *name) {
     return strncmp(name, "model.language_model.", 21) == 0 || strncmp(name, "lm_head.", 8) == 0;
 }
@@ -782,7 +741,7 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     if (g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") ||
         g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors") ||
         g4_path_join(gen_path, sizeof gen_path, out_dir, "generation_config.json") ||
-        g4_path_join(tok_path, sizeof tok_path, out_dir, "tokenizer.json") || make_dirs(out_dir))
+        g4_path_join(tok_path, sizeof tok_path, out_dir, "tokenizer.json") || g4_make_dirs(out_dir))
         return -1;
     /* a bad --tokenizer must fail before gigabytes are written, not after */
     if (tokenizer_src) {
@@ -808,7 +767,7 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     if (rc == 0) rc = write_text(cfg_path, cfg_text);
     char *gen_text = rc == 0 ? generation_config_json(cfg.vocab) : NULL;
     if (rc == 0) rc = gen_text ? write_text(gen_path, gen_text) : -1;
-    if (rc == 0) rc = tokenizer_src ? copy_file(tokenizer_src, tok_path) : g4_synth_write_tokenizer(tok_path, cfg.vocab);
+    if (rc == 0) rc = tokenizer_src ? g4_copy_file(tokenizer_src, tok_path) : g4_synth_write_tokenizer(tok_path, cfg.vocab);
     if (rc == 0 && stats) {
         memset(stats, 0, sizeof *stats);
         stats->n_tensors = plan.w.n;
