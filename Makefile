@@ -132,7 +132,7 @@ asan-test:
 # src/kernels/levels.h (its LEVEL lines), the portable one first. A level this build or CPU lacks
 # is skipped by each program with a printed reason (tests/testutil.h, check_dispatch_level): on
 # x86, NEON, which runs under qemu (neon-test).
-DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear
+DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear test_bf16
 DISPATCH_LEVELS := $(shell sed -n 's/^ *LEVEL(\([a-z0-9_]*\)).*/\1/p' src/kernels/levels.h | tac)
 dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@all_f=0; \
