@@ -365,19 +365,40 @@ static int bind_lm_head(g4_model *m) {
     return 0;
 }
 
-/* For a config with the real E2B's shape, the bit widths must be those of checkpoint.md §4. */
-static void warn_if_not_e2b_bits(const g4_model *m) {
+/* The bit widths of the published mobile checkpoints (checkpoint.md §4 for E2B; E4B from
+ * transformers' conversion script, convert_gemma4_weights.py, the source of g4 synth's e4b preset),
+ * recognised by their shape. */
+typedef struct {
+    const char *name;
+    int hidden, n_layers, vocab;
+    int mlp_low_from, mlp_low_bits; /* layers from mlp_low_from on have MLPs of mlp_low_bits (else 4) */
+    int embed_bits, ple_bits, lm_head_bits;
+} published_bits;
+
+static const published_bits published[] = {
+    {"gemma-4-E2B-it-qat-mobile-transformers", 1536, 35, 262144, 15, 2, 2, 4, 2},
+    {"gemma-4-E4B-it-qat-mobile-transformers", 2560, 42, 262144, 42, 4, 2, 2, 2},
+};
+
+/* For a mobile-format config with a published checkpoint's shape, the bit widths must be that
+ * checkpoint's; a difference is worth a warning (a converter that got the patterns' order wrong
+ * decodes layers at the wrong width). */
+static void warn_if_not_published_bits(const g4_model *m) {
     const g4_config *c = &m->cfg;
-    if (c->hidden != 1536 || c->n_layers != 35 || c->vocab != 262144) return;
-    int diffs = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        const g4_layer *L = &m->layers[l];
-        int mlp = l < 15 ? 4 : 2;
-        diffs += L->q.w.bits != 4 || L->o.w.bits != 4 || L->gate.w.bits != mlp || L->up.w.bits != mlp ||
-                 L->down.w.bits != mlp || L->pl_gate.w.bits != 8 || L->pl_proj.w.bits != 8;
+    for (size_t k = 0; k < sizeof published / sizeof *published; k++) {
+        const published_bits *p = &published[k];
+        if (c->hidden != p->hidden || c->n_layers != p->n_layers || c->vocab != p->vocab) continue;
+        int diffs = 0;
+        for (int l = 0; l < c->n_layers; l++) {
+            const g4_layer *L = &m->layers[l];
+            int mlp = l >= p->mlp_low_from ? p->mlp_low_bits : 4;
+            diffs += L->q.w.bits != 4 || L->o.w.bits != 4 || L->gate.w.bits != mlp || L->up.w.bits != mlp ||
+                     L->down.w.bits != mlp || L->pl_gate.w.bits != 8 || L->pl_proj.w.bits != 8;
+        }
+        diffs += m->lm_head.w.bits != p->lm_head_bits || m->embed.bits != p->embed_bits || m->embed_ple.bits != p->ple_bits ||
+                 m->pmp.w.bits != 16;
+        if (diffs) g4_warn("%s: bit widths differ from the published %s checkpoint in %d places", m->dir, p->name, diffs);
     }
-    diffs += m->lm_head.w.bits != 2 || m->embed.bits != 2 || m->embed_ple.bits != 4 || m->pmp.w.bits != 16;
-    if (diffs) g4_warn("%s: bit widths differ from the published E2B mobile checkpoint in %d places", m->dir, diffs);
 }
 
 /* Whether any linear or KV-cache scale of the checkpoint is not 0 (model.h, static_act). */
@@ -419,7 +440,7 @@ static int bind_all(g4_model *m) {
     m->embed_scale = (float)sqrt((double)c->hidden);
     m->ple_embed_scale = (float)sqrt((double)c->ple_dim);
     m->static_act = has_static_activation_scales(m);
-    if (mobile_format(m)) warn_if_not_e2b_bits(m);
+    if (mobile_format(m)) warn_if_not_published_bits(m);
     return 0;
 }
 

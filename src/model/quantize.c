@@ -186,8 +186,7 @@ static cJSON *bits_entry(int bits) {
     return o;
 }
 
-/* The quantization_config the output says it has (quantize.h). */
-static cJSON *quantization_config(g4_embed_quant embed) {
+void *g4_quantize_config_json(g4_embed_quant embed) {
     static const char *const float_modules[] = {"model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio",
                                                 "per_layer_model_projection"};
     cJSON *q = cJSON_CreateObject(), *m = cJSON_CreateObject(), *nc = cJSON_CreateArray();
@@ -232,7 +231,7 @@ static char *output_config(const char *in_dir, g4_embed_quant embed) {
     cJSON *root = rc == 0 ? cJSON_Parse(text) : NULL;
     free(text);
     if (rc != 0) return NULL;
-    cJSON *q = quantization_config(embed);
+    cJSON *q = g4_quantize_config_json(embed);
     if (!root || !q) {
         cJSON_Delete(root);
         cJSON_Delete(q);

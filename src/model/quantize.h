@@ -28,6 +28,10 @@ typedef struct {
     uint64_t file_bytes;       /* size of the written model.safetensors */
 } g4_quantize_stats;
 
+/* The quantization_config object the output says it has (a cJSON *, which the caller frees), or
+ * NULL when out of memory; `g4 synth --preset e2b-q4_0` writes the same. */
+void *g4_quantize_config_json(g4_embed_quant embed);
+
 /* Writes out_dir (created if needed; not in_dir) from the checkpoint folder in_dir. Returns 0, or
  * -1 with a one-line message in g4_last_error() naming the file, tensor or field; nothing is left
  * at out_dir/model.safetensors on failure. stats may be NULL. */
