@@ -577,9 +577,11 @@ static void f32_rows(void *ctx, int o0, int o1) {
  * 4 activation rows, the 4 rows' sums for one block reduced into the 4 lanes of one vector, so the
  * fold acc = acc + scale * D runs on 4 outputs at once in 4 double lanes, each in block order as
  * the reference folds it. A remainder tile of one row repeats it in every lane.
- *   4-bit: the 16 code bytes as raw fields [low nibbles | high nibbles] (unsigned), against the
- *   digit rows in even-odd order through maddubs; digit p's int16 pair sums widen with weight
- *   256^p, and D = sum raw X - 8 sum X over the block (all exact in int32: |D| <= 2^30).
+ *   4-bit: two blocks at a time, their 32 code bytes as raw fields (unsigned: the low nibbles,
+ *   then the high nibbles) against the pair's digit rows through maddubs (G4_BLOCKS_DIGIT_PAIRS);
+ *   digit p's int16 sums widen with weight 256^p, the 4 rows' sums reduce to one vector holding
+ *   both blocks, and D = sum raw X - 8 sum X per block (all exact in int32: |D| <= 2^30); the
+ *   fold takes block b, then b + 1.
  *   8-bit: the 32 codes sign-extended to int16 against X's int16 halves through madd: H = sum c
  *   hi and L = sum c lo (int32), D = 256 H + L formed in double (exact, |D| < 2^35). */
 #define BLOCK_RO 4
@@ -607,32 +609,58 @@ INLINE void blocks_tile(const g4_blocks_job *j, int o, int t0, const int BITS, c
 #pragma GCC unroll 4
     for (int t = 0; t < RT; t++) acc[t] = _mm256_setzero_pd();
     const __m256i ones = _mm256_set1_epi16(1), c256 = _mm256_set1_epi16(256);
-    for (int b = 0; b < nb; b++) {
-        __m256d s = _mm256_cvtps_pd(_mm_setr_ps(sc[0][b], sc[1][b], sc[2][b], sc[3][b]));
-        if (BITS == 4) {
-            __m256i wv[BLOCK_RO];
+    if (BITS == 4) {
+        for (int pr = 0; pr < (nb + 1) / 2; pr++) {
+            const int b = 2 * pr, both = b + 1 < nb;
+            /* the pair's scales, 4 rows each: s_r[b], s_r[b + 1] as one 8-byte load per row */
+            __m128 q[BLOCK_RO];
 #pragma GCC unroll 4
             for (int r = 0; r < BLOCK_RO; r++) {
-                __m128i v = _mm_loadu_si128((const __m128i *)(row[r] + (size_t)b * 16)), m = _mm_set1_epi8(15);
-                wv[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+                double two;
+                float pair2[2] = {sc[r][b], both ? sc[r][b + 1] : 0.0f};
+                memcpy(&two, pair2, 8);
+                q[r] = _mm_castpd_ps(_mm_set_sd(two));
+            }
+            __m128 r01 = _mm_unpacklo_ps(q[0], q[1]), r23 = _mm_unpacklo_ps(q[2], q[3]);
+            __m256d s0 = _mm256_cvtps_pd(_mm_movelh_ps(r01, r23)), s1 = _mm256_cvtps_pd(_mm_movehl_ps(r23, r01));
+            __m256i lo[BLOCK_RO], hi[BLOCK_RO];
+#pragma GCC unroll 4
+            for (int r = 0; r < BLOCK_RO; r++) {
+                const uint8_t *p = row[r] + (size_t)b * 16;
+                /* a last block without a partner: its 16 bytes only, the partner's fields 0 */
+                __m256i v = both ? _mm256_loadu_si256((const __m256i *)p) : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
+                lo[r] = _mm256_and_si256(v, _mm256_set1_epi8(15));
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
             }
 #pragma GCC unroll 4
             for (int t = 0; t < RT; t++) {
-                const int8_t *xd = g4_blocks_digits_at(j, t0 + t, b);
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)xd), x1 = _mm256_loadu_si256((const __m256i *)(xd + 32)),
-                        x2 = _mm256_loadu_si256((const __m256i *)(xd + 64));
+                const int8_t *xd = g4_blocks_pair_digits_at(j, t0 + t, pr);
                 __m256i d[BLOCK_RO];
 #pragma GCC unroll 4
-                for (int r = 0; r < BLOCK_RO; r++) {
-                    __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], x0), ones);
-                    __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], x1), c256);
-                    __m256i p2 = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], x2), c256), 8);
-                    d[r] = _mm256_add_epi32(_mm256_add_epi32(p0, p1), p2);
+                for (int r = 0; r < BLOCK_RO; r++) d[r] = _mm256_setzero_si256();
+#pragma GCC unroll 3
+                for (int p = 0; p < 3; p++) {
+                    __m256i xe = _mm256_loadu_si256((const __m256i *)(xd + 64 * p)), xo = _mm256_loadu_si256((const __m256i *)(xd + 64 * p + 32));
+#pragma GCC unroll 4
+                    for (int r = 0; r < BLOCK_RO; r++) {
+                        /* pair sums of 15 x 128 at most, two of them per int16 lane: no saturation */
+                        __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xe), _mm256_maddubs_epi16(hi[r], xo));
+                        __m256i s32 = _mm256_madd_epi16(s16, p ? c256 : ones);
+                        d[r] = _mm256_add_epi32(d[r], p == 2 ? _mm256_slli_epi32(s32, 8) : s32);
+                    }
                 }
-                __m128i dot = _mm_sub_epi32(hsum4x8(d[0], d[1], d[2], d[3]), _mm_set1_epi32(8 * j->xsum[(size_t)(t0 + t) * nb + b]));
-                acc[t] = _mm256_add_pd(acc[t], _mm256_mul_pd(s, _mm256_cvtepi32_pd(dot)));
+                /* lanes 0-3: block b of rows 0-3, lanes 4-7: block b + 1 */
+                __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+                const int32_t *xs = j->xsum + (size_t)(t0 + t) * j->xsum_stride + b;
+                h = _mm256_sub_epi32(h, _mm256_set_m128i(_mm_set1_epi32(8 * xs[1]), _mm_set1_epi32(8 * xs[0])));
+                acc[t] = _mm256_add_pd(acc[t], _mm256_mul_pd(s0, _mm256_cvtepi32_pd(_mm256_castsi256_si128(h))));
+                if (both) acc[t] = _mm256_add_pd(acc[t], _mm256_mul_pd(s1, _mm256_cvtepi32_pd(_mm256_extracti128_si256(h, 1))));
             }
-        } else {
+        }
+    }
+    for (int b = 0; BITS == 8 && b < nb; b++) {
+        __m256d s = _mm256_cvtps_pd(_mm_setr_ps(sc[0][b], sc[1][b], sc[2][b], sc[3][b]));
+        {
             __m256i clo[BLOCK_RO], chi[BLOCK_RO];
 #pragma GCC unroll 4
             for (int r = 0; r < BLOCK_RO; r++) {
@@ -677,7 +705,7 @@ static void blocks_rows(void *ctx, int o0, int o1) {
 void g4_avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
     if (w->block > 0 && w->bits != 16) {
-        g4_blocks_matmul(w, x, n, y, G4_BLOCKS_DIGITS_EVEN_ODD, G4_BLOCKS_HALVES, blocks_rows);
+        g4_blocks_matmul(w, x, n, y, G4_BLOCKS_DIGIT_PAIRS, G4_BLOCKS_HALVES, blocks_rows);
         return;
     }
     if (w->bits != 16) {
