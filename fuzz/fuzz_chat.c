@@ -4,9 +4,11 @@
  * The role goes through g4_chat_role_parse; an unknown name picks system/user/model from
  * its length. At most 16 messages. Per input:
  *   - g4_chat_render with all 16 option combinations (form x thinking x generation prompt x
- *     BOS): the BOS prefix and generation-prompt suffix are checked, and when no content has
- *     '<' or surrounding whitespace (nothing to trim or strip) the whole text is compared with
- *     a plain concatenation of the template (an independent oracle);
+ *     BOS): it fails exactly when a tool message answers no tool call of the model message
+ *     before it; the BOS prefix and the end (generation prompt, or what tool calls leave) are
+ *     checked, and when no content has '<' or surrounding whitespace (nothing to trim or strip,
+ *     no tool calls) the whole text is compared with a plain concatenation of the template (an
+ *     independent oracle);
  *   - g4_chat_encode with the Gemma 4 tokenizer for 4 combinations: with no '<' in any
  *     content, the ids must equal encoding the rendered text with parse_special=1;
  *   - on the bytes after the flag byte (NULs included): g4_chat_strip_thinking,
@@ -57,10 +59,30 @@ static int plain_content(const char *c) {
 }
 
 static const char *role_text(g4_chat_role r) {
-    return r == G4_CHAT_SYSTEM ? "system" : r == G4_CHAT_USER ? "user" : "model";
+    return r == G4_CHAT_SYSTEM ? "system" : r == G4_CHAT_USER ? "user" : r == G4_CHAT_MODEL ? "model" : "tool";
 }
 
-/* The template, written out for contents that need no trimming or thought stripping. */
+/* Complete "<|tool_call>...<tool_call|>" spans in a content, one after another. */
+static size_t calls_in(const char *c) {
+    size_t n = 0;
+    const char *p = c, *open, *close;
+    while ((open = strstr(p, "<|tool_call>")) && (close = strstr(open + 12, "<tool_call|>"))) n++, p = close + 12;
+    return n;
+}
+
+/* Whether every tool message answers a call of the model message before it (in order). */
+static int tools_valid(const g4_chat_message *m, size_t n) {
+    size_t calls = 0, answered = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].role != G4_CHAT_TOOL) calls = m[i].role == G4_CHAT_MODEL ? calls_in(m[i].content) : 0, answered = 0;
+        else if (++answered > calls) return 0;
+    }
+    return 1;
+}
+
+/* The template, written out for contents that need no trimming or thought stripping and hold
+ * no tool calls (so no tool messages either): a model message right after another continues its
+ * turn. */
 static void oracle(const g4_chat_message *m, size_t n, const g4_chat_options *o, struct text *t) {
     if (o->add_bos) text_adds(t, "<bos>");
     size_t first = 0;
@@ -72,11 +94,14 @@ static void oracle(const g4_chat_message *m, size_t n, const g4_chat_options *o,
         text_adds(t, "<turn|>\n");
     }
     for (size_t i = first; i < n; i++) {
-        text_adds(t, "<|turn>");
-        text_adds(t, role_text(m[i].role));
-        text_adds(t, "\n");
+        int model = m[i].role == G4_CHAT_MODEL;
+        if (!(model && i > first && m[i - 1].role == G4_CHAT_MODEL)) {
+            text_adds(t, "<|turn>");
+            text_adds(t, role_text(m[i].role));
+            text_adds(t, "\n");
+        }
         text_adds(t, m[i].content);
-        text_adds(t, "<turn|>\n");
+        if (!(model && i + 1 < n && m[i + 1].role == G4_CHAT_MODEL)) text_adds(t, "<turn|>\n");
     }
     if (o->add_generation_prompt) {
         text_adds(t, "<|turn>model\n");
@@ -90,7 +115,30 @@ static int ends_with(const char *s, size_t n, const char *suf) {
     return n >= k && memcmp(s + n - k, suf, k) == 0;
 }
 
+/* Whether a model message's content is its tool calls and nothing else. */
+static int only_calls(const char *c) {
+    const char *open, *close;
+    while (*c && (open = strstr(c, "<|tool_call>")) == c && (close = strstr(open + 12, "<tool_call|>"))) c = close + 12;
+    return *c == 0;
+}
+
+/* What a valid rendering ends with: the generation prompt, or nothing after tool responses
+ * (thinking: an opened thought), or "<|tool_response>" after calls nobody answered. NULL where
+ * the model message before the responses has text of its own (not checked). */
+static const char *expected_end(const g4_chat_message *m, size_t n, const g4_chat_options *o) {
+    if (n && m[n - 1].role == G4_CHAT_TOOL) {
+        size_t k = n - 1;
+        while (m[k].role == G4_CHAT_TOOL) k--; /* tools_valid: a model message is there */
+        if (!only_calls(m[k].content)) return NULL;
+        return o->thinking && o->add_generation_prompt ? "<tool_response|><|channel>thought\n" : "<tool_response|>";
+    }
+    if (n && m[n - 1].role == G4_CHAT_MODEL && calls_in(m[n - 1].content)) return "<|tool_response>";
+    if (!o->add_generation_prompt) return "";
+    return o->form == G4_CHAT_FORM_26B && !o->thinking ? "<|turn>model\n<|channel>thought\n<channel|>" : "<|turn>model\n";
+}
+
 static void check_render(const g4_chat_message *m, size_t n, int all_plain) {
+    int valid = tools_valid(m, n);
     for (int combo = 0; combo < 16; combo++) {
         g4_chat_options o = g4_chat_default_options();
         o.form = combo & 1 ? G4_CHAT_FORM_26B : G4_CHAT_FORM_E2B;
@@ -99,14 +147,17 @@ static void check_render(const g4_chat_message *m, size_t n, int all_plain) {
         o.add_bos = combo >> 3 & 1;
         char *out = NULL;
         size_t out_n = 0;
-        FZ_CHECK(g4_chat_render(m, n, &o, &out, &out_n) == 0, "render failed: %s", g4_last_error());
+        int rc = g4_chat_render(m, n, &o, &out, &out_n);
+        if (!valid) {
+            FZ_CHECK(rc != 0 && out == NULL && strstr(g4_last_error(), "(tool)"), "a tool message answering no call: %s",
+                     rc ? g4_last_error() : "accepted");
+            continue;
+        }
+        FZ_CHECK(rc == 0, "render failed: %s", g4_last_error());
         FZ_CHECK(out && out[out_n] == 0 && strlen(out) == out_n, "render output length/termination");
         FZ_CHECK(o.add_bos == (out_n >= 5 && memcmp(out, "<bos>", 5) == 0), "BOS prefix (combo %d)", combo);
-        if (o.add_generation_prompt) {
-            const char *suf = o.form == G4_CHAT_FORM_26B && !o.thinking ? "<|turn>model\n<|channel>thought\n<channel|>"
-                                                                         : "<|turn>model\n";
-            FZ_CHECK(ends_with(out, out_n, suf), "generation prompt suffix (combo %d)", combo);
-        }
+        const char *end = expected_end(m, n, &o);
+        FZ_CHECK(!end || ends_with(out, out_n, end), "the end of the rendering (combo %d)", combo);
         if (all_plain) {
             struct text want = {0};
             oracle(m, n, &o, &want);
@@ -213,11 +264,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_CHECK(g4_chat_parse_reply(body, body_n, &r) == 0, "parse_reply failed: %s", g4_last_error());
     FZ_CHECK(r.answer && r.thinking && r.answer[r.answer_len] == 0 && r.thinking[r.thinking_len] == 0,
              "parse_reply outputs");
-    FZ_CHECK(r.answer_len + r.thinking_len <= body_n, "parse_reply output longer than its input");
+    size_t calls_len = 0;
+    for (int i = 0; i < r.n_tool_calls; i++) calls_len += strlen(r.tool_calls[i].name) + strlen(r.tool_calls[i].arguments);
+    FZ_CHECK(r.answer_len + r.thinking_len + calls_len <= body_n, "parse_reply output longer than its input");
     FZ_CHECK(r.thought_blocks >= r.thought_unclosed && r.thought_blocks >= 0, "thought_blocks %d unclosed %d",
              r.thought_blocks, r.thought_unclosed);
     if (!memchr(body, '<', body_n))
-        FZ_CHECK(r.thought_blocks == 0 && r.thinking_len == 0 && !r.thought_unclosed, "thought found without markers");
+        FZ_CHECK(r.thought_blocks == 0 && r.thinking_len == 0 && !r.thought_unclosed && r.n_tool_calls == 0 && !r.tool_call_unclosed,
+                 "thought or tool call found without markers");
     g4_chat_reply_free(&r);
 
     check_filter(body, body_n, flags & 1, flags >> 1);

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include "g4.h" /* g4_set_log: each target silences the library's warnings */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>

@@ -164,7 +164,7 @@ int g4_model_stop_ids(const g4_model *m, const int **ids);
 int g4_model_bos_id(const g4_model *m);
 /* The checkpoint folder the model was loaded from. */
 const char *g4_model_dir(const g4_model *m);
-/* Whether the model has per-layer embeddings (the E2B/E4B family; decides the chat form). */
+/* Whether the model has per-layer embeddings (the E2B/E4B family; g4_model_chat_form falls back on it). */
 int g4_model_has_per_layer_inputs(const g4_model *m);
 /* Weight bytes one decoded token reads (packed weights, scales, norms, gathered embedding rows). */
 size_t g4_model_decode_bytes(const g4_model *m);
@@ -351,29 +351,42 @@ int g4_detokenizer_flush(g4_detokenizer *d, const char **bytes, size_t *len);
 void g4_detokenizer_reset(g4_detokenizer *d);
 void g4_detokenizer_free(g4_detokenizer *d);
 
-/* Gemma 4 chat prompt rendering and parsing of the model's reply (thought channel).
+/* Gemma 4 chat prompt rendering and parsing of the model's reply (thought, answer, tool calls).
  *
- * Rendering follows the Gemma 4 chat templates (spec chat-and-tokenizer.md, section C):
+ * Rendering follows the Gemma 4 chat templates (spec chat-and-tokenizer.md, section C; the
+ * upstream E2B template of 2026-07-09 for tool calls and turn closing):
  *
- *   <bos>[<|turn>system\n[<|think|>\n]{system text}<turn|>\n]
+ *   <bos>[<|turn>system\n[<|think|>\n]{system text}[<|tool>{declaration}<tool|>...]<turn|>\n]
  *   <|turn>user\n{text}<turn|>\n
  *   <|turn>model\n{earlier answer, thought spans removed}<turn|>\n
+ *   <|turn>model\n{its tool calls}<|tool_response>response:NAME{value:<|"|>{tool text}<|"|>}<tool_response|>...
  *   ...
- *   <|turn>model\n                          generation prompt
- *   [<|channel>thought\n<channel|>]          26B/31B form with thinking off only
+ *   <|turn>model\n                          generation prompt (none right after tool responses:
+ *   [<|channel>thought\n<channel|>]          the model goes on in its turn, in a thought if thinking)
+ *                                            26B/31B form with thinking off only
  *
- * The system turn appears when thinking is on or the first message is a system message.
- * Every content is trimmed of leading/trailing whitespace (Unicode whitespace, like the
- * template's Python `trim`). Tools, images/audio and the `reasoning` re-insertion of the
- * newest templates are not supported; consecutive model messages are separate turns.
+ * The system turn appears when thinking is on, tools are declared or the first message is a
+ * system message. Every content is trimmed of leading/trailing whitespace (Unicode whitespace,
+ * like the template's Python `trim`); a tool's text is not. A model message holds the model's
+ * text as it wrote it: its complete tool-call spans "<|tool_call>call:NAME{ARGS}<tool_call|>" are
+ * rendered first, as the template renders a message's tool_calls, then the rest with its thought
+ * spans removed. The tool messages after a model message answer its calls in order (Gemma's calls
+ * carry no ids) and go into its turn; a model message right after another model message or after
+ * tool responses continues the same turn. A call nobody answered ends the turn with
+ * "<|tool_response>", where the model stopped. Images/audio and the template's `reasoning`
+ * re-insertion are not supported; tool declarations are given in Gemma's syntax
+ * ("declaration:NAME{description:<|"|>...<|"|>,parameters:{...}}"), not as JSON schemas.
  *
  * The rendered string holds the control tokens as literals: encode it with
  * parse_special=1, and do not add another BOS. g4_chat_encode does both and also keeps
- * control-token strings typed by the user from becoming control tokens. */
+ * control-token strings typed by the user from becoming control tokens: only the template's
+ * parts, and the tool syntax's markers (<|tool_call>, <tool_call|>, <|"|>) in model messages and
+ * declarations, are encoded as control tokens. */
 typedef enum {
     G4_CHAT_SYSTEM,
     G4_CHAT_USER,
     G4_CHAT_MODEL,
+    G4_CHAT_TOOL, /* a tool's response to a call of the model message before it */
 } g4_chat_role;
 
 typedef struct {
@@ -394,15 +407,24 @@ typedef struct {
     int thinking;              /* put <|think|> at the top of the system turn */
     int add_generation_prompt; /* end with the open model turn */
     int add_bos;               /* start with the literal "<bos>" */
+    const char *const *tools;  /* tool declarations in Gemma's syntax, in the system turn; NULL: none */
+    size_t n_tools;
 } g4_chat_options;
 
-/* E2B form, thinking off, generation prompt and BOS on. */
+/* E2B form, thinking off, generation prompt and BOS on, no tools. */
 g4_chat_options g4_chat_default_options(void);
 
-/* "system"/"developer", "user", "model"/"assistant" -> role; -1 (g4_last_error says why) otherwise. */
+/* The form the model's checkpoint asks for, derived from its chat template (chat_template.jinja,
+ * else tokenizer_config.json's chat_template): the 26B form when the template pre-fills an empty
+ * thought with thinking off, else the E2B form. A checkpoint without a template gets its family's:
+ * E2B/E4B have per-layer embeddings, 26B/31B not. Fails on a template file it cannot read. */
+int g4_model_chat_form(const g4_model *m, g4_chat_form *form);
+
+/* "system"/"developer", "user", "model"/"assistant", "tool" -> role; -1 (g4_last_error says why) otherwise. */
 int g4_chat_role_parse(const char *name, g4_chat_role *role);
 
-/* Renders the prompt text into *out (malloc'd, NUL-terminated, caller frees). */
+/* Renders the prompt text into *out (malloc'd, NUL-terminated, caller frees). Fails on an
+ * invalid role or a tool message that answers no call. */
 int g4_chat_render(const g4_chat_message *msgs, size_t n, const g4_chat_options *opt, char **out, size_t *out_len);
 
 /* Renders and encodes in one go: template parts with parse_special=1, message contents
@@ -415,16 +437,34 @@ int g4_chat_encode(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t 
  * "<|channel>...<channel|>" span, then trims. *out is malloc'd. */
 int g4_chat_strip_thinking(const char *text, size_t len, char **out, size_t *out_len);
 
-/* A finished reply split into thought and answer (spec section C.3):
- *  - every "<|channel>...<channel|>" span is thinking (its "thought\n" channel header is
- *    dropped), the rest is the answer;
+/* The spans of a reply (spec section C.3):
+ *  - thought: every "<|channel>...<channel|>" span, its markers and "thought\n" header dropped;
+ *  - tool call: every "<|tool_call>...<tool_call|>" span, its markers kept (the text can go back
+ *    into a model message as it is); inside it only "<tool_call|>" is a marker;
+ *  - answer: the rest. A stray "<channel|>" in the answer is dropped (a stray "<tool_call|>" is text). */
+typedef enum { G4_SPAN_ANSWER = 0, G4_SPAN_THOUGHT = 1, G4_SPAN_TOOL_CALL = 2 } g4_span;
+
+typedef struct {
+    g4_span span;
+    const char *text; /* not NUL-terminated */
+    size_t len;
+} g4_span_text;
+
+/* A complete tool call "<|tool_call>call:NAME{ARGS}<tool_call|>". */
+typedef struct {
+    char *name;      /* NAME; "" when the call's text is not of the form call:NAME{...} */
+    char *arguments; /* "{ARGS}" in Gemma's syntax (key:value, strings in <|"|>), or the call's whole text */
+} g4_tool_call;
+
+/* A finished reply split into its spans:
  *  - a "<channel|>" before any "<|channel>" closes a thought that began at the start of
  *    the output (a prompt that prefilled "<|channel>thought\n"): everything before it is
  *    thinking;
  *  - a "<|channel>" never closed leaves thought_unclosed set: the answer is missing
- *    ("truncated in thought"), what follows the marker is thinking.
- * answer and thinking are trimmed and malloc'd (free with g4_chat_reply_free). The text
- * must not include the stop token. */
+ *    ("truncated in thought"), what follows the marker is thinking; a "<|tool_call>" never
+ *    closed leaves tool_call_unclosed set and is in no list.
+ * answer and thinking are trimmed and malloc'd, like the tool calls (free with
+ * g4_chat_reply_free). The text must not include the stop token. */
 typedef struct {
     char *answer;
     size_t answer_len;
@@ -432,14 +472,18 @@ typedef struct {
     size_t thinking_len;
     int thought_blocks;   /* thought spans seen, including an unclosed one */
     int thought_unclosed; /* output ended inside a thought */
+    g4_tool_call *tool_calls; /* the complete tool calls, in order */
+    int n_tool_calls;
+    int tool_call_unclosed;   /* output ended inside a tool call */
 } g4_chat_reply;
 
 int g4_chat_parse_reply(const char *text, size_t len, g4_chat_reply *reply);
 void g4_chat_reply_free(g4_chat_reply *reply);
 
-/* Streaming version for showing a reply while it is generated: push decoded text as it
- * comes (e.g. from g4_detokenizer), get back the bytes that are final, split into answer
- * and thought. A marker split across pushes is held back until it is complete. The
+/* Streaming version for showing a reply while it is generated, for thought and answer: push
+ * decoded text as it comes (e.g. from g4_detokenizer), get back the bytes that are final, split
+ * into answer and thought (tool calls are answer text here; a conversation splits them out too).
+ * A marker split across pushes is held back until it is complete. The
  * retroactive rule for a bare "<channel|>" cannot apply to text already shown, so say at
  * creation whether the prompt left a thought open (ended with "<|channel>thought\n");
  * a stray "<channel|>" is otherwise just dropped. Returned pointers are valid until the
@@ -579,6 +623,92 @@ typedef int (*g4_token_fn)(void *user, int32_t token);
 int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,
                 void *user, g4_generate_result *result);
 const char *g4_stop_reason_name(g4_stop_reason r);
+
+/* ---- Conversation: chat messages over one session sequence, continued turn by turn ---------------
+ *
+ * A conversation lives in one sequence of a session (emptied at its creation and reset) and renders
+ * its messages with the chat template (above). Each g4_conversation_reply feeds only what the
+ * sequence does not hold yet: the end of the last reply (its last token, never fed back, and the
+ * turn's closing), the messages added since and the generation prompt; the earlier turns stay in
+ * the KV cache. It generates through the generation stepper (as g4_generate does) and streams the
+ * reply: the text that became final (whole UTF-8 characters, from the streaming detokenizer) and
+ * the same text split into thought, answer and tool-call spans (g4_span). A tool-calling turn:
+ * declare the tools in the options, reply, read the calls (g4_conversation_reply_parse), add one
+ * G4_CHAT_TOOL message per call, reply again (the model goes on in its turn).
+ *
+ * The sequence keeps each reply as the model wrote it, thoughts included, where the template would
+ * strip them from a history rendered anew (and put a reply's tool calls before its text, and drop
+ * the 26B form's empty thought): in the E2B form with thinking off, for replies that encode back to
+ * their own tokens, continuing gives the very tokens of rendering the whole history from scratch
+ * (g4_conversation_messages); otherwise the two differ where the template rewrites the history. A conversation may instead be one of raw
+ * tokens (g4_conversation_add_tokens: a prompt rendered elsewhere), fed as they are, with no template.
+ * Errors leave a one-line message in g4_last_error(). */
+typedef struct g4_conversation g4_conversation;
+
+typedef struct {
+    int seq;                /* the session sequence it lives in */
+    g4_chat_options chat;   /* form, thinking, tool declarations (borrowed: they must outlive the conversation);
+                               add_bos and add_generation_prompt are the conversation's to set */
+    g4_generate_params gen; /* every reply's budget, sampling (the generator starts from the seed at each reply) and
+                               stop ids (copied) */
+} g4_conversation_options;
+
+/* Sequence 0; the model's chat form (g4_model_chat_form), thinking off, no tools; the model's
+ * sampling defaults and a budget of the whole context. */
+int g4_conversation_default_options(const g4_session *s, g4_conversation_options *o);
+
+/* Fails on a sequence the session lacks or invalid chat options. The session and the tokenizer
+ * must outlive the conversation, and nothing else may use its sequence meanwhile. */
+g4_conversation *g4_conversation_new(g4_session *s, const g4_tokenizer *tok, const g4_conversation_options *o);
+void g4_conversation_free(g4_conversation *c);
+/* Starts over: no messages, the sequence emptied. chat: the template options from now on (e.g.
+ * thinking switched), NULL keeps them. */
+int g4_conversation_reset(g4_conversation *c, const g4_chat_options *chat);
+
+/* Adds a message (copied) for the next reply. Fails, adding nothing, on an unknown role, content
+ * that is not valid UTF-8, a tool message that answers no call of the model message before it, or
+ * a conversation of raw tokens. */
+int g4_conversation_add(g4_conversation *c, g4_chat_role role, const char *content);
+/* Adds tokens to feed as they are before the next reply; the conversation is then one of raw
+ * tokens (no messages, no template) until reset. Fails on a conversation with messages. */
+int g4_conversation_add_tokens(g4_conversation *c, const int32_t *ids, size_t n);
+/* Drops what was added since the last reply (nothing of it was fed), e.g. after a failed reply. */
+void g4_conversation_discard(g4_conversation *c);
+/* The tokens the next reply feeds (above). Valid until the next call on c. */
+int g4_conversation_prompt(g4_conversation *c, const int32_t **ids, size_t *n);
+
+/* One token of a reply as it streams. */
+typedef struct {
+    int32_t token;             /* the token generated (a stop id included); -1 for the reply's last delta, which
+                                  releases what the decoder and the splitter held back */
+    const char *text;          /* the reply's text that became final: whole UTF-8 characters, special tokens as their
+                                  literal text; a stop id (the model's, or the reply's own) adds none */
+    size_t len;
+    const g4_span_text *spans; /* what became final of the reply split into spans, in order; over the whole reply the
+                                  spans hold the text, the thoughts' markers and headers left out */
+    int n_spans;
+} g4_reply_delta;
+/* Return non-zero to stop the reply there (G4_STOP_USER); the last delta's return is not read. */
+typedef int (*g4_reply_fn)(void *user, const g4_reply_delta *d);
+
+/* Feeds g4_conversation_prompt's tokens and generates the reply, calling on_delta (may be NULL)
+ * for every generated token, then once with token -1. The reply joins the conversation as a model
+ * message (after the thought the prompt opened, if any). With nothing added since the last reply
+ * the model goes on where it stopped (e.g. after its budget ran out): the new reply continues the
+ * turn. Fails before feeding anything, the new messages kept, when there is nothing to reply to
+ * (no message yet) or the prompt does not fit the context that is left. */
+int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, g4_generate_result *res);
+/* The last reply: its tokens (a stop id included); its text (the deltas' text joined); its spans
+ * (answer, thinking, tool calls: free with g4_chat_reply_free). */
+const int32_t *g4_conversation_reply_tokens(const g4_conversation *c, int *n);
+const char *g4_conversation_reply_text(const g4_conversation *c, size_t *len);
+int g4_conversation_reply_parse(const g4_conversation *c, g4_chat_reply *r);
+/* The messages so far, replies included: what g4_chat_render renders anew. Valid until the next
+ * call on c. */
+void g4_conversation_messages(const g4_conversation *c, const g4_chat_message **msgs, size_t *n);
+/* Every token of the conversation in order: what its sequence holds, then the last reply's last
+ * token, which the next reply feeds first. */
+const int32_t *g4_conversation_tokens(const g4_conversation *c, size_t *n);
 
 #ifdef __cplusplus
 }

@@ -217,7 +217,8 @@ static void check_errors(void) {
     CHECK(g4_chat_role_parse("assistant", &r) == 0 && r == G4_CHAT_MODEL, "assistant");
     CHECK(g4_chat_role_parse("developer", &r) == 0 && r == G4_CHAT_SYSTEM, "developer");
     CHECK(g4_chat_role_parse("user", &r) == 0 && r == G4_CHAT_USER, "user");
-    CHECK(g4_chat_role_parse("tool", &r) == -1 && strstr(g4_last_error(), "tool"), "unknown role");
+    CHECK(g4_chat_role_parse("tool", &r) == 0 && r == G4_CHAT_TOOL, "tool");
+    CHECK(g4_chat_role_parse("robot", &r) == -1 && strstr(g4_last_error(), "robot"), "unknown role");
 }
 
 /* ---------------------------------------------------------------- thought channel */

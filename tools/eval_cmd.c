@@ -188,8 +188,8 @@ static int open_model(eval_run *r) {
     if (!(r->m = load_model(r->e->dir, &r->e->o))) return -1;
     if (g4_path_join(path, sizeof path, r->e->dir, "tokenizer.json") != 0 || !(r->tok = g4_tokenizer_load(path))) return -1;
     if (g4_gsm8k_extractor_open(&r->ex) != 0) return -1;
-    /* E2B/E4B (per-layer embeddings) and 26B/31B render "thinking off" differently, as in run -p */
-    r->gen.form = g4_model_has_per_layer_inputs(r->m) ? G4_CHAT_FORM_E2B : G4_CHAT_FORM_26B;
+    /* E2B/E4B and 26B/31B render "thinking off" differently: the checkpoint's template says which */
+    if (g4_model_chat_form(r->m, &r->gen.form) != 0) return -1;
     r->gen.n_stops = g4_model_stop_ids(r->m, &r->gen.stops);
     return 0;
 }

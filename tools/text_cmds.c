@@ -1,4 +1,5 @@
-/* Text in, text out: `g4 run -p`, `g4 chat` and `g4 tokenize`. */
+/* Text in, text out: `g4 run -p`, `g4 chat` and `g4 tokenize`. The conversation (the template,
+ * turn continuation, streaming and the thought spans) is the library's (g4_conversation). */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -76,27 +77,19 @@ static void text_args_init(text_args *t) {
     t->parse_special = 1;
 }
 
-/* ---- a loaded model with its tokenizer, and the streaming printer ---- */
+/* ---- a loaded model with its tokenizer and conversation, and the streaming printer ---- */
 
 typedef struct {
     g4_model *m;
     g4_session *s;
     g4_tokenizer *tok;
-    g4_detokenizer *detok;
-    g4_thought_filter *filter;
+    g4_conversation *conv;
     g4_chat_options chat;
-    g4_generate_params gen;
     int show_thinking, verbose;
-    int32_t *generated; /* this answer's ids, for --verbose */
-    int n_generated, cap_generated;
-    int32_t last_token;
-    int32_t turn_end, newline;
 } text_model;
 
 static void text_model_free(text_model *t) {
-    free(t->generated);
-    g4_thought_filter_free(t->filter);
-    g4_detokenizer_free(t->detok);
+    g4_conversation_free(t->conv);
     g4_tokenizer_free(t->tok);
     g4_session_free(t->s);
     g4_model_free(t->m);
@@ -110,24 +103,21 @@ static int text_model_open(text_model *t, const text_args *a) {
     if (g4_path_join(path, sizeof path, a->dir, "tokenizer.json") != 0 || !(t->tok = g4_tokenizer_load(path))) return -1;
     if ((int)g4_tokenizer_vocab_size(t->tok) > g4_model_vocab_size(t->m) + 1024)
         g4_warn("%s: the tokenizer has %zu tokens, the model %d", path, g4_tokenizer_vocab_size(t->tok), g4_model_vocab_size(t->m));
-    if (!(t->s = g4_session_new(t->m, &a->o)) || !(t->detok = g4_detokenizer_new(t->tok))) return -1;
-    t->chat = g4_chat_default_options();
-    /* E2B/E4B (models with per-layer embeddings) and 26B/31B render "thinking off" differently */
-    t->chat.form = a->form_given ? (a->form ? G4_CHAT_FORM_26B : G4_CHAT_FORM_E2B)
-                                 : (g4_model_has_per_layer_inputs(t->m) ? G4_CHAT_FORM_E2B : G4_CHAT_FORM_26B);
-    t->chat.thinking = a->think;
-    g4_model_sampling_defaults(t->m, &t->gen.sampling);
-    sampling_override(&t->gen.sampling, &a->sampling, a->sampling_given);
-    t->gen.max_tokens = a->max_tokens ? a->max_tokens : a->o.ctx;
+    g4_conversation_options co;
+    if (!(t->s = g4_session_new(t->m, &a->o)) || g4_conversation_default_options(t->s, &co) != 0) return -1;
+    if (a->form_given) co.chat.form = a->form ? G4_CHAT_FORM_26B : G4_CHAT_FORM_E2B;
+    co.chat.thinking = a->think;
+    sampling_override(&co.gen.sampling, &a->sampling, a->sampling_given);
+    if (a->max_tokens) co.gen.max_tokens = a->max_tokens;
     if (a->ignore_eos) {
         static const int none[1] = {-1};
-        t->gen.stop_ids = none;
-        t->gen.n_stop_ids = 1;
+        co.gen.stop_ids = none;
+        co.gen.n_stop_ids = 1;
     }
+    if (!(t->conv = g4_conversation_new(t->s, t->tok, &co))) return -1;
+    t->chat = co.chat;
     t->show_thinking = a->show_thinking;
     t->verbose = a->verbose;
-    t->turn_end = g4_tokenizer_piece_to_id(t->tok, "<turn|>");
-    t->newline = g4_tokenizer_piece_to_id(t->tok, "\n");
     return 0;
 }
 
@@ -135,42 +125,15 @@ static void emit(const char *bytes, size_t len) {
     if (len) fwrite(bytes, 1, len, stdout);
 }
 
-/* Streams one generated token: decoded, with the thought channel hidden unless asked for. */
-static int print_token(void *user, int32_t id) {
-    text_model *t = user;
-    const int *stops;
-    int n_stops = g4_model_stop_ids(t->m, &stops);
-    t->last_token = id;
-    if (t->n_generated == t->cap_generated) {
-        int cap = t->cap_generated ? 2 * t->cap_generated : 256;
-        int32_t *g = realloc(t->generated, sizeof *g * (size_t)cap);
-        if (!g) return 1;
-        t->generated = g;
-        t->cap_generated = cap;
-    }
-    t->generated[t->n_generated++] = id;
-    for (int i = 0; i < n_stops; i++)
-        if (stops[i] == id) return interrupted;
-    const char *bytes, *answer, *thought;
-    size_t len, alen, tlen;
-    if (g4_detokenizer_push(t->detok, id, &bytes, &len) != 0) return 1;
-    if (t->show_thinking) emit(bytes, len);
-    else if (g4_thought_filter_push(t->filter, bytes, len, &answer, &alen, &thought, &tlen) == 0) emit(answer, alen);
-    fflush(stdout);
+/* Streams the reply: as decoded, or with the thought spans left out. */
+static int print_delta(void *user, const g4_reply_delta *d) {
+    const text_model *t = user;
+    if (t->show_thinking) emit(d->text, d->len);
+    else
+        for (int i = 0; i < d->n_spans; i++)
+            if (d->spans[i].span != G4_SPAN_THOUGHT) emit(d->spans[i].text, d->spans[i].len);
+    if (d->len) fflush(stdout);
     return interrupted;
-}
-
-static void finish_answer(text_model *t) {
-    const char *bytes, *answer, *thought;
-    size_t len, alen, tlen;
-    if (g4_detokenizer_flush(t->detok, &bytes, &len) == 0) {
-        if (t->show_thinking) emit(bytes, len);
-        else if (g4_thought_filter_push(t->filter, bytes, len, &answer, &alen, &thought, &tlen) == 0) emit(answer, alen);
-    }
-    if (!t->show_thinking && g4_thought_filter_finish(t->filter, &answer, &alen, &thought, &tlen) == 0) emit(answer, alen);
-    fputc('\n', stdout);
-    fflush(stdout);
-    g4_detokenizer_reset(t->detok);
 }
 
 static void print_ids(const char *what, const int32_t *ids, int n) {
@@ -179,17 +142,24 @@ static void print_ids(const char *what, const int32_t *ids, int n) {
     fputc('\n', stderr);
 }
 
-/* Generates an answer to `ids` (already in chat form or raw), streaming it to stdout. */
-static int answer(text_model *t, const int32_t *ids, int n, g4_generate_result *res) {
-    g4_thought_filter_free(t->filter);
-    if (!(t->filter = g4_thought_filter_new(0))) return g4_fail("out of memory");
+/* Generates the conversation's next reply, streaming it to stdout. */
+static int answer(text_model *t, g4_generate_result *res) {
     interrupted = 0;
-    t->n_generated = 0;
-    if (t->verbose) print_ids("prompt ids", ids, n);
-    int rc = g4_generate(t->s, ids, n, &t->gen, print_token, t, res);
-    if (rc == 0) finish_answer(t);
-    if (rc == 0 && t->verbose) print_ids("generated ids", t->generated, t->n_generated);
-    return rc;
+    if (t->verbose) {
+        const int32_t *ids;
+        size_t n;
+        if (g4_conversation_prompt(t->conv, &ids, &n) != 0) return -1;
+        print_ids("prompt ids", ids, (int)n);
+    }
+    if (g4_conversation_reply(t->conv, print_delta, t, res) != 0) return -1;
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (t->verbose) {
+        int n;
+        const int32_t *ids = g4_conversation_reply_tokens(t->conv, &n);
+        print_ids("generated ids", ids, n);
+    }
+    return 0;
 }
 
 /* ---- g4 run -p ---- */
@@ -219,21 +189,20 @@ int cmd_run_text(args_t *a) {
     char *text = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    text_model t;
+    text_model t = {0};
     int rc = 1;
     if (read_prompt(&ta, &text) != 0 || text_model_open(&t, &ta) != 0) goto done;
     if (ta.raw) {
-        if (g4_tokenizer_encode(t.tok, text, strlen(text), ta.parse_special, &ids, &n_ids) != 0) goto done;
-    } else {
-        g4_chat_message msgs[2];
-        size_t n = 0;
-        if (ta.system) msgs[n++] = (g4_chat_message){G4_CHAT_SYSTEM, ta.system};
-        msgs[n++] = (g4_chat_message){G4_CHAT_USER, text};
-        if (g4_chat_encode(t.tok, msgs, n, &t.chat, &ids, &n_ids) != 0) goto done;
+        if (g4_tokenizer_encode(t.tok, text, strlen(text), ta.parse_special, &ids, &n_ids) != 0 ||
+            g4_conversation_add_tokens(t.conv, ids, n_ids) != 0)
+            goto done;
+    } else if ((ta.system && g4_conversation_add(t.conv, G4_CHAT_SYSTEM, ta.system) != 0) ||
+               g4_conversation_add(t.conv, G4_CHAT_USER, text) != 0) {
+        goto done;
     }
     catch_sigint();
     g4_generate_result res;
-    if (answer(&t, ids, (int)n_ids, &res) != 0) goto done;
+    if (answer(&t, &res) != 0) goto done;
     if (res.stop == G4_STOP_CONTEXT) g4_warn("the answer was cut off: the context of %d tokens is full (--ctx)", ta.o.ctx);
     rc = 0;
 done:
@@ -246,35 +215,13 @@ done:
 
 /* ---- g4 chat ---- */
 
-/* Ids that continue the conversation with a user turn: close the model's previous turn (its
- * last token was never fed back), then "\n<|turn>user\n...<turn|>\n<|turn>model\n". */
-static int next_turn_ids(text_model *t, const char *line, int first, const char *system, int32_t **ids, size_t *n) {
-    g4_chat_message msgs[2];
-    size_t m = 0;
-    g4_chat_options opt = t->chat;
-    opt.add_bos = first;
-    if (first && system) msgs[m++] = (g4_chat_message){G4_CHAT_SYSTEM, system};
-    msgs[m++] = (g4_chat_message){G4_CHAT_USER, line};
-    if (!first) opt.thinking = 0; /* the system turn with <|think|> is only at the top */
-    int32_t *turn;
-    size_t n_turn;
-    if (g4_chat_encode(t->tok, msgs, m, &opt, &turn, &n_turn) != 0) return -1;
-    size_t pre = first ? 0 : 3;
-    int32_t *all = malloc(sizeof *all * (n_turn + pre));
-    if (!all) {
-        free(turn);
-        return g4_fail("out of memory");
+/* A user turn (the system message first in a new conversation) and its answer. */
+static int chat_turn(text_model *t, const char *line, int first, const char *system, g4_generate_result *res) {
+    if (first && system && g4_conversation_add(t->conv, G4_CHAT_SYSTEM, system) != 0) return -1;
+    if (g4_conversation_add(t->conv, G4_CHAT_USER, line) != 0 || answer(t, res) != 0) {
+        g4_conversation_discard(t->conv); /* the failed turn is not part of the conversation */
+        return -1;
     }
-    size_t k = 0;
-    if (!first) {
-        all[k++] = t->last_token;
-        if (t->last_token != t->turn_end) all[k++] = t->turn_end;
-        all[k++] = t->newline;
-    }
-    memcpy(all + k, turn, sizeof *turn * n_turn);
-    free(turn);
-    *ids = all;
-    *n = k + n_turn;
     return 0;
 }
 
@@ -331,7 +278,10 @@ int cmd_chat(args_t *a) {
                 }
                 t.chat.thinking = !strcmp(v, "on");
             }
-            g4_session_reset(t.s);
+            if (g4_conversation_reset(t.conv, &t.chat) != 0) {
+                fprintf(stderr, "g4: error: %s\n", g4_last_error());
+                continue;
+            }
             first = 1;
             fprintf(stderr, "(new conversation%s)\n", t.chat.thinking ? ", thinking on" : "");
             continue;
@@ -341,15 +291,11 @@ int cmd_chat(args_t *a) {
             chat_help();
             continue;
         }
-        int32_t *ids = NULL;
-        size_t n = 0;
         g4_generate_result res;
-        if (next_turn_ids(&t, line, first, ta.system, &ids, &n) != 0 || answer(&t, ids, (int)n, &res) != 0) {
+        if (chat_turn(&t, line, first, ta.system, &res) != 0) {
             fprintf(stderr, "g4: error: %s%s\n", g4_last_error(), first ? "" : " (/reset starts a new conversation)");
-            free(ids);
             continue;
         }
-        free(ids);
         first = 0;
         if (res.stop == G4_STOP_USER) fprintf(stderr, "(stopped)\n");
         if (res.stop == G4_STOP_CONTEXT) fprintf(stderr, "(the context of %d tokens is full: /reset)\n", ta.o.ctx);

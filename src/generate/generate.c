@@ -1,8 +1,9 @@
-/* g4_generate: one generation in sequence 0 through a stepper (stepper.c), streaming each token
+/* g4_generate: one generation in one sequence through a stepper (stepper.c), streaming each token
  * to a callback; the model's sampling defaults and the stop reasons' names. */
 #include <string.h>
 
 #include "g4.h"
+#include "generate/generate.h"
 #include "model/model.h"
 
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p) {
@@ -23,28 +24,33 @@ const char *g4_stop_reason_name(g4_stop_reason r) {
     return "?";
 }
 
-int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,
-                void *user, g4_generate_result *result) {
+int g4_generate_seq(g4_session *s, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *params,
+                    g4_token_fn on_token, void *user, g4_generate_result *result) {
     memset(result, 0, sizeof *result);
     result->n_prompt = n_prompt;
     g4_stepper *st = g4_stepper_new(s, 0);
     if (!st) return -1;
-    int rc = g4_stepper_add(st, 0, prompt, n_prompt, params), stopped = 0;
+    int rc = g4_stepper_add(st, seq, prompt, n_prompt, params), stopped = 0;
     while (rc == 0 && g4_stepper_active(st) > 0) {
-        g4_step_token t; /* only sequence 0 runs: at most one token a step */
+        g4_step_token t; /* only this sequence runs: at most one token a step */
         int n = g4_stepper_step(st, &t);
         if (n < 0) rc = -1;
         /* the callback sees a stop id too, and stopping there makes it the caller's stop */
         else if (n == 1 && t.token >= 0 && on_token && on_token(user, t.token)) {
-            g4_stepper_cancel(st, 0);
+            g4_stepper_cancel(st, seq);
             stopped = 1;
         }
     }
-    if (g4_stepper_state(st, 0) != G4_SEQ_IDLE) g4_stepper_result(st, 0, result);
+    if (g4_stepper_state(st, seq) != G4_SEQ_IDLE) g4_stepper_result(st, seq, result);
     if (stopped) {
         result->stop = G4_STOP_USER;
         result->stop_id = 0;
     }
     g4_stepper_free(st);
     return rc;
+}
+
+int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,
+                void *user, g4_generate_result *result) {
+    return g4_generate_seq(s, 0, prompt, n_prompt, params, on_token, user, result);
 }

@@ -208,6 +208,13 @@ static int utf8_valid(const unsigned char *s, size_t n) {
     return 1;
 }
 
+size_t g4_text_utf8_prefix(const char *s, size_t n) {
+    uint32_t cp;
+    size_t i = 0, k;
+    while (i < n && (k = utf8_decode((const unsigned char *)s + i, n - i, &cp)) > 0) i += k;
+    return i;
+}
+
 /* Growable byte buffer. */
 struct bytes {
     char *p;

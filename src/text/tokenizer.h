@@ -5,4 +5,8 @@
 
 #include "g4.h"
 
+/* The length of the longest prefix of s[0, n) that is valid UTF-8 (shortest forms, no
+ * surrogates, at most U+10FFFF): n when all of it is. */
+size_t g4_text_utf8_prefix(const char *s, size_t n);
+
 #endif

@@ -1,0 +1,372 @@
+/* The conversation (g4.h): chat messages over one session sequence, each reply feeding only what
+ * the sequence lacks and streaming its text and spans. The template is chat.c's (rendered from
+ * where the last reply stopped), the generation g4_generate's, the streaming text the
+ * detokenizer's and the spans reply.c's: this file only keeps the state between turns. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "g4.h"
+#include "generate/generate.h"
+#include "text/chat.h"
+#include "text/reply.h"
+#include "text/textbuf.h"
+#include "text/tokenizer.h"
+#include "util/err.h"
+
+/* What a thought the generation prompt opened looks like in the model's message. */
+static const char OPENED_THOUGHT[] = "<|channel>thought\n";
+
+typedef struct {
+    int32_t *p;
+    size_t n, cap;
+} ids_t;
+
+static int ids_append(ids_t *a, const int32_t *ids, size_t n) {
+    if (a->n + n > a->cap) {
+        size_t cap = a->cap ? a->cap : 256;
+        while (cap < a->n + n) cap *= 2;
+        int32_t *p = realloc(a->p, sizeof *p * cap);
+        if (!p) return g4_fail("conversation: out of memory");
+        a->p = p, a->cap = cap;
+    }
+    if (n) memcpy(a->p + a->n, ids, sizeof *ids * n);
+    a->n += n;
+    return 0;
+}
+
+struct g4_conversation {
+    g4_session *s;
+    const g4_tokenizer *tok;
+    g4_conversation_options o;
+    int *stop_ids; /* the reply's stop ids (o.gen.stop_ids points here), or NULL for the model's */
+    const int *model_stops;
+    int n_model_stops;
+
+    g4_chat_message *msgs; /* contents owned */
+    size_t n_msgs, cap_msgs;
+    size_t resume;        /* 0: nothing fed; else msgs[resume - 1] is the last reply, fed but for its closing */
+    int raw;              /* a conversation of raw tokens */
+    int broken;           /* a reply failed after feeding: the sequence no longer matches the messages */
+    ids_t raw_pending;    /* raw tokens not fed yet */
+    ids_t fed;            /* what the sequence holds */
+    int has_unfed;        /* the last reply's last token, never fed back */
+    int32_t unfed;
+
+    ids_t prompt;         /* g4_conversation_prompt's, valid while prompt_ready */
+    int prompt_ready, prompt_opens_thought;
+
+    ids_t reply;          /* the last reply's tokens */
+    g4_textbuf reply_text;
+    int reply_opened_thought;
+    g4_detokenizer *detok;
+    g4_spans *spans;
+    g4_reply_fn on_delta;
+    void *user;
+    int failed; /* the reply's own work failed (not the caller's stop): g4_last_error says why */
+};
+
+static void free_messages(g4_conversation *c, size_t from) {
+    for (size_t i = from; i < c->n_msgs; i++) free((char *)c->msgs[i].content);
+    c->n_msgs = from;
+}
+
+static int check_chat_options(const g4_chat_options *chat) { return g4_chat_check(NULL, 0, chat); }
+
+/* The conversation's own template settings: a BOS at the start, a generation prompt at the end. */
+static void own_chat_options(g4_chat_options *chat) {
+    chat->add_bos = 1;
+    chat->add_generation_prompt = 1;
+}
+
+int g4_conversation_default_options(const g4_session *s, g4_conversation_options *o) {
+    memset(o, 0, sizeof *o);
+    const g4_model *m = g4_session_model(s);
+    o->chat = g4_chat_default_options();
+    if (g4_model_chat_form(m, &o->chat.form)) return -1;
+    g4_model_sampling_defaults(m, &o->gen.sampling);
+    o->gen.max_tokens = g4_session_ctx(s);
+    return 0;
+}
+
+g4_conversation *g4_conversation_new(g4_session *s, const g4_tokenizer *tok, const g4_conversation_options *o) {
+    if (!s || !tok || !o) {
+        g4_fail("conversation: %s is NULL", !s ? "the session" : !tok ? "the tokenizer" : "the options");
+        return NULL;
+    }
+    if (o->seq < 0 || o->seq >= g4_session_n_seq(s)) {
+        g4_fail("conversation: seq %d does not exist (the session has %d sequences)", o->seq, g4_session_n_seq(s));
+        return NULL;
+    }
+    if (check_chat_options(&o->chat)) return NULL;
+    if (o->gen.n_stop_ids < 0 || (o->gen.n_stop_ids && !o->gen.stop_ids)) {
+        g4_fail("conversation: gen.n_stop_ids is %d but gen.stop_ids is %s", o->gen.n_stop_ids, o->gen.stop_ids ? "set" : "NULL");
+        return NULL;
+    }
+    g4_conversation *c = calloc(1, sizeof *c);
+    if (!c) {
+        g4_fail("conversation: out of memory");
+        return NULL;
+    }
+    c->s = s, c->tok = tok, c->o = *o;
+    own_chat_options(&c->o.chat);
+    if (o->gen.stop_ids) {
+        c->stop_ids = malloc(sizeof *c->stop_ids * (size_t)(o->gen.n_stop_ids ? o->gen.n_stop_ids : 1));
+        if (c->stop_ids) memcpy(c->stop_ids, o->gen.stop_ids, sizeof *c->stop_ids * (size_t)o->gen.n_stop_ids);
+        c->o.gen.stop_ids = c->stop_ids;
+    }
+    c->n_model_stops = g4_model_stop_ids(g4_session_model(s), &c->model_stops);
+    c->detok = g4_detokenizer_new(tok);
+    if ((o->gen.stop_ids && !c->stop_ids) || !c->detok || g4_conversation_reset(c, NULL)) {
+        if (!c->detok || (o->gen.stop_ids && !c->stop_ids)) g4_fail("conversation: out of memory");
+        g4_conversation_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void g4_conversation_free(g4_conversation *c) {
+    if (!c) return;
+    free_messages(c, 0);
+    free(c->msgs);
+    free(c->stop_ids);
+    free(c->raw_pending.p), free(c->fed.p), free(c->prompt.p), free(c->reply.p), free(c->reply_text.p);
+    g4_detokenizer_free(c->detok);
+    g4_spans_free(c->spans);
+    free(c);
+}
+
+int g4_conversation_reset(g4_conversation *c, const g4_chat_options *chat) {
+    if (chat) {
+        if (check_chat_options(chat)) return -1;
+        c->o.chat = *chat;
+        own_chat_options(&c->o.chat);
+    }
+    g4_session_reset_seq(c->s, c->o.seq);
+    free_messages(c, 0);
+    c->resume = 0;
+    c->raw = c->broken = c->has_unfed = 0;
+    c->raw_pending.n = c->fed.n = c->reply.n = 0;
+    c->prompt_ready = 0;
+    g4_textbuf_clear(&c->reply_text);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- adding */
+
+static const char *role_label(g4_chat_role role) {
+    switch (role) {
+    case G4_CHAT_SYSTEM: return "system";
+    case G4_CHAT_USER: return "user";
+    case G4_CHAT_MODEL: return "model";
+    case G4_CHAT_TOOL: return "tool";
+    }
+    return NULL;
+}
+
+static int append_message(g4_conversation *c, g4_chat_role role, const char *content, size_t len) {
+    if (c->n_msgs == c->cap_msgs) {
+        size_t cap = c->cap_msgs ? 2 * c->cap_msgs : 16;
+        g4_chat_message *m = realloc(c->msgs, sizeof *m * cap);
+        if (!m) return g4_fail("conversation: out of memory");
+        c->msgs = m, c->cap_msgs = cap;
+    }
+    char *copy = malloc(len + 1);
+    if (!copy) return g4_fail("conversation: out of memory");
+    memcpy(copy, content, len);
+    copy[len] = 0;
+    c->msgs[c->n_msgs++] = (g4_chat_message){role, copy};
+    c->prompt_ready = 0;
+    return 0;
+}
+
+int g4_conversation_add(g4_conversation *c, g4_chat_role role, const char *content) {
+    const char *label = role_label(role);
+    if (!label) return g4_fail("conversation: message %zu has an unknown role (%d)", c->n_msgs, (int)role);
+    if (c->raw) return g4_fail("conversation: one of raw tokens takes no messages (g4_conversation_reset starts over)");
+    const char *text = content ? content : "";
+    size_t len = strlen(text), bad = g4_text_utf8_prefix(text, len);
+    if (bad < len) return g4_fail("conversation: message %zu (%s) is not valid UTF-8 (byte %zu)", c->n_msgs, label, bad);
+    if (append_message(c, role, text, len)) return -1;
+    if (g4_chat_check(c->msgs, c->n_msgs, &c->o.chat)) {
+        free_messages(c, c->n_msgs - 1);
+        return -1;
+    }
+    return 0;
+}
+
+int g4_conversation_add_tokens(g4_conversation *c, const int32_t *ids, size_t n) {
+    if (c->n_msgs) return g4_fail("conversation: one with messages takes no raw tokens (g4_conversation_reset starts over)");
+    if (n && !ids) return g4_fail("conversation: %zu tokens but the array is NULL", n);
+    if (ids_append(&c->raw_pending, ids, n)) return -1;
+    c->raw = 1;
+    c->prompt_ready = 0;
+    return 0;
+}
+
+void g4_conversation_discard(g4_conversation *c) {
+    free_messages(c, c->resume);
+    c->raw_pending.n = 0;
+    c->prompt_ready = 0;
+}
+
+/* ---------------------------------------------------------------- the prompt */
+
+/* The last reply's last token goes first; when the rendered continuation starts with it (the
+ * turn's closing "<turn|>" the model stopped at) it is not repeated. */
+static int build_prompt(g4_conversation *c, const int32_t *rest, size_t n_rest) {
+    c->prompt.n = 0;
+    if (c->has_unfed && ids_append(&c->prompt, &c->unfed, 1)) return -1;
+    if (c->has_unfed && n_rest && rest[0] == c->unfed) rest++, n_rest--;
+    return ids_append(&c->prompt, rest, n_rest);
+}
+
+static int render_prompt(g4_conversation *c) {
+    if (c->broken) return g4_fail("conversation: a reply failed after feeding part of its prompt; g4_conversation_reset starts over");
+    c->prompt_opens_thought = 0;
+    if (c->raw) return build_prompt(c, c->raw_pending.p, c->raw_pending.n);
+    if (c->n_msgs == c->resume) return build_prompt(c, NULL, 0);
+    int32_t *ids;
+    size_t n;
+    if (g4_chat_encode_from(c->tok, c->msgs, c->n_msgs, c->resume, &c->o.chat, &ids, &n, &c->prompt_opens_thought)) return -1;
+    int rc = build_prompt(c, ids, n);
+    free(ids);
+    return rc;
+}
+
+int g4_conversation_prompt(g4_conversation *c, const int32_t **ids, size_t *n) {
+    if (!c->prompt_ready) {
+        if (render_prompt(c)) return -1;
+        c->prompt_ready = 1;
+    }
+    *ids = c->prompt.p;
+    *n = c->prompt.n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the reply */
+
+static int is_stop(const g4_conversation *c, int32_t id) {
+    for (int i = 0; i < c->n_model_stops; i++)
+        if (c->model_stops[i] == id) return 1;
+    for (int i = 0; c->o.gen.stop_ids && i < c->o.gen.n_stop_ids; i++)
+        if (c->o.gen.stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Stops the generation for a failure of the conversation's own (out of memory). */
+static int fail_reply(g4_conversation *c) {
+    c->failed = 1;
+    return 1;
+}
+
+static int deliver(g4_conversation *c, int32_t token, const char *text, size_t len, const g4_span_text *spans, int n_spans) {
+    if (g4_textbuf_append(&c->reply_text, text, len)) return fail_reply(c);
+    if (!c->on_delta) return 0;
+    g4_reply_delta d = {token, text, len, spans, n_spans};
+    return c->on_delta(c->user, &d);
+}
+
+/* Each generated token: its final text through the splitter, to the caller. */
+static int on_token(void *user, int32_t id) {
+    g4_conversation *c = user;
+    if (ids_append(&c->reply, &id, 1)) return fail_reply(c);
+    if (is_stop(c, id)) return deliver(c, id, "", 0, NULL, 0);
+    const char *bytes;
+    size_t len;
+    const g4_span_text *spans;
+    int n_spans;
+    if (g4_detokenizer_push(c->detok, id, &bytes, &len) || g4_spans_push(c->spans, bytes, len, &spans, &n_spans))
+        return fail_reply(c);
+    return deliver(c, id, bytes, len, spans, n_spans);
+}
+
+/* What the decoder and the splitter held back, as the last delta. */
+static int finish_reply(g4_conversation *c) {
+    const char *bytes;
+    size_t len;
+    const g4_span_text *spans;
+    int n_spans;
+    if (g4_detokenizer_flush(c->detok, &bytes, &len) || g4_spans_finish(c->spans, bytes, len, &spans, &n_spans)) return -1;
+    deliver(c, -1, bytes, len, spans, n_spans);
+    return c->failed ? -1 : 0;
+}
+
+/* The sequence now holds the prompt and every reply token but the last; the reply becomes the
+ * model's message (after the thought its prompt opened, as the template would see it). */
+static int commit_reply(g4_conversation *c) {
+    if (ids_append(&c->fed, c->prompt.p, c->prompt.n)) return -1;
+    c->has_unfed = c->reply.n > 0;
+    if (c->has_unfed) {
+        c->unfed = c->reply.p[c->reply.n - 1];
+        if (ids_append(&c->fed, c->reply.p, c->reply.n)) return -1;
+        c->fed.n--; /* the last one stays in its slot, for g4_conversation_tokens, until the next prompt */
+    }
+    c->raw_pending.n = 0;
+    c->prompt_ready = 0;
+    c->reply_opened_thought = c->prompt_opens_thought;
+    if (c->raw) return 0;
+    g4_textbuf content = {0};
+    int rc = (c->prompt_opens_thought && g4_textbuf_appends(&content, OPENED_THOUGHT)) ||
+             g4_textbuf_append(&content, c->reply_text.p ? c->reply_text.p : "", c->reply_text.n) ||
+             append_message(c, G4_CHAT_MODEL, content.p ? content.p : "", content.n);
+    free(content.p);
+    if (rc) return -1;
+    c->resume = c->n_msgs;
+    return 0;
+}
+
+int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, g4_generate_result *res) {
+    const int32_t *ids;
+    size_t n;
+    g4_generate_result local;
+    if (!res) res = &local;
+    memset(res, 0, sizeof *res);
+    if (g4_conversation_prompt(c, &ids, &n)) return -1;
+    if (n == 0) return g4_fail("conversation: nothing to reply to (add a message first)");
+    g4_spans_free(c->spans);
+    if (!(c->spans = g4_spans_new(c->prompt_opens_thought, 1))) return -1;
+    g4_detokenizer_reset(c->detok);
+    c->reply.n = 0;
+    g4_textbuf_clear(&c->reply_text);
+    c->on_delta = on_delta, c->user = user;
+    c->failed = 0;
+    int pos = g4_session_seq_pos(c->s, c->o.seq);
+    int rc = g4_generate_seq(c->s, c->o.seq, ids, (int)n, &c->o.gen, on_token, c, res);
+    if (rc == 0 && c->failed) rc = -1;
+    if (rc == 0) rc = finish_reply(c);
+    if (rc == 0) rc = commit_reply(c);
+    /* a failure before the prompt went in leaves the conversation as it was */
+    if (rc != 0 && g4_session_seq_pos(c->s, c->o.seq) != pos) c->broken = 1;
+    c->on_delta = NULL, c->user = NULL;
+    return rc;
+}
+
+const int32_t *g4_conversation_reply_tokens(const g4_conversation *c, int *n) {
+    *n = (int)c->reply.n;
+    return c->reply.p;
+}
+
+const char *g4_conversation_reply_text(const g4_conversation *c, size_t *len) {
+    if (len) *len = c->reply_text.n;
+    return c->reply_text.p ? c->reply_text.p : "";
+}
+
+int g4_conversation_reply_parse(const g4_conversation *c, g4_chat_reply *r) {
+    g4_textbuf t = {0};
+    int rc = (c->reply_opened_thought && g4_textbuf_appends(&t, OPENED_THOUGHT)) ||
+             g4_textbuf_append(&t, c->reply_text.p ? c->reply_text.p : "", c->reply_text.n);
+    if (rc == 0) rc = g4_chat_parse_reply(t.p, t.n, r);
+    else memset(r, 0, sizeof *r);
+    free(t.p);
+    return rc ? -1 : 0;
+}
+
+void g4_conversation_messages(const g4_conversation *c, const g4_chat_message **msgs, size_t *n) {
+    *msgs = c->msgs;
+    *n = c->n_msgs;
+}
+
+const int32_t *g4_conversation_tokens(const g4_conversation *c, size_t *n) {
+    *n = c->fed.n + (size_t)c->has_unfed; /* the unfed token waits in the slot after what was fed */
+    return c->fed.p;
+}
