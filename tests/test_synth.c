@@ -680,6 +680,20 @@ static void test_e2b_full(void) {
     g4_model_free(m);
 }
 
+/* The plain BF16 layout: no quantization_config (every module float), the lm_head tied. */
+static void test_bf16_config(void) {
+    char *text = g4_synth_config_json("e2b-bf16");
+    CHECK(text != NULL && !strstr(text, "quantization_config"), "e2b-bf16 config: %s", text ? "has a quantization_config" : g4_last_error());
+    g4_config c;
+    int ok = text && g4_config_parse(&c, text, "e2b-bf16/config.json") == 0;
+    CHECK(ok, "%s", g4_last_error());
+    free(text);
+    if (!ok) return;
+    CHECK(c.quant.method == G4_QUANT_NONE && c.tie_word_embeddings && c.n_layers == 35, "e2b-bf16: plain, tied");
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.3.mlp.up_proj"), 0);
+    g4_config_free(&c);
+}
+
 int main(void) {
     g4_set_log(NULL, NULL);
     snprintf(base_tmp, sizeof base_tmp, "/tmp/g4-synth-XXXXXX");
@@ -689,6 +703,7 @@ int main(void) {
     test_e2b_config();
     test_e4b_config();
     test_q4_0_config();
+    test_bf16_config();
     test_tiny();
     test_tokenizer_option_and_errors();
     test_big_tokenizer();

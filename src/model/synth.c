@@ -22,8 +22,9 @@
 /* How a preset's weights are stored: the mobile checkpoints' bit widths (checkpoint.md §3-§4; E4B:
  * every MLP 4-bit and a 2-bit per-layer table), or what `g4 quantize --q4_0` makes of the BF16
  * checkpoint (model/quantize.h: Q4_0 linears, Q8_0 embeddings, the lm_head tied to embed_tokens,
- * no activation scales). */
-enum { LAYOUT_MOBILE_E2B, LAYOUT_MOBILE_E4B, LAYOUT_Q4_0 };
+ * no activation scales), or that BF16 checkpoint itself (gemma-4-E2B-it's layout: no
+ * quantization_config, BF16 everywhere, the lm_head tied). */
+enum { LAYOUT_MOBILE_E2B, LAYOUT_MOBILE_E4B, LAYOUT_Q4_0, LAYOUT_BF16 };
 
 typedef struct {
     const char *name;
@@ -48,15 +49,16 @@ static const preset_t presets[] = {
      "language_model\\.layers\\.(\\d|1[0-4])\\.mlp\\."},
     {"e4b", 2560, 42, 8, 2, 256, 512, 10240, 18, 256, 262144, 512, 6, 0, LAYOUT_MOBILE_E4B, NULL},
     {"e2b-q4_0", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_Q4_0, NULL},
+    {"e2b-bf16", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_BF16, NULL},
     {"tiny", 64, 10, 2, 1, 16, 32, 96, 4, 16, 512, 8, 5, 1, LAYOUT_MOBILE_E2B, "language_model\\.layers\\.[0-5]\\.mlp\\."},
 };
 
-const char *const g4_synth_presets[] = {"e2b", "e4b", "e2b-q4_0", "tiny", NULL};
+const char *const g4_synth_presets[] = {"e2b", "e4b", "e2b-q4_0", "e2b-bf16", "tiny", NULL};
 
 static const preset_t *find_preset(const char *name) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (name && strcmp(presets[i].name, name) == 0) return &presets[i];
-    g4_fail("unknown preset \"%s\" (e2b, e4b, e2b-q4_0, tiny)", name ? name : "");
+    g4_fail("unknown preset \"%s\" (e2b, e4b, e2b-q4_0, e2b-bf16, tiny)", name ? name : "");
     return NULL;
 }
 
@@ -208,7 +210,7 @@ static cJSON *text_config(const preset_t *p) {
     cJSON_AddItemToObject(rp, "sliding_attention", rope_entry(10000.0, "default", 0));
     cJSON_AddItemToObject(t, "rope_parameters", rp);
     cJSON_AddNumberToObject(t, "sliding_window", p->sliding_window);
-    cJSON_AddBoolToObject(t, "tie_word_embeddings", p->layout == LAYOUT_Q4_0); /* the BF16 checkpoints tie; the mobile converter unties */
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", p->layout >= LAYOUT_Q4_0); /* the BF16 checkpoints tie; the mobile converter unties */
     cJSON_AddNullToObject(t, "top_k_experts");
     cJSON_AddNullToObject(t, "use_bidirectional_attention");
     cJSON_AddBoolToObject(t, "use_cache", 1);
@@ -249,9 +251,9 @@ char *g4_synth_config_json(const char *preset) {
     cJSON_AddNumberToObject(r, "image_token_id", 258880);
     cJSON_AddItemToObject(r, "initializer_range", py_float(0.02));
     cJSON_AddStringToObject(r, "model_type", "gemma4");
-    cJSON_AddItemToObject(r, "quantization_config", quant_config(p));
+    if (p->layout != LAYOUT_BF16) cJSON_AddItemToObject(r, "quantization_config", quant_config(p));
     cJSON_AddItemToObject(r, "text_config", text_config(p));
-    cJSON_AddBoolToObject(r, "tie_word_embeddings", p->layout == LAYOUT_Q4_0);
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", p->layout >= LAYOUT_Q4_0);
     cJSON_AddStringToObject(r, "transformers_version", "5.17.0");
     cJSON_AddNumberToObject(r, "video_token_id", 258884);
     cJSON_AddItemToObject(r, "vision_config", tower_config("gemma4_vision"));
@@ -429,7 +431,7 @@ static int add_layer(plan_t *p, const g4_config *c, int l) {
     /* KV-cache scales on every layer of the mobile layout (none in the block-scaled one, which
      * quantizes no activation); a consumer's own pair is never used and deliberately differs
      * from its producer's, as in the tiny fixture. K after k_norm has RMS ~g. */
-    if (c->quant.block_size > 0) return 0;
+    if (c->quant.method != G4_QUANT_GEMMA || c->quant.block_size > 0) return 0;
     if (add_const(p, NAME("self_attn.k_cache_scale"), g * act(p, l, "k_cache", 0.025f, 0.035f)) ||
         add_const(p, NAME("self_attn.v_cache_scale"), (float)(6.0 / 127.0)))
         return -1;
@@ -464,10 +466,33 @@ static int add_dummy_towers(plan_t *p, int hidden, int quantized) {
     return 0;
 }
 
+/* The plain checkpoint's float embedding tables, `.weight` BF16 (uniform +-a has RMS a / sqrt(3):
+ * RMS 1 after the x sqrt(dim) of model.md §5). */
+static int add_bf16_embeddings(plan_t *p, const g4_config *c) {
+    double ae = sqrt(3.0 / c->hidden), ap = sqrt(3.0 / c->ple_dim);
+    return add_uniform(p, "model.language_model.embed_tokens.weight", G4_DT_BF16, 2, (int64_t[]){c->vocab, c->hidden}, (float)-ae,
+                       (float)ae) ||
+                   add_uniform(p, "model.language_model.embed_tokens_per_layer.weight", G4_DT_BF16, 2,
+                               (int64_t[]){c->vocab_ple, (int64_t)c->n_layers * c->ple_dim}, (float)-ap, (float)ap)
+               ? -1
+               : 0;
+}
+
 static int build_plan(plan_t *p, const g4_config *c) {
     char a[160], b[160];
     const char *pre = "model.language_model.";
     int H = c->hidden, LP = c->n_layers * c->ple_dim;
+    if (c->quant.method == G4_QUANT_NONE) { /* BF16 throughout, the lm_head tied */
+        if (add_bf16_embeddings(p, c) != 0) return -1;
+        snprintf(a, sizeof a, "%sper_layer_model_projection", pre);
+        snprintf(b, sizeof b, "%sper_layer_projection_norm.weight", pre);
+        if (add_linear(p, c, a, H, LP, 0, 0) || add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){c->ple_dim}, 0.9f, 1.1f)) return -1;
+        snprintf(b, sizeof b, "%snorm.weight", pre);
+        if (add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f)) return -1;
+        for (int l = 0; l < c->n_layers; l++)
+            if (add_layer(p, c, l) != 0) return -1;
+        return 0;
+    }
     if (!c->quant.quantize_embeddings) return g4_fail("%s: synth needs quantize_embeddings", p->path);
     int eb = g4_config_module_bits(c, "model.language_model.embed_tokens");
     int pb = g4_config_module_bits(c, "model.language_model.embed_tokens_per_layer");
@@ -807,7 +832,7 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     g4_stw_init(&plan.w);
     uint64_t file_bytes = 0;
     rc = build_plan(&plan, &cfg);
-    if (rc == 0) rc = add_dummy_towers(&plan, cfg.hidden, cfg.quant.block_size == 0);
+    if (rc == 0) rc = add_dummy_towers(&plan, cfg.hidden, cfg.quant.method == G4_QUANT_GEMMA && cfg.quant.block_size == 0);
     if (rc == 0) rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes);
     if (rc == 0) rc = write_text(cfg_path, cfg_text);
     char *gen_text = rc == 0 ? generation_config_json(cfg.vocab) : NULL;
