@@ -6,6 +6,10 @@
  * Bounds: the fixture README's float mode (1e-4 absolute on every tensor, generated ids exact); the
  * generator measured float64 within 2e-5 of its float32 goldens. Every --act mode must give the
  * same bits, since nothing in these checkpoints is quantized at run time. */
+#define _DEFAULT_SOURCE /* realpath, mkdtemp, symlink */
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "testutil.h"
 
 #define FLOAT_BOUND 1e-4
@@ -167,9 +171,57 @@ static void check_layout(void) {
     g4_st_close(&st);
 }
 
+/* A copy of fixture `src` in a temp folder with `from` replaced by `to` in its config.json (once),
+ * its model.safetensors linked; loading it must fail with a one-line message holding `needle`. */
+static void expect_refusal(const char *src, const char *from, const char *to, const char *needle) {
+    char dir[] = "/tmp/g4_bf16_XXXXXX", path[4096], target[4096];
+    if (!mkdtemp(dir)) exit(2);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    char *cfg = slurp(path), *at = strstr(cfg, from);
+    CHECK(at != NULL, "%s/config.json has no %s", src, from);
+    if (!at) {
+        free(cfg);
+        return;
+    }
+    size_t n = strlen(cfg) + strlen(to) + 1;
+    char *out = malloc(n);
+    snprintf(out, n, "%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_file_or_exit(path, out, strlen(out));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!realpath(src, target)) exit(2);
+    strncat(target, "/model.safetensors", sizeof target - strlen(target) - 1);
+    if (symlink(target, path) != 0) exit(2);
+    g4_model *m = g4_model_load(dir);
+    CHECK(!m && strstr(g4_last_error(), needle) && !strchr(g4_last_error(), '\n'), "%s -> %s: %s", from, to, m ? "loaded" : g4_last_error());
+    if (!m) printf("ok refused (%s -> %s): %s\n", from, to, g4_last_error());
+    g4_model_free(m);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+    free(cfg);
+    free(out);
+}
+
+/* What the block-scaled and plain formats refuse, each naming the field or tensor. */
+static void check_refusals(void) {
+    expect_refusal("tests/fixtures/tiny-q4_0", "\"block_size\": 32", "\"block_size\": 64",
+                   "config.json: model.language_model.embed_tokens has 32 columns, not a multiple of its block_size 64");
+    expect_refusal("tests/fixtures/tiny-q4_0", "\"block_size\": 32", "\"block_size\": 16", "tensor model.language_model.embed_tokens.embedding_scale: expected F32 or F16 [256, 2], found F16 [256, 1]");
+    expect_refusal("tests/fixtures/tiny-q4_0", "\"quant_method\": \"gemma\"", "\"quant_method\": \"bitsandbytes\"",
+                   "quant_method \"bitsandbytes\" is not implemented");
+    /* the plain checkpoint read as the quantized format: its BF16 linears are not packed codes */
+    expect_refusal("tests/fixtures/tiny-bf16", "\"architectures\"", "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4}, \"architectures\"",
+                   "expected U8 [");
+    expect_refusal("tests/fixtures/tiny-bf16", "\"num_kv_shared_layers\": 4", "\"num_kv_shared_layers\": 4, \"per_layer_config\": {\"4\": {\"head_dim\": 64}}",
+                   "different shapes");
+}
+
 int main(void) {
     if (!check_dispatch_level()) return check_report("bf16");
     check_layout();
+    check_refusals();
     check_fixture("tests/fixtures/tiny-bf16", "bf16");
     check_fixture("tests/fixtures/tiny-q4_0", "q4_0");
     return check_report("bf16");

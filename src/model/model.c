@@ -247,7 +247,7 @@ static int bind_embedding(g4_model *m, g4_qembedding *e, const char *module, int
     int nblocks = s->ndim == 2 ? (int)s->shape[1] : 0;
     if (want_blocks ? nblocks != want_blocks : (nblocks < 1 || cols % nblocks)) {
         char want[96];
-        if (want_blocks) snprintf(want, sizeof want, "F32 [%d, %d]", rows, want_blocks);
+        if (want_blocks) snprintf(want, sizeof want, "%s [%d, %d]", block > 0 ? "F32 or F16" : "F32", rows, want_blocks);
         else snprintf(want, sizeof want, "F32 [%d, k] with k dividing %d", rows, cols);
         return wrong(m, s, want);
     }
