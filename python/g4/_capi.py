@@ -26,7 +26,7 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from ._version import __version__ as API_VERSION  # the g4.h mirrored here; the library must report it
 
@@ -223,14 +223,14 @@ OPTION_RESULT, OPTION_RUN, OPTION_PRESET = 0, 1, 2
 # ---- callbacks ----
 
 LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
-REPLY_FN = CFUNCTYPE(c_int, c_void_p, POINTER(ReplyDelta))
+REPLY_FN = CFUNCTYPE(c_int, c_void_p, c_void_p)  # (user, const g4_reply_delta *)
 
 # ---- functions ----
 
 _p = c_void_p  # every opaque handle: g4_model *, g4_session *, g4_tokenizer *, g4_conversation *
 
 
-def _proto(name: str, restype, *argtypes) -> None:
+def _proto(name: str, restype: Any, *argtypes: Any) -> None:
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)
@@ -309,12 +309,13 @@ if version != API_VERSION and not os.environ.get("G4_SKIP_VERSION_CHECK"):
 
 def last_error() -> str:
     """The calling thread's last g4 error message (one line)."""
-    return lib.g4_last_error().decode("utf-8", "replace")
+    msg: bytes = lib.g4_last_error()
+    return msg.decode("utf-8", "replace")
 
 
 def text(ptr: Optional[int], n: int) -> str:
     """n bytes at a C pointer as text (the engine's text is valid UTF-8)."""
-    if not n:
+    if not n or ptr is None:
         return ""
     return ctypes.string_at(ptr, n).decode("utf-8", "replace")
 

@@ -28,10 +28,7 @@ from typing import (
     Union,
 )
 
-try:
-    from typing import Literal
-except ImportError:  # Python 3.7
-    from typing_extensions import Literal  # type: ignore
+from typing import Literal
 
 from . import _capi as C
 from ._capi import lib
@@ -100,7 +97,11 @@ def _flush_warnings(stacklevel: int = 3) -> None:
         warnings.warn(msg, G4Warning, stacklevel=stacklevel)
 
 
-def _fail(cls: type, prefix: str = "") -> Error:
+E = TypeVar("E", bound="Error")
+
+
+def _fail(cls: "type[E]", prefix: str = "") -> E:
+    """The calling thread's last g4 error as an exception of class cls."""
     return cls(prefix + C.last_error())
 
 
@@ -357,7 +358,8 @@ class Stream(Generic[T, R]):
             self._error = item.exc
             self._thread.join()
             raise item.exc
-        return item
+        delta: T = item
+        return delta
 
     @property
     def result(self) -> R:
@@ -389,15 +391,39 @@ class Stream(Generic[T, R]):
         self._cancel.set()  # the thread ends on its own at its next token
 
 
+class _MainWorker:
+    """The thread that runs the main thread's generations (see _run): one, kept between calls (a
+    daemon: it only ever computes while the main thread waits for it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="g4-main-worker", daemon=True)
+                self._thread.start()
+        self._jobs.put(fn)
+
+    def _loop(self) -> None:
+        while True:
+            self._jobs.get()()
+
+
+_main_worker = _MainWorker()
+
+
 def _run(job: Callable[[Any, Optional[threading.Event]], R]) -> R:
     """Runs a generation and returns what it gives.
 
     The engine calls back into Python for each token, and Python runs signal handlers (Ctrl-C's
     KeyboardInterrupt) in the main thread wherever it is, the first instruction of a callback
     included, where no `try` can catch them and ctypes would only print them. So in the main thread
-    the generation runs in a thread of its own while this one waits: an exception here stops it at
-    its next token and is raised once it has stopped. In other threads (where no signal handler
-    runs) it runs in place."""
+    the generation runs in a worker thread while this one waits: an exception here stops it at its
+    next token and is raised once it has stopped. In other threads (where no signal handler runs)
+    it runs in place."""
     if threading.current_thread() is not threading.main_thread():
         return job(None, None)
     box: Dict[str, Any] = {}
@@ -412,8 +438,7 @@ def _run(job: Callable[[Any, Optional[threading.Event]], R]) -> R:
         finally:
             done.set()
 
-    t = threading.Thread(target=work, name="g4-generate")
-    t.start()
+    _main_worker.submit(work)
     try:
         done.wait()
     except BaseException:
@@ -423,12 +448,11 @@ def _run(job: Callable[[Any, Optional[threading.Event]], R]) -> R:
                 done.wait()
             except BaseException:  # a second Ctrl-C: the generation stops at its next token all the same
                 pass
-        t.join()
         raise
-    t.join()
     if "error" in box:
         raise box["error"]
-    return box["value"]
+    value: R = box["value"]
+    return value
 
 
 class _StopStrings:
@@ -478,17 +502,24 @@ class _Reply:
         self.exc: Optional[BaseException] = None
         self.fn = C.REPLY_FN(self._delta)
 
-    def _delta(self, user: Any, dp: Any) -> int:
+    def _delta(self, user: Any, addr: int) -> int:
         try:
-            d = dp.contents
-            answer, thought, tool = [], [], []
-            for i in range(d.n_spans):
-                sp = d.spans[i]
-                t = C.text(sp.text, sp.len)
-                (thought if sp.span == C.SPAN_THOUGHT else tool if sp.span == C.SPAN_TOOL_CALL else answer).append(t)
-            stop = self.on_spans(d.token, "".join(answer), "".join(thought), "".join(tool))
+            d = C.ReplyDelta.from_address(addr)
+            n = d.n_spans
+            if n == 1 and d.spans[0].span == C.SPAN_ANSWER:  # most tokens
+                sp = d.spans[0]
+                stop = self.on_spans(d.token, ctypes.string_at(sp.text, sp.len).decode("utf-8", "replace"), "", "")
+            else:
+                answer: List[str] = []
+                thought: List[str] = []
+                tool: List[str] = []
+                for i in range(n):
+                    sp = d.spans[i]
+                    t = C.text(sp.text, sp.len)
+                    (thought if sp.span == C.SPAN_THOUGHT else tool if sp.span == C.SPAN_TOOL_CALL else answer).append(t)
+                stop = self.on_spans(d.token, "".join(answer), "".join(thought), "".join(tool))
             return 1 if stop or (self.cancel is not None and self.cancel.is_set()) else 0
-        except BaseException as e:  # KeyboardInterrupt included: stop there, raise it after the call
+        except BaseException as e:  # stop there; raised after the call
             self.exc = e
             return 1
 
@@ -522,6 +553,11 @@ def _messages_from(messages: Sequence[Message]) -> List[Tuple[int, bytes]]:
     for i, m in enumerate(messages):
         if isinstance(m, Mapping):
             role, content = m.get("role"), m.get("content")
+            if m.get("tool_calls"):
+                raise InputError(
+                    f"message {i}: tool_calls are not taken apart from the text: a model message holds the reply's "
+                    "text as the model wrote it, its calls included (ChatReply.message)"
+                )
         elif isinstance(m, (tuple, list)) and len(m) == 2:
             role, content = m
         else:
@@ -718,9 +754,44 @@ class Model:
     # ---- generation ----
 
     @overload
-    def generate(self, prompt: Union[str, Sequence[int]], *, stream: Literal[False] = ..., **kwargs: Any) -> str: ...
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        *,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        raw: bool = False,
+        system: Optional[str] = None,
+        thinking: bool = False,
+        stream: Literal[False] = False,
+    ) -> str: ...
+
     @overload
-    def generate(self, prompt: Union[str, Sequence[int]], *, stream: Literal[True], **kwargs: Any) -> "Stream[str, Completion]": ...
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        *,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        raw: bool = False,
+        system: Optional[str] = None,
+        thinking: bool = False,
+        stream: Literal[True],
+    ) -> "Stream[str, Completion]": ...
 
     def generate(
         self,
@@ -847,9 +918,40 @@ class Model:
         return job
 
     @overload
-    def chat(self, messages: Sequence[Message], *, stream: Literal[False] = ..., **kwargs: Any) -> ChatReply: ...
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        thinking: bool = False,
+        tools: Optional[Sequence[str]] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stream: Literal[False] = False,
+    ) -> ChatReply: ...
+
     @overload
-    def chat(self, messages: Sequence[Message], *, stream: Literal[True], **kwargs: Any) -> "Stream[ChatDelta, ChatReply]": ...
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        thinking: bool = False,
+        tools: Optional[Sequence[str]] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stream: Literal[True],
+    ) -> "Stream[ChatDelta, ChatReply]": ...
 
     def chat(
         self,
@@ -954,7 +1056,9 @@ class Model:
             if s is not None:
                 self._idle.append(s)
             self._busy -= 1
-            self._cond.notify_all()
+            last = self._closed and not self._busy
+        if last:
+            self._free()
 
     def _reply(
         self,
@@ -988,22 +1092,27 @@ class Model:
     # ---- closing ----
 
     def close(self) -> None:
-        """Frees the model, once the generations running in other threads are done."""
+        """Frees the model. New calls then fail; generations running in other threads and open
+        conversations go on, and the model is freed when the last of them is done."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
-            while self._busy:
-                self._cond.wait()
+            if self._busy:
+                return
+        self._free()
+
+    def _free(self) -> None:
+        with self._cond:
             idle, self._idle = self._idle, []
+            tok, self._tok = self._tok, None
+            m, self._m = self._m, None
         for s in idle:
             s.free()
-        if self._tok:
-            lib.g4_tokenizer_free(self._tok)
-            self._tok = None
-        if self._m:
-            lib.g4_model_free(self._m)
-            self._m = None
+        if tok:
+            lib.g4_tokenizer_free(tok)
+        if m:
+            lib.g4_model_free(m)
 
     def __enter__(self) -> "Model":
         return self
@@ -1157,7 +1266,13 @@ class Conversation:
                 raise _fail(InputError)
         self._fresh = False
 
-    def reply(self, *, stream: bool = False) -> Any:
+    @overload
+    def reply(self, *, stream: Literal[False] = False) -> ChatReply: ...
+
+    @overload
+    def reply(self, *, stream: Literal[True]) -> "Stream[ChatDelta, ChatReply]": ...
+
+    def reply(self, *, stream: bool = False) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
         """The model's reply to the messages added since the last one (a ChatReply; with
         stream=True a Stream of ChatDelta). With none added the model goes on where it stopped.
         A failed reply drops the messages added for it."""
@@ -1178,10 +1293,16 @@ class Conversation:
         _flush_warnings()
         return r
 
-    def send(self, content: str, *, stream: bool = False) -> Any:
+    @overload
+    def send(self, content: str, *, stream: Literal[False] = False) -> ChatReply: ...
+
+    @overload
+    def send(self, content: str, *, stream: Literal[True]) -> "Stream[ChatDelta, ChatReply]": ...
+
+    def send(self, content: str, *, stream: bool = False) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
         """Adds a user message and returns the model's reply (see reply())."""
         self.add("user", content)
-        return self.reply(stream=stream)
+        return self.reply(stream=True) if stream else self.reply()
 
     @property
     def messages(self) -> List[Dict[str, str]]:

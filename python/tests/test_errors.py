@@ -129,6 +129,9 @@ def test_bad_inputs(model: g4.Model) -> None:
         model.chat([{"role": "user", "content": 5}])
     with pytest.raises(g4.InputError):
         model.chat([("user", "hi")], tools=[{"name": "add"}])
+    with pytest.raises(g4.InputError) as e:
+        model.chat([("user", "hi"), {"role": "assistant", "content": None, "tool_calls": [{"name": "add"}]}, ("tool", "5")])
+    assert "ChatReply.message" in one_line(e)
 
 
 def test_closed_model() -> None:
@@ -140,3 +143,19 @@ def test_closed_model() -> None:
     assert "closed" in one_line(e)
     with pytest.raises(g4.Error):
         m.tokenize("hi")
+
+
+def test_close_while_in_use() -> None:
+    """close() defers freeing to the end of what is running: an open conversation goes on."""
+    m = g4.Model(MODEL)
+    c = m.conversation(temperature=0)
+    m.close()
+    with pytest.raises(g4.Error):
+        m.generate("hi")
+    assert c.send("What is 2+3?").content.endswith("The final answer is 50")
+    assert m._m is not None  # still held by the conversation
+    c.close()
+    assert m._m is None
+    with pytest.raises(g4.Error) as e:
+        c.send("again")
+    assert "closed" in one_line(e)
