@@ -6,17 +6,13 @@
 
 #include "kernels/kernels.h"
 #include "testutil.h"
+#include "cli_util.h"
 
 static char tmp[256], out_path[512], err_path[512];
 static const char *bin;
 
-/* Runs `g4 ARGS`; returns the exit status; stdout/stderr land in out_path/err_path. */
-static int run(const char *args) {
-    char cmd[20480];
-    snprintf(cmd, sizeof cmd, "%s %s > %s 2> %s < /dev/null", bin, args, out_path, err_path);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
+/* `g4 ARGS`, stdout and stderr into out_path and err_path; the exit status. */
+static int run(const char *args) { return run_into(bin, args, out_path, err_path); }
 
 static void expect_error(const char *args, const char *fragment) {
     int rc = run(args);

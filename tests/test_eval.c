@@ -17,6 +17,7 @@
 #include "eval/results.h"
 #include "model/synth.h"
 #include "testutil.h"
+#include "cli_util.h"
 #include "util/err.h"
 
 /* Command lines are built in fixed buffers sized far above what the temporary paths need; a
@@ -25,11 +26,6 @@
 
 static const char *bin;
 static char tmp[256], model[600], data[600];
-
-static int sh(const char *cmd) {
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");

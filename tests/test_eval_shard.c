@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "cli_util.h"
 
 /* Command lines are built in fixed buffers sized far above what the temporary paths need; a
  * truncated one would fail its test, not pass it. */
@@ -25,17 +26,8 @@
 static const char *bin;
 static char tmp[256], out_path[600], err_path[600];
 
-static int sh(const char *cmd) {
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-/* `g4 ARGS`, stdout and stderr captured; the exit status. */
-static int run(const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s > %s 2> %s < /dev/null", bin, args, out_path, err_path);
-    return sh(cmd);
-}
+/* `g4 ARGS`, stdout and stderr into out_path and err_path; the exit status. */
+static int run(const char *args) { return run_into(bin, args, out_path, err_path); }
 
 static void path_in_tmp(char *buf, size_t cap, const char *name) {
     snprintf(buf, cap, "%s/%s", tmp, name);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "cli_util.h"
 
 /* Command lines are built in fixed buffers sized far above what the temporary paths need; a
  * truncated one would fail its test, not pass it. */
@@ -20,11 +21,6 @@ static const char *bin;
 static char tmp[256], model[600];
 
 /* Runs a shell command line; returns the exit status. */
-static int sh(const char *cmd) {
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 /* The ids after "g4: <what>:" on the n-th such line (0-based) of a stderr capture. */
 static int ids_line(const char *text, const char *what, int nth, int32_t *ids, int cap) {
     char key[64];
