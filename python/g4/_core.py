@@ -879,6 +879,10 @@ class Model:
             raise OptionError("stop: expected a string or a list of strings")
         ids: Optional[List[int]] = None
         msgs: List[Tuple[int, bytes]] = []
+        if (raw or not isinstance(prompt, str)) and (system is not None or thinking):
+            raise OptionError(
+                f"{'system' if system is not None else 'thinking'}: a raw prompt has no chat template to put it in"
+            )
         if isinstance(prompt, str):
             if raw:
                 ids = self.tokenize(prompt)

@@ -90,6 +90,11 @@ def test_bad_generation_settings(model: g4.Model) -> None:
         with pytest.raises(g4.OptionError) as e:
             model.generate("hi", **kw)
         assert one_line(e).startswith(what), (kw, str(e.value))
+    with pytest.raises(g4.OptionError) as e:
+        model.generate("hi", raw=True, system="You add.")
+    assert one_line(e) == "system: a raw prompt has no chat template to put it in"
+    with pytest.raises(g4.OptionError):
+        model.generate([2, 5], thinking=True)
     with pytest.raises(g4.GenerationError) as e:
         model.generate("hi", temperature=-1)
     assert "invalid sampling parameters" in one_line(e)
