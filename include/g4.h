@@ -3,7 +3,10 @@
  * Load a checkpoint folder (config.json + model.safetensors in the Hugging Face
  * "gemma-4-*-qat-mobile-transformers" format), open a session (run state + KV cache), feed
  * token ids, read logits. Every function that can fail returns NULL or a negative value and
- * leaves a one-line message in g4_last_error(). */
+ * leaves a one-line message in g4_last_error().
+ *
+ * python/g4/_capi.py mirrors the structs the Python package uses (ctypes): a change to one of them
+ * goes there too (make python-test compares every mirrored layout with this header's). */
 #ifndef G4_H
 #define G4_H
 
