@@ -26,7 +26,7 @@ TESTS = test_config test_bf16 test_quantize test_int8 test_unit_linear test_lite
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test
+.PHONY: all test asan-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test python-test
 .SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o
 all: $(OUT)/g4
 
@@ -99,6 +99,16 @@ example-test:
 	G4_TOKENIZER_CACHE=off $$p/answer models/gemma4-tiny-math "$$(cat models/gemma4-tiny-math/example_prompt.txt)" > $$p/out.txt; \
 	grep -qx 'The final answer is 890' $$p/out.txt || { cat $$p/out.txt; echo "example-test: no 'The final answer is 890'"; exit 1; }; \
 	echo "example-test: 1 passed, 0 failed (examples/answer.c against libg4.so.$(G4_VERSION) from pkg-config)"
+
+# The Python package (python/) as a user gets it: python/run-tests.sh makes a fresh venv, runs
+# `pip install ./python pytest` in it (which builds libg4.so here with make) and the pytest tests
+# against the installed package and this build's g4 command line (their answers must agree), one of
+# them installing the package again against `make install`'s copy through pkg-config. PYTHON=python3.X
+# picks the interpreter; PYTEST_ARGS go to pytest. Always the release build (a sanitized library
+# cannot be loaded into an uninstrumented Python).
+python-test:
+	@$(MAKE) -s --no-print-directory BUILD=release build/release/g4 build/release/libg4.so
+	@PYTHON=$(or $(PYTHON),python3) G4_BIN=$(CURDIR)/build/release/g4 sh python/run-tests.sh $(PYTEST_ARGS)
 
 # The kernel micro-benchmark (bench/bench_kernels.c): built with the tests so it keeps compiling,
 # run by hand (`build/release/bench_kernels [quick]`).
@@ -209,6 +219,7 @@ quality: $(OUT)/g4 $(OUT)/tests/test_quality
 check:
 	$(MAKE) test
 	$(MAKE) example-test
+	$(MAKE) python-test
 	$(MAKE) mutation-test
 	$(MAKE) dispatch-test
 	$(MAKE) neon-test
