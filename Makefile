@@ -24,13 +24,13 @@ OUT = build/$(BUILD)
 
 include sources.mk
 
-TESTS = test_config test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard
+TESTS = test_config test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
-.PHONY: all test asan-test serve-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test
-.SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(SERVE_OBJ)
+.PHONY: all test asan-test serve-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test python-test
+.SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(SERVE_OBJ)
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
@@ -48,7 +48,7 @@ $(OUT)/tools/cli.o: CFLAGS += -DG4_SOURCE_DIR='"$(CURDIR)"'
 $(OUT)/libg4.a: $(LIB_OBJ)
 	@ar rcs $@ $^
 
-$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(SERVE_OBJ) $(OUT)/libg4.a
+$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(SERVE_OBJ) $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(SERVE_LIBS)
 
 # the server's request parser and reply writer (no HTTP in them) under their unit test
@@ -107,6 +107,16 @@ example-test:
 	grep -qx 'The final answer is 890' $$p/out.txt || { cat $$p/out.txt; echo "example-test: no 'The final answer is 890'"; exit 1; }; \
 	echo "example-test: 1 passed, 0 failed (examples/answer.c against libg4.so.$(G4_VERSION) from pkg-config)"
 
+# The Python package (python/) as a user gets it: python/run-tests.sh makes a fresh venv, runs
+# `pip install ./python pytest` in it (which builds libg4.so here with make) and the pytest tests
+# against the installed package and this build's g4 command line (their answers must agree), one of
+# them installing the package again against `make install`'s copy through pkg-config. PYTHON=python3.X
+# picks the interpreter; PYTEST_ARGS go to pytest. Always the release build (a sanitized library
+# cannot be loaded into an uninstrumented Python).
+python-test:
+	@$(MAKE) -s --no-print-directory BUILD=release build/release/g4 build/release/libg4.so
+	@PYTHON=$(or $(PYTHON),python3) G4_BIN=$(CURDIR)/build/release/g4 sh python/run-tests.sh $(PYTEST_ARGS)
+
 # The kernel micro-benchmark (bench/bench_kernels.c): built with the tests so it keeps compiling,
 # run by hand (`build/release/bench_kernels [quick]`).
 $(OUT)/bench_kernels: $(OUT)/bench/bench_kernels.o $(OUT)/libg4.a
@@ -149,7 +159,7 @@ serve-test: $(OUT)/g4
 # src/kernels/levels.h (its LEVEL lines), the portable one first. A level this build or CPU lacks
 # is skipped by each program with a printed reason (tests/testutil.h, check_dispatch_level): on
 # x86, NEON, which runs under qemu (neon-test).
-DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear
+DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear test_bf16
 DISPATCH_LEVELS := $(shell sed -n 's/^ *LEVEL(\([a-z0-9_]*\)).*/\1/p' src/kernels/levels.h | tac)
 dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@all_f=0; \
@@ -227,6 +237,7 @@ check:
 	$(MAKE) test
 	$(MAKE) serve-test
 	$(MAKE) example-test
+	$(MAKE) python-test
 	$(MAKE) mutation-test
 	$(MAKE) dispatch-test
 	$(MAKE) neon-test

@@ -3,7 +3,10 @@
  * Load a checkpoint folder (config.json + model.safetensors in the Hugging Face
  * "gemma-4-*-qat-mobile-transformers" format), open a session (run state + KV cache), feed
  * token ids, read logits. Every function that can fail returns NULL or a negative value and
- * leaves a one-line message in g4_last_error(). */
+ * leaves a one-line message in g4_last_error().
+ *
+ * python/g4/_capi.py mirrors the structs the Python package uses (ctypes): a change to one of them
+ * goes there too (make python-test compares every mirrored layout with this header's). */
 #ifndef G4_H
 #define G4_H
 
@@ -15,6 +18,9 @@ extern "C" {
 #endif
 
 #define G4_VERSION "0.1.0"
+/* The library's G4_VERSION, for a program that finds it at run time (a binding checking the copy
+ * it loaded has the struct layouts it was written against). */
+const char *g4_version(void);
 
 typedef struct g4_model g4_model;
 typedef struct g4_session g4_session;
@@ -141,7 +147,12 @@ void g4_log_stderr(void *user, g4_log_level level, const char *message);
  *
  * The matmuls of every session run on one process-wide pool. g4_set_threads sets its size (the
  * caller's thread included; n <= 0: one per online CPU, the default); call it while no session
- * computes. g4_threads gives the size in effect. */
+ * computes. g4_threads gives the size in effect.
+ *
+ * Sessions may compute in different threads at once, sessions of one model as well as of several
+ * (a loaded model is only read), each getting what it gets alone (tests/test_generate.c); a
+ * session, with the stepper and the conversation over it, is one thread's at a time.
+ * g4_last_error() is per thread. */
 void g4_set_threads(int n);
 int g4_threads(void);
 

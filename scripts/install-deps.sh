@@ -7,11 +7,12 @@ set -euo pipefail
 # gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user: `make neon-test` cross-compiles the
 # NEON kernels and their tests for aarch64 and runs them under qemu-aarch64.
 # parallel: GNU parallel, which tests/test_eval_shard.c runs the README's sharded eval under.
-# libmicrohttpd-dev: g4 serve's HTTP server. python3-venv: make serve-test's venv for the openai
-# client. nginx: make serve-test runs two g4 serve replicas behind it (examples/serve/nginx.conf).
+# python3, python3-venv: make python-test makes a venv and pip-installs ./python into it; make
+# serve-test makes one for the openai client. libmicrohttpd-dev: g4 serve's HTTP server. nginx:
+# make serve-test runs two g4 serve replicas behind it (examples/serve/nginx.conf).
 packages=(gcc make libc6-dev libcjson-dev libpcre2-dev pkgconf clang libclang-rt-14-dev
           gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user parallel
-          libmicrohttpd-dev python3-venv nginx)
+          python3 python3-venv libmicrohttpd-dev nginx)
 
 # The arm64 builds of cJSON and PCRE2 for that cross build are unpacked (dpkg-deb -x) into
 # AARCH64_DEPS, not installed as multiarch packages (libcjson-dev:arm64 libpcre2-dev:arm64):

@@ -220,6 +220,29 @@ static void test_bench(void) {
     CHECK(steps_ok, "bench --alternate steps: exit %d, output %s", rc, out);
     cJSON_Delete(j);
     free(out);
+    /* several -m: reps alternate between the checkpoints (the mobile fixture and the Q4_0 one);
+     * each model's figures, its bytes per token and its ratio to the first */
+    snprintf(args, sizeof args, "bench -m %s -m tests/fixtures/tiny-q4_0 -p 4 -n 2 -r 2 --bandwidth off --json", tiny_dir());
+    rc = run(args);
+    out = slurp(out_path);
+    j = cJSON_Parse(out);
+    by = j ? cJSON_GetObjectItemCaseSensitive(j, "by_model") : NULL;
+    int models_ok = rc == 0 && cJSON_GetArraySize(by) == 2;
+    double model_bytes[2] = {0, 0};
+    for (int l = 0; models_ok && l < 2; l++) {
+        const cJSON *e = cJSON_GetArrayItem(by, l), *name = cJSON_GetObjectItemCaseSensitive(e, "model");
+        const cJSON *ds = cJSON_GetObjectItemCaseSensitive(e, "decode_tok_s"), *dr = cJSON_GetObjectItemCaseSensitive(e, "decode_ratio");
+        const cJSON *by_tok = cJSON_GetObjectItemCaseSensitive(e, "decode_bytes_per_token");
+        models_ok = cJSON_IsString(name) && strstr(name->valuestring, l ? "tiny-q4_0" : "tiny-mobile") && cJSON_IsNumber(ds) &&
+                    ds->valuedouble > 0 && cJSON_IsNumber(dr) && (l || dr->valuedouble == 1) && cJSON_IsNumber(by_tok);
+        model_bytes[l] = models_ok ? by_tok->valuedouble : 0;
+    }
+    CHECK(models_ok && model_bytes[0] > 0 && model_bytes[1] > 0 && model_bytes[0] != model_bytes[1], "bench -m -m: exit %d, output %s", rc,
+          out);
+    cJSON_Delete(j);
+    free(out);
+    snprintf(args, sizeof args, "bench -m %s -m %s --kernels portable", tiny_dir(), tiny_dir());
+    expect_error(args, "several -m compare models");
     snprintf(args, sizeof args, "bench -m %s --alternate steps", tiny_dir());
     expect_error(args, "--alternate steps needs --kernels");
     snprintf(args, sizeof args, "bench -m %s --kernels avx2,bogus", tiny_dir());

@@ -102,7 +102,21 @@ static void test_text_only_and_errors(void) {
     snprintf(buf, sizeof buf, "{%s, %s}", text_fields, e2b_quant);
     CHECK(g4_config_parse(&c, buf, "config.json") == 0, "text-only config: %s", g4_last_error());
     g4_config_free(&c);
-    CHECK(parse(&c, "\"x\": 1", "") != 0 && strstr(g4_last_error(), "quantization_config missing"), "%s", g4_last_error());
+    /* no quantization_config: a plain checkpoint, every module float (BF16 on disk) */
+    CHECK(parse(&c, "\"x\": 1", "") == 0, "%s", g4_last_error());
+    CHECK_EQ_INT(c.quant.method, G4_QUANT_NONE);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.0.mlp.gate_proj"), 0);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "lm_head"), 0);
+    CHECK_EQ_INT(g4_config_module_block(&c, "model.language_model.layers.0.mlp.gate_proj"), 0);
+    g4_config_free(&c);
+    CHECK(parse(&c, "\"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4}", "") != 0 &&
+              strstr(g4_last_error(), "quant_method \"awq\" is not implemented"),
+          "%s", g4_last_error());
+    CHECK(parse(&c, "\"quantization_config\": {\"bits\": 4}", "") != 0 && strstr(g4_last_error(), "quant_method missing"), "%s",
+          g4_last_error());
+    CHECK(parse(&c, "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4, \"block_size\": 33}", "") != 0 &&
+              strstr(g4_last_error(), "block_size 33"),
+          "%s", g4_last_error());
     const char *bad_regex = "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4, \"module_quant_configs\": {"
                             "\"(?<!\": {\"num_bits\": 2}}}";
     CHECK(parse(&c, bad_regex, "") != 0 && strstr(g4_last_error(), "invalid regex"), "%s", g4_last_error());
@@ -110,7 +124,65 @@ static void test_text_only_and_errors(void) {
     CHECK(g4_config_parse(&c, "", "config.json") != 0, "empty");
 }
 
+/* block_size: the config's for every converted module, a pattern's own where it gives one, none
+ * (one scale per output row) for the mobile format; not-converted modules stay float. */
+static void test_block_size(void) {
+    const char *q = "\"quantization_config\": {\"quant_method\": \"gemma\", \"num_bits\": 4, \"block_size\": 32,"
+                    "\"quantize_embeddings\": true, \"module_quant_configs\": {"
+                    "\"language_model\\\\.embed_tokens$\": {\"num_bits\": 8},"
+                    "\"language_model\\\\.layers\\\\.0\\\\.mlp\\\\.\": {\"num_bits\": 4, \"block_size\": 64}},"
+                    "\"modules_to_not_convert\": [\"per_layer_model_projection\"]}";
+    g4_config c;
+    CHECK(parse(&c, q, "") == 0, "%s", g4_last_error());
+    CHECK_EQ_INT(c.quant.block_size, 32);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.embed_tokens"), 8);
+    CHECK_EQ_INT(g4_config_module_block(&c, "model.language_model.embed_tokens"), 32);
+    CHECK_EQ_INT(g4_config_module_block(&c, "model.language_model.layers.0.mlp.up_proj"), 64);
+    CHECK_EQ_INT(g4_config_module_block(&c, "model.language_model.layers.1.mlp.up_proj"), 32);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.per_layer_model_projection"), 0);
+    CHECK_EQ_INT(g4_config_module_block(&c, "model.language_model.per_layer_model_projection"), 0);
+    g4_config_free(&c);
+    CHECK(parse(&c, e2b_quant, "") == 0, "%s", g4_last_error());
+    CHECK_EQ_INT(g4_config_module_block(&c, "model.language_model.layers.3.self_attn.q_proj"), 0);
+    g4_config_free(&c);
+}
+
+/* per_layer_config (what transformers 5.17 writes instead of global_head_dim): its overrides set
+ * the full-attention layers' shape, must agree within a type, and name only head_dim and
+ * num_key_value_heads; without it and without global_head_dim the full layers take transformers'
+ * default 512. */
+static void test_per_layer_config(void) {
+    char buf[8192];
+    g4_config c;
+    const char *five = "\"hidden_size\": 64, \"num_hidden_layers\": 5, \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+                       "\"head_dim\": 16, \"intermediate_size\": 96, \"hidden_size_per_layer_input\": 16, \"vocab_size\": 512,"
+                       "\"rms_norm_eps\": 1e-6, \"hidden_activation\": \"gelu_pytorch_tanh\", \"sliding_window\": 8,"
+                       "\"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"],"
+                       "\"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0, \"rope_type\": "
+                       "\"proportional\"}, \"sliding_attention\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}}";
+    snprintf(buf, sizeof buf, "{%s, \"per_layer_config\": {\"2\": {\"head_dim\": 32}, \"4\": {\"head_dim\": 32, \"num_key_value_heads\": 2}}}",
+             five);
+    CHECK(g4_config_parse(&c, buf, "config.json") != 0 && strstr(g4_last_error(), "different shapes (layer 4"), "%s", g4_last_error());
+    snprintf(buf, sizeof buf, "{%s, \"global_head_dim\": 64, \"per_layer_config\": {\"2\": {\"head_dim\": 32}, \"4\": {\"head_dim\": 32}}}", five);
+    CHECK(g4_config_parse(&c, buf, "config.json") == 0, "%s", g4_last_error());
+    CHECK_EQ_INT(c.global_head_dim, 32); /* per_layer_config wins over global_head_dim, as in transformers */
+    CHECK_EQ_INT(c.head_dim, 16);
+    CHECK_EQ_INT(c.n_global_kv_heads, 1);
+    g4_config_free(&c);
+    snprintf(buf, sizeof buf, "{%s, \"per_layer_config\": {\"2\": {\"head_dim\": 32, \"rope_theta\": 5.0}, \"4\": {\"head_dim\": 32}}}", five);
+    CHECK(g4_config_parse(&c, buf, "config.json") != 0 && strstr(g4_last_error(), "per_layer_config.2.rope_theta is not implemented"), "%s",
+          g4_last_error());
+    snprintf(buf, sizeof buf, "{%s, \"per_layer_config\": {\"7\": {\"head_dim\": 32}}}", five);
+    CHECK(g4_config_parse(&c, buf, "config.json") != 0 && strstr(g4_last_error(), "\"7\" is not a layer index"), "%s", g4_last_error());
+    snprintf(buf, sizeof buf, "{%s}", five);
+    CHECK(g4_config_parse(&c, buf, "config.json") == 0, "%s", g4_last_error());
+    CHECK_EQ_INT(c.global_head_dim, 512);
+    g4_config_free(&c);
+}
+
 int main(void) {
+    test_per_layer_config();
+    test_block_size();
     test_e2b_bits();
     test_order_matters();
     test_leftmost_wins();

@@ -50,7 +50,9 @@ static float rnd_float(void) {
 typedef struct {
     int bits, in, out, n;
     size_t extra; /* row padding beyond the packed bytes */
-    int extreme;  /* x = -128 with every raw weight field 0 (1) or all ones (2): the int16 corners */
+    int extreme;  /* x = -128 with every raw weight field 0 (1) or all ones (2): the int16 corners; block-scaled
+                     weights: every x at the fixed-point image's bound, -(2 - 2^-23) (X = -2^22) */
+    int block;    /* inputs per weight scale (0: one per row) */
 } shape;
 
 typedef struct {
@@ -78,15 +80,18 @@ static void make_problem(problem *p, const shape *s) {
             p->wbuf[(size_t)o * row_bytes + 2 * (size_t)i + 1] = (uint8_t)(u >> 24);
         }
     if (s->extreme) memset(p->wbuf, s->extreme == 2 ? 0xFF : bits == 8 ? 0x80 : 0x00, total);
-    p->scale = malloc(sizeof(float) * (size_t)s->out);
-    for (int o = 0; o < s->out; o++) p->scale[o] = (float)(rnd() % 100000 + 1) * 1e-6f;
-    p->w = (g4_qweight){.bits = bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = p->wbuf,
+    size_t n_scales = (size_t)s->out * (s->block ? (size_t)(s->in / s->block) : 1);
+    p->scale = malloc(sizeof(float) * n_scales);
+    for (size_t o = 0; o < n_scales; o++) p->scale[o] = (float)(rnd() % 100000 + 1) * 1e-6f;
+    /* block scales are signed as Q4_0's are, sometimes 0 (a block of zeros) */
+    for (size_t o = 0; s->block && o < n_scales; o++) p->scale[o] *= rnd() % 16 == 0 ? 0.0f : rnd() % 2 ? -1.0f : 1.0f;
+    p->w = (g4_qweight){.bits = bits, .in = s->in, .out = s->out, .block = s->block, .row_bytes = row_bytes, .w = p->wbuf,
                         .w_scale = bits == 16 ? NULL : p->scale};
     size_t nx = (size_t)s->n * s->in, ny = (size_t)s->n * s->out;
     p->xf = malloc(sizeof(float) * nx);
     p->xi = malloc(nx);
     for (size_t i = 0; i < nx; i++) {
-        p->xf[i] = rnd_float();
+        p->xf[i] = s->extreme && s->block ? -(2.0f - 0x1p-23f) : rnd_float();
         p->xi[i] = s->extreme ? -128 : (int8_t)rnd();
     }
     p->yref = malloc(sizeof(float) * ny);
@@ -94,7 +99,7 @@ static void make_problem(problem *p, const shape *s) {
     p->aref = malloc(sizeof(int32_t) * ny);
     p->a = malloc(sizeof(int32_t) * ny);
     g4_ref_matmul_f32(&p->w, p->xf, s->n, p->yref);
-    if (bits != 16) g4_ref_matmul_i8(&p->w, p->xi, s->n, p->aref);
+    if (bits != 16 && !s->block) g4_ref_matmul_i8(&p->w, p->xi, s->n, p->aref);
 }
 
 static void free_problem(problem *p) {
@@ -114,9 +119,9 @@ static void run_level(const g4_kernels *k, problem *p, const shape *s, const cha
     memset(p->y, 0xA5, sizeof(float) * ny);
     k->matmul_f32(&p->w, p->xf, s->n, p->y);
     int ok = memcmp(p->y, p->yref, sizeof(float) * ny) == 0;
-    CHECK(ok, "%s %s f32 bits=%d in=%d out=%d n=%d extra=%zu threads=%d", what, k->name, s->bits, s->in, s->out,
+    CHECK(ok, "%s %s f32 bits=%d block=%d in=%d out=%d n=%d extra=%zu threads=%d", what, k->name, s->bits, s->block, s->in, s->out,
           s->n, s->extra, g4_kernels_threads());
-    if (s->bits != 16) {
+    if (s->bits != 16 && !s->block) { /* block-scaled weights have no int8-activation product */
         memset(p->a, 0xA5, sizeof(int32_t) * ny);
         k->matmul_i8(&p->w, p->xi, s->n, p->a);
         ok = memcmp(p->a, p->aref, sizeof(int32_t) * ny) == 0;
@@ -202,6 +207,97 @@ static void fixed_shapes(void) {
         {.bits = 4, .in = (1 << 21) + 9, .out = 2, .n = 1, .extreme = 1},
     };
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "big");
+}
+
+/* Block-scaled weights (one scale per `block` inputs): llama.cpp's Q4_0 and Q8_0 layouts (blocks of
+ * 32, which the SIMD levels' tiles take), a 2-bit and a 64-input variant (which they hand to the
+ * portable kernel), remainder tiles (out not a multiple of 4), rows past a tile's 4, signed and
+ * zero scales, and activations at the fixed-point bound: every level equals the reference bit
+ * for bit. */
+static void block_shapes(void) {
+    static const int bits_list[] = {4, 8, 4, 8, 2};
+    static const int block_list[] = {32, 32, 64, 64, 32};
+    for (int c = 0; c < 40; c++) {
+        int bits = bits_list[c % 5], block = block_list[c % 5];
+        shape s = {.bits = bits, .block = block, .in = block * rnd_int(1, 20), .out = rnd_int(1, 37), .n = rnd_int(1, 9),
+                   .extra = (rnd() % 4 == 0) ? (size_t)rnd_int(1, 5) : 0};
+        check_shape(&s, "blocks");
+    }
+    shape big[] = {
+        {.bits = 4, .block = 32, .in = 1536, .out = 37, .n = 64},
+        {.bits = 4, .block = 32, .in = 12288, .out = 6, .n = 1},
+        {.bits = 8, .block = 32, .in = 1536, .out = 41, .n = 5},
+        {.bits = 4, .block = 32, .in = 6144, .out = 5, .n = 3, .extreme = 1}, /* raw fields 0: D = -2^30 per block */
+        {.bits = 4, .block = 32, .in = 6144, .out = 5, .n = 2, .extreme = 2}, /* raw fields 15 */
+        {.bits = 8, .block = 32, .in = 2048, .out = 6, .n = 2, .extreme = 1}, /* codes -128: D = 2^34 */
+        {.bits = 8, .block = 32, .in = 2048, .out = 3, .n = 4, .extreme = 2}, /* codes -1 */
+    };
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "blocks big");
+}
+
+/* The fold's order shows: scales 2^60, 1, -2^60 on three equal blocks make the sum in block order
+ * exactly 0 (the middle term is lost against 2^60, then the outer two cancel), where any other
+ * order or a rounding more or less keeps a trace; every level must give +0. */
+static void blocks_fold_order(void) {
+    for (int bits = 4; bits <= 8; bits += 4) {
+        int in = 96, out = 6, n = 2;
+        size_t rb = g4_packed_row_bytes(bits, (size_t)in);
+        uint8_t *w = malloc(rb * (size_t)out);
+        memset(w, bits == 4 ? 0x99 : 0x01, rb * (size_t)out); /* every code 1 */
+        float scale[6 * 3], x[2 * 96], y[2 * 6];
+        for (int o = 0; o < out; o++) scale[3 * o] = 0x1p60f, scale[3 * o + 1] = 1.0f, scale[3 * o + 2] = -0x1p60f;
+        for (int i = 0; i < n * in; i++) x[i] = 1.0f;
+        g4_qweight qw = {.bits = bits, .in = in, .out = out, .block = 32, .row_bytes = rb, .w = w, .w_scale = scale};
+        for (int l = 0; l < n_levels; l++) {
+            memset(y, 0xA5, sizeof y);
+            levels[l]->matmul_f32(&qw, x, n, y);
+            int zero = 1;
+            for (int i = 0; i < n * out; i++) zero &= y[i] == 0 && !signbit(y[i]);
+            CHECK(zero, "%s: %d-bit block fold 2^60, 1, -2^60 is not +0 (got %g)", levels[l]->name, bits, (double)y[0]);
+        }
+        free(w);
+    }
+}
+
+/* The block-scaled reference against an independent long double sum of x[i] * code * its block's
+ * scale: within the fixed-point image's half step per element plus one f32 rounding; rows with a
+ * NaN or an infinity give NaN. */
+static void blocks_accuracy(void) {
+    int bad = 0, checked = 0;
+    for (int c = 0; c < 40; c++) {
+        int bits = c % 2 ? 8 : 4, B = 32, in = B * rnd_int(1, 24), out = rnd_int(1, 7);
+        size_t rb = g4_packed_row_bytes(bits, (size_t)in), nb = (size_t)in / B;
+        uint8_t *w = malloc(rb * (size_t)out);
+        for (size_t i = 0; i < rb * (size_t)out; i++) w[i] = (uint8_t)rnd();
+        float *scale = malloc(sizeof(float) * (size_t)out * nb), *x = malloc(sizeof(float) * (size_t)in), y[8];
+        for (size_t i = 0; i < (size_t)out * nb; i++) scale[i] = ((float)(rnd() % 2001) - 1000.0f) * 1e-4f;
+        for (int i = 0; i < in; i++) x[i] = rnd_float() * (c % 5 == 0 && i % 37 == 0 ? 1e5f : 1.0f);
+        g4_qweight qw = {.bits = bits, .in = in, .out = out, .block = B, .row_bytes = rb, .w = w, .w_scale = scale};
+        g4_ref_matmul_f32(&qw, x, 1, y);
+        float mx = 0;
+        for (int i = 0; i < in; i++) mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
+        int e = 0;
+        if (mx > 0) frexpf(mx, &e);
+        long double step = ldexpl(1.0L, e - G4_FIX_BITS);
+        for (int o = 0; o < out; o++) {
+            long double exact = 0, slack = 0;
+            for (int i = 0; i < in; i++) {
+                long double wv = (long double)g4_packed_code(w + (size_t)o * rb, bits, (size_t)i) * scale[(size_t)o * nb + (size_t)i / B];
+                exact += (long double)x[i] * wv;
+                slack += fabsl(wv) * step / 2;
+            }
+            if (fabsl((long double)y[o] - exact) > slack + fabsl(exact) * 1.2e-7L + 1e-30L) bad++;
+            checked++;
+        }
+        x[in / 3] = c % 2 ? NAN : INFINITY;
+        g4_ref_matmul_f32(&qw, x, 1, y);
+        for (int o = 0; o < out; o++) CHECK(isnan(y[o]), "block-scaled: a non-finite row gives NaN (bits %d in %d)", bits, in);
+        free(w);
+        free(scale);
+        free(x);
+    }
+    CHECK(bad == 0, "block-scaled reference within the fixed-point bound of the exact sum (%d of %d outside)", bad, checked);
+    printf("ok block-scaled reference: %d outputs within the fixed-point bound of a long double sum\n", checked);
 }
 
 /* ---- elementwise and attention kernels against their references ---- */
@@ -994,6 +1090,7 @@ int main(void) {
     dispatch_matches_cpu();
     CHECK(g4_kernels_threads() >= 1, "default threads %d", g4_kernels_threads());
     fixed_point_accuracy();
+    blocks_accuracy();
     check_tanhf();
     check_expf();
     check_codes_argmax();
@@ -1007,6 +1104,8 @@ int main(void) {
         CHECK_EQ_INT(g4_kernels_threads(), threads);
         random_shapes(120);
         fixed_shapes();
+        block_shapes();
+        blocks_fold_order();
         elementwise_kernels();
     }
     g4_kernels_set_threads(2);

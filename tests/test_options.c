@@ -39,6 +39,12 @@ static int one_error_line(const char *what) {
 
 /* ---------------------------------------------------------------- the table in the library */
 
+/* g4_version: the header's version, as the shared library exports it to a binding (python/). */
+static void test_version(void) {
+    CHECK(g4_version() && !strcmp(g4_version(), G4_VERSION), "g4_version() %s, G4_VERSION %s", g4_version() ? g4_version() : "NULL",
+          G4_VERSION);
+}
+
 static void test_defaults(void) {
     g4_options o;
     memset(&o, 0x5a, sizeof o); /* every field must be set, not left as it was */
@@ -611,6 +617,7 @@ int main(void) {
     if (!mkdtemp(tmp)) return 2;
     snprintf(out_path, sizeof out_path, "%s/stdout", tmp);
     snprintf(err_path, sizeof err_path, "%s/stderr", tmp);
+    test_version();
     test_defaults();
     test_rows();
     test_set_values();

@@ -198,8 +198,10 @@ static void compare_configs(const g4_config *a, const g4_config *b) {
     for (int i = 0; i < qa->n_not_convert && i < qb->n_not_convert; i++) CHECK_STREQ(qa->not_convert[i], qb->not_convert[i]);
 }
 
-/* module_quant_configs keys appear in sorted order (HF sort_keys), which decides precedence. */
+/* module_quant_configs keys appear in sorted order (HF sort_keys), which decides precedence:
+ * E2B's 11 patterns, E4B's 10 (one MLP rule). */
 static void check_sorted_patterns(const char *json_text, const char *what) {
+    int want = strcmp(what, "e4b") ? 11 : 10;
     cJSON *r = cJSON_Parse(json_text);
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "quantization_config"),
                                                       "module_quant_configs");
@@ -207,7 +209,7 @@ static void check_sorted_patterns(const char *json_text, const char *what) {
     int n = 0;
     for (const cJSON *e = m ? m->child : NULL; e; e = e->next, n++)
         if (e->next) CHECK(strcmp(e->string, e->next->string) < 0, "%s: %s listed before %s", what, e->string, e->next->string);
-    CHECK_EQ_INT(n, 11);
+    CHECK_EQ_INT(n, want);
     const cJSON *nc = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "quantization_config"),
                                                        "modules_to_not_convert");
     CHECK_EQ_INT(cJSON_GetArraySize(nc), 7);
@@ -252,7 +254,58 @@ static void test_e2b_config(void) {
     CHECK_EQ_INT(g4_config_module_bits(&c, "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear"), 8);
     g4_config_free(&c);
     g4_clear_error();
-    CHECK(g4_synth_config_json("e4b") == NULL && strstr(g4_last_error(), "e4b"), "unknown preset: %s", g4_last_error());
+    CHECK(g4_synth_config_json("e9b") == NULL && strstr(g4_last_error(), "e9b"), "unknown preset: %s", g4_last_error());
+}
+
+/* E4B mobile (the preset table's sources): 42 layers of (5 sliding + 1 full) x 7, 2 KV heads, 18
+ * KV-shared layers with no double-wide MLP, every MLP and attention linear 4-bit, the per-layer
+ * table and embed_tokens 2-bit, an untied 2-bit lm_head. */
+static void test_e4b_config(void) {
+    char *text = g4_synth_config_json("e4b");
+    CHECK(text != NULL, "%s", g4_last_error());
+    if (!text) return;
+    check_sorted_patterns(text, "e4b");
+    g4_config c;
+    int ok = g4_config_parse(&c, text, "e4b/config.json") == 0;
+    CHECK(ok, "%s", g4_last_error());
+    free(text);
+    if (!ok) return;
+    CHECK(c.hidden == 2560 && c.n_layers == 42 && c.intermediate == 10240 && c.n_kv_heads == 2 && c.n_global_kv_heads == 2 &&
+              c.head_dim == 256 && c.global_head_dim == 512 && c.n_kv_shared == 18 && !c.double_wide_mlp && !c.tie_word_embeddings,
+          "e4b shape");
+    int full = 0;
+    for (int l = 0; l < c.n_layers; l++) full += c.layer_types[l] == G4_LAYER_FULL && l % 6 == 5;
+    CHECK_EQ_INT(full, 7);
+    CHECK_EQ_INT(c.layer_types[41], G4_LAYER_FULL);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.0.mlp.gate_proj"), 4);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.30.mlp.down_proj"), 4);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.30.self_attn.q_proj"), 4);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.3.per_layer_projection"), 8);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.embed_tokens_per_layer"), 2);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.embed_tokens"), 2);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "lm_head"), 2);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.per_layer_model_projection"), 0);
+    g4_config_free(&c);
+}
+
+/* The q4_0 layout of E2B: g4 quantize's quantization_config (4-bit blocks of 32, Q8_0
+ * embeddings), the lm_head tied to embed_tokens. */
+static void test_q4_0_config(void) {
+    char *text = g4_synth_config_json("e2b-q4_0");
+    CHECK(text != NULL, "%s", g4_last_error());
+    if (!text) return;
+    g4_config c;
+    int ok = g4_config_parse(&c, text, "e2b-q4_0/config.json") == 0;
+    CHECK(ok, "%s", g4_last_error());
+    free(text);
+    if (!ok) return;
+    CHECK(c.hidden == 1536 && c.n_layers == 35 && c.tie_word_embeddings && c.quant.block_size == 32, "e2b-q4_0 shape");
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.20.mlp.down_proj"), 4);
+    CHECK_EQ_INT(g4_config_module_block(&c, "model.language_model.layers.20.mlp.down_proj"), 32);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.embed_tokens"), 8);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.embed_tokens_per_layer"), 8);
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.per_layer_model_projection"), 0);
+    g4_config_free(&c);
 }
 
 /* ---- tokenizer ---- */
@@ -627,6 +680,20 @@ static void test_e2b_full(void) {
     g4_model_free(m);
 }
 
+/* The plain BF16 layout: no quantization_config (every module float), the lm_head tied. */
+static void test_bf16_config(void) {
+    char *text = g4_synth_config_json("e2b-bf16");
+    CHECK(text != NULL && !strstr(text, "quantization_config"), "e2b-bf16 config: %s", text ? "has a quantization_config" : g4_last_error());
+    g4_config c;
+    int ok = text && g4_config_parse(&c, text, "e2b-bf16/config.json") == 0;
+    CHECK(ok, "%s", g4_last_error());
+    free(text);
+    if (!ok) return;
+    CHECK(c.quant.method == G4_QUANT_NONE && c.tie_word_embeddings && c.n_layers == 35, "e2b-bf16: plain, tied");
+    CHECK_EQ_INT(g4_config_module_bits(&c, "model.language_model.layers.3.mlp.up_proj"), 0);
+    g4_config_free(&c);
+}
+
 int main(void) {
     g4_set_log(NULL, NULL);
     snprintf(base_tmp, sizeof base_tmp, "/tmp/g4-synth-XXXXXX");
@@ -634,6 +701,9 @@ int main(void) {
     test_writer_roundtrip();
     test_writer_rejects();
     test_e2b_config();
+    test_e4b_config();
+    test_q4_0_config();
+    test_bf16_config();
     test_tiny();
     test_tokenizer_option_and_errors();
     test_big_tokenizer();

@@ -17,11 +17,15 @@
 #include "model/probe.h"
 #include "util/err.h"
 
-/* --kernels: the levels compared, at most this many */
+/* --kernels: the levels compared, at most this many; and the models (-m given several times) */
 #define BENCH_MAX_LEVELS 5
 
 typedef struct {
     const char *dir;
+    /* -m DIR -m DIR2 ...: the reps alternate between these checkpoints, round after round, as
+     * between the levels of --kernels (one or the other) */
+    const char *dirs[BENCH_MAX_LEVELS];
+    int n_models;
     int prompt, gen, reps, json, bandwidth;
     /* --kernels A,B,...: the reps alternate between these levels, round after round; with
      * --alternate steps the decode steps of every rep do as well */
@@ -231,7 +235,10 @@ static int parse_bench(args_t *a, bench_args *b) {
     static const char *const onoff[] = {"off", "on", NULL};
     for (a->i = 2; a->i < a->argc && !bad; a->i++) {
         const char *v;
-        if (flag_is(a, "-m") || flag_is(a, "--model")) b->dir = flag_value(a, "-m", &bad);
+        if (flag_is(a, "-m") || flag_is(a, "--model")) {
+            if ((v = flag_value(a, "-m", &bad)) && b->n_models == BENCH_MAX_LEVELS) return die("g4 bench: -m %s: too many models", v);
+            if (v) b->dirs[b->n_models++] = b->dir = v;
+        }
         else if (flag_is(a, "-p") || flag_is(a, "--prompt-tokens")) {
             if ((v = flag_value(a, "-p", &bad)) && parse_int(a->cmd, "-p", v, 0, 1 << 20, &b->prompt)) bad = 1;
         } else if (flag_is(a, "-n") || flag_is(a, "--gen-tokens")) {
@@ -254,10 +261,16 @@ static int parse_bench(args_t *a, bench_args *b) {
     /* said explicitly, so the bandwidth probe measures with the threads the decode uses */
     if (!b->o.threads) b->o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (!b->dir) return die("g4 bench needs -m DIR%s", "");
+    b->dir = b->dirs[0];
+    if (b->n_models > 1 && b->n_levels) return die("g4 bench: --kernels compares levels on one model; several -m compare models%s", "");
+    if (b->alt_steps && b->n_models > 1) return die("g4 bench: --alternate steps alternates levels, not models%s", "");
     if (b->prompt + b->gen < 1) return die("g4 bench: -p and -n are both 0%s", "");
     if (b->alt_steps && b->n_levels < 2) return die("g4 bench: --alternate steps needs --kernels with two levels or more%s", "");
     return 0;
 }
+
+/* What variant l of the reps is: a --kernels level, a -m model, or nothing (one of each). */
+static const char *variant_name(const bench_args *b, int l) { return b->n_levels ? b->levels[l] : b->n_models > 1 ? b->dirs[l] : ""; }
 
 /* The kernel level in use, the one the dispatcher would choose unforced, G4_DISPATCH and the CPU
  * flags the choice is made from, as JSON fields (each run says what it measured) or a line. */
@@ -374,21 +387,32 @@ int cmd_bench(args_t *a) {
     if (parse_bench(a, &b) != 0) return 1;
     bw_probe probe;
     int probing = b.bandwidth && bw_probe_start(&probe, b.o.threads) == 0;
-    double t0 = now_s();
-    g4_model *m = load_model(b.dir, &b.o);
-    if (!m) return die_lib();
-    double load_s = now_s() - t0;
+    g4_model *models[BENCH_MAX_LEVELS] = {NULL};
+    double loads[BENCH_MAX_LEVELS] = {0};
+    const int M = b.n_models > 1 ? b.n_models : 1;
+    for (int k = 0; k < M; k++) {
+        double t0 = now_s();
+        if (!(models[k] = load_model(b.dirs[k], &b.o))) {
+            for (int j = 0; j < k; j++) g4_model_free(models[j]);
+            if (probing) bw_probe_stop(&probe);
+            return die_lib();
+        }
+        loads[k] = now_s() - t0;
+    }
+    g4_model *m = models[0];
+    double load_s = loads[0];
     /* With --kernels each round runs every level once, in turn (the order reversed every other
      * round, so a trend over a round favours none): a session takes its level from G4_DISPATCH
      * when it is made, and the pool threads never read the environment. Without it, one level:
      * the one G4_DISPATCH or the CPU gives. */
-    const int L = b.n_levels ? b.n_levels : 1, total = b.reps * L;
+    const int L = b.n_levels ? b.n_levels : M, total = b.reps * L;
     const char *outer = getenv("G4_DISPATCH");
     char *saved_env = outer ? strdup(outer) : NULL;
     bench_rep *reps = calloc((size_t)total, sizeof *reps);
     int *rep_of = calloc((size_t)total, sizeof *rep_of); /* [round][level] -> rep index */
     const char **rep_level = calloc((size_t)total, sizeof *rep_level);
-    double bytes = (double)g4_model_decode_bytes(m);
+    double bytes = (double)g4_model_decode_bytes(m), var_bytes[BENCH_MAX_LEVELS];
+    for (int l = 0; l < L; l++) var_bytes[l] = (double)g4_model_decode_bytes(models[b.n_levels ? 0 : l]);
     int rc = reps && rep_of && rep_level ? 0 : die("g4 bench: out of memory%s", "");
     for (int i = 0; i < total && rc == 0; i++) {
         int round = i / L, l = round % 2 ? L - 1 - i % L : i % L;
@@ -400,11 +424,12 @@ int cmd_bench(args_t *a) {
             reps[i].step_level = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_level);
             if (!reps[i].step_s || !reps[i].step_level) rc = die("g4 bench: out of memory%s", "");
         }
-        if (rc == 0 && run_rep(m, &b, 1234u + (unsigned)round, probing ? &probe : NULL, l, &reps[i]) != 0) rc = die_lib();
+        if (rc == 0 && run_rep(models[b.n_levels ? 0 : l], &b, 1234u + (unsigned)round, probing ? &probe : NULL, l, &reps[i]) != 0)
+            rc = die_lib();
         if (!b.json && rc == 0) {
             const bench_rep *r = &reps[i];
-            double frac = r->read_bw > 0 ? r->decode_tok_s * bytes / r->read_bw : 0;
-            fprintf(stderr, "rep %d%s%s: prefill %.2f tok/s, decode %.2f tok/s", i + 1, b.n_levels ? " " : "", b.n_levels ? rep_level[i] : "",
+            double frac = r->read_bw > 0 ? r->decode_tok_s * var_bytes[l] / r->read_bw : 0;
+            fprintf(stderr, "rep %d%s%s: prefill %.2f tok/s, decode %.2f tok/s", i + 1, L > 1 ? " " : "", b.n_levels ? rep_level[i] : variant_name(&b, l),
                     r->prefill_tok_s, r->decode_tok_s);
             if (r->read_bw > 0) fprintf(stderr, ", read bandwidth %.2f GB/s: decode at %.2f of its roofline", r->read_bw / 1e9, frac);
             fprintf(stderr, "\n");
@@ -425,7 +450,7 @@ int cmd_bench(args_t *a) {
         int *at = calloc((size_t)b.reps, sizeof *at);
         for (int l = 0; l < L && at; l++) {
             for (int k = 0; k < b.reps; k++) at[k] = rep_of[k * L + l];
-            sum[l] = summarise(reps, at, b.reps, bytes);
+            sum[l] = summarise(reps, at, b.reps, var_bytes[l]);
             last[l] = &reps[rep_of[(b.reps - 1) * L + l]];
         }
         free(at);
@@ -444,16 +469,18 @@ int cmd_bench(args_t *a) {
             print_kernels(stdout, 1, &b);
             print_ops(stdout, "prefill", last[0]->prof_prefill, b.prompt, 1);
             print_ops(stdout, "decode", last[0]->prof_decode, b.gen, 1);
-            if (b.n_levels) {
-                /* every level's figures, and its speed over the first level's (median over rounds) */
-                printf(", \"by_kernels\": [");
+            if (L > 1) {
+                /* every level's (or model's) figures, and its speed over the first one's (median over rounds) */
+                printf(b.n_levels ? ", \"by_kernels\": [" : ", \"by_model\": [");
                 for (int l = 0; l < L; l++) {
                     const bench_summary *x = &sum[l];
-                    printf("%s{\"kernels\": \"%s\", \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, \"prefill_tok_s_max\": %.3f, "
+                    printf("%s{\"%s\": \"%s\", \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, \"prefill_tok_s_max\": %.3f, "
                            "\"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, \"roofline_fraction\": %.4f, "
                            "\"prefill_ratio\": %.4f, \"decode_ratio\": %.4f",
-                           l ? ", " : "", b.levels[l], x->pmed, x->pmin, x->pmax, x->dmed, x->dmin, x->dmax, x->fmed,
-                           round_ratio(reps, rep_of, b.reps, L, l, 0), round_ratio(reps, rep_of, b.reps, L, l, 1));
+                           l ? ", " : "", b.n_levels ? "kernels" : "model", variant_name(&b, l), x->pmed, x->pmin, x->pmax, x->dmed, x->dmin,
+                           x->dmax, x->fmed, round_ratio(reps, rep_of, b.reps, L, l, 0), round_ratio(reps, rep_of, b.reps, L, l, 1));
+                    if (!b.n_levels)
+                        printf(", \"load_s\": %.4f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f", loads[l], var_bytes[l], x->bw);
                     if (b.alt_steps) {
                         double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
                         printf(", \"decode_step_s_median\": %.6f, \"decode_step_ratio\": %.4f", ml, ml > 0 ? m0 / ml : 0);
@@ -466,20 +493,21 @@ int cmd_bench(args_t *a) {
             }
             printf("}\n");
         } else {
-            printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps%s\n", b.dir, b.n_levels ? "compared" : kname, b.o.threads,
-                   act_name(&b.o), logits_kinds[b.logits], b.reps,
+            printf("model %s, kernels %s, %d thread(s), --act %s, --logits %s, %d reps%s\n", M > 1 ? "compared" : b.dir,
+                   b.n_levels ? "compared" : kname, b.o.threads, act_name(&b.o), logits_kinds[b.logits], b.reps,
                    b.alt_steps ? " per level, alternating (and their decode steps alternating: each rep's decode figures and profile mix the levels)"
-                   : b.n_levels ? " per level, alternating" : "");
+                   : b.n_levels ? " per level, alternating" : M > 1 ? " per model, alternating" : "");
             print_kernels(stdout, 0, &b);
-            printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
-            printf("  peak resident   %.1f MiB\n", peak / 1048576);
+            if (M == 1) printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
+            printf("  peak resident   %.1f MiB%s\n", peak / 1048576, M > 1 ? " (every model loaded)" : "");
             for (int l = 0; l < L; l++) {
                 const bench_summary *x = &sum[l];
                 if (b.n_levels) printf("level %s:\n", b.levels[l]);
+                if (M > 1) printf("model %s:\n  load            %.3f s (weights %s)\n", b.dirs[l], loads[l], weights_name(models[l]));
                 printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)", b.prompt, x->pmed, x->pmin, x->pmax);
-                if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 0), b.levels[0]);
+                if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 0), variant_name(&b, 0));
                 printf("\n  decode  (%4d)  %.2f tok/s median (min %.2f, max %.2f)", b.gen, x->dmed, x->dmin, x->dmax);
-                if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 1), b.levels[0]);
+                if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 1), variant_name(&b, 0));
                 printf("\n");
                 if (b.alt_steps) {
                     double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
@@ -497,7 +525,7 @@ int cmd_bench(args_t *a) {
                 if (x->bw > 0)
                     printf("  read bandwidth  %.2f GB/s median (%s loads), measured around each decode -> roofline %.2f tok/s at %.2f MB/token;\n"
                            "                  decode at %.2f of it (median of the reps' own ratios)\n",
-                           x->bw / 1e9, g4_stream_loads(), x->bw / bytes, bytes / 1e6, x->fmed);
+                           x->bw / 1e9, g4_stream_loads(), x->bw / var_bytes[l], var_bytes[l] / 1e6, x->fmed);
                 printf("time per operation and token (last rep):\n");
                 print_ops(stdout, "prefill", last[l]->prof_prefill, b.prompt, 0);
                 print_ops(stdout, "decode", last[l]->prof_decode, b.gen, 0);
@@ -511,6 +539,6 @@ int cmd_bench(args_t *a) {
     free(reps);
     free(rep_of);
     free(rep_level);
-    g4_model_free(m);
+    for (int k = 0; k < M; k++) g4_model_free(models[k]);
     return rc;
 }

@@ -46,6 +46,7 @@ int unknown_flag(const args_t *a);
 const char *default_model_dir(void);
 
 int g4_cmd_synth(int argc, char **argv);     /* tools/synth_cmd.c */
+int g4_cmd_quantize(int argc, char **argv);  /* tools/quantize_cmd.c */
 int cmd_tokenize(args_t *a);                 /* tools/text_cmds.c */
 int cmd_chat(args_t *a);
 int cmd_run_text(args_t *a);

@@ -156,7 +156,11 @@ static void usage(FILE *f) {
             "  g4 eval compare A.jsonl B.jsonl        per-question differences, accuracy delta, exact McNemar p-value\n"
             "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
-            "  g4 synth --preset e2b|tiny -o DIR      write a random checkpoint in the real layout\n"
+            "  g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny -o DIR\n"
+            "                                         write a random checkpoint in a real layout (E2B/E4B mobile, E2B as\n"
+            "                                         g4 quantize --q4_0 writes it, E2B BF16)\n"
+            "  g4 quantize --q4_0 IN OUT [--embed q8_0|q4_0|bf16]\n"
+            "                                         a BF16 checkpoint as Q4_0 (int4, one scale per 32 inputs) in g4's format\n"
             "  g4 bench -m DIR [-t N] [-p 512] [-n 128] [-r 3] [--json] [--bandwidth on|off] [--logits greedy|full|top]\n"
             "           [--kernels LEVEL,LEVEL... [--alternate reps|steps]]  reps (and decode steps) alternate between kernel\n"
             "           levels; each level's speed over the first's\n"
@@ -186,6 +190,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "inspect")) return cmd_inspect(&a);
     if (!strcmp(argv[1], "synth")) return g4_cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "quantize")) return g4_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "run")) {
         /* token ids in and out (--ids), or text (-p, -f, standard input) */
         for (int i = 2; i < argc; i++)
@@ -197,6 +202,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "eval")) return cmd_eval(&a);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&a);
     if (!strcmp(argv[1], "serve")) return cmd_serve(&a);
-    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, serve, tokenize, eval, inspect, bench, synth, help)\n", argv[1]);
+    fprintf(stderr, "g4: error: unknown command %s (commands: run, chat, serve, tokenize, eval, inspect, bench, synth, quantize, help)\n", argv[1]);
     return 1;
 }

@@ -86,17 +86,41 @@ static long regex_search(void *re, const char *s) {
     return pos;
 }
 
+/* The block_size field of `obj` (absent or null: `dflt`): inputs per weight scale, 0 for one
+ * scale per output row. */
+static int opt_block_size(const ctx_t *c, const cJSON *obj, int dflt, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "block_size");
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (need_int(c, obj, "block_size", 0, out) != 0) return -1;
+    if (*out != 0 && (*out < 2 || *out > 4096 || *out % 2))
+        return g4_fail("%s: %sblock_size %d: expected 0 (one scale per output row) or an even number of inputs up to 4096", c->path,
+                       c->where, *out);
+    return 0;
+}
+
 static int parse_quant_config(g4_config *cfg, const cJSON *root, const char *path) {
     ctx_t c = {path, "quantization_config."};
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-    if (!cJSON_IsObject(q))
-        return g4_fail("%s: quantization_config missing (g4 runs Gemma QAT checkpoints with quant_method \"gemma\")", path);
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
-    if (!cJSON_IsString(m) || strcmp(m->valuestring, "gemma") != 0)
-        return g4_fail("%s: quantization_config.quant_method must be \"gemma\"", path);
     g4_quant_config *qc = &cfg->quant;
+    if (!q || cJSON_IsNull(q)) { /* a plain checkpoint: every weight as stored (BF16) */
+        qc->method = G4_QUANT_NONE;
+        return 0;
+    }
+    if (!cJSON_IsObject(q)) return g4_fail("%s: quantization_config must be an object", path);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    if (!cJSON_IsString(m))
+        return g4_fail("%s: quantization_config.quant_method missing (g4 reads \"gemma\" and unquantized checkpoints)", path);
+    if (strcmp(m->valuestring, "gemma") != 0)
+        return g4_fail("%s: quantization_config.quant_method \"%s\" is not implemented (g4 reads \"gemma\" and checkpoints "
+                       "without quantization_config)",
+                       path, m->valuestring);
+    qc->method = G4_QUANT_GEMMA;
     if (need_int(&c, q, "num_bits", 0, &qc->num_bits) != 0) return -1;
     if (opt_bool(&c, q, "quantize_embeddings", 0, &qc->quantize_embeddings) != 0) return -1;
+    if (opt_block_size(&c, q, 0, &qc->block_size) != 0) return -1;
     const cJSON *pats = cJSON_GetObjectItemCaseSensitive(q, "module_quant_configs");
     if (pats && !cJSON_IsNull(pats)) {
         if (!cJSON_IsObject(pats)) return g4_fail("%s: quantization_config.module_quant_configs must be an object", path);
@@ -109,6 +133,7 @@ static int parse_quant_config(g4_config *cfg, const cJSON *root, const char *pat
             ctx_t pc = {path, "quantization_config.module_quant_configs entry "};
             if (!cJSON_IsObject(e)) return g4_fail("%s: module_quant_configs[\"%s\"] must be an object", path, e->string);
             if (need_int(&pc, e, "num_bits", 0, &p->bits) != 0) return -1;
+            if (opt_block_size(&pc, e, -1, &p->block_size) != 0) return -1;
             if (!(p->code = compile_regex(p->pattern, 0, path, "quantization_config.module_quant_configs"))) return -1;
         }
     }
@@ -140,26 +165,46 @@ static int parse_quant_config(g4_config *cfg, const cJSON *root, const char *pat
     return 0;
 }
 
-int g4_config_module_bits(const g4_config *cfg, const char *module) {
-    const g4_quant_config *qc = &cfg->quant;
+/* Whether `module` stays float by modules_to_not_convert (re.match(k + "\\."), re.match(k), or
+ * the name ends with k). */
+static int not_converted(const g4_quant_config *qc, const char *module) {
     size_t mlen = strlen(module);
     for (int i = 0; i < qc->n_not_convert; i++) {
         size_t klen = strlen(qc->not_convert[i]);
         if (regex_search(qc->not_convert_code_dot[i], module) == 0 || regex_search(qc->not_convert_code[i], module) == 0 ||
             (klen <= mlen && strcmp(module + mlen - klen, qc->not_convert[i]) == 0))
-            return 0;
+            return 1;
     }
-    /* One alternation under re.search: the leftmost match wins, ties go to the earlier pattern. */
+    return 0;
+}
+
+/* The module_quant_configs entry that decides `module`, or -1 for none. The patterns form one
+ * alternation under re.search: the leftmost match wins, ties go to the earlier pattern. */
+static int deciding_pattern(const g4_quant_config *qc, const char *module) {
     long best_pos = -1;
-    int bits = qc->num_bits;
+    int best = -1;
     for (int i = 0; i < qc->n_patterns; i++) {
         long pos = regex_search(qc->patterns[i].code, module);
         if (pos >= 0 && (best_pos < 0 || pos < best_pos)) {
             best_pos = pos;
-            bits = qc->patterns[i].bits;
+            best = i;
         }
     }
-    return bits;
+    return best;
+}
+
+int g4_config_module_bits(const g4_config *cfg, const char *module) {
+    const g4_quant_config *qc = &cfg->quant;
+    if (qc->method == G4_QUANT_NONE || not_converted(qc, module)) return 0;
+    int p = deciding_pattern(qc, module);
+    return p >= 0 ? qc->patterns[p].bits : qc->num_bits;
+}
+
+int g4_config_module_block(const g4_config *cfg, const char *module) {
+    const g4_quant_config *qc = &cfg->quant;
+    if (qc->method == G4_QUANT_NONE || not_converted(qc, module)) return 0;
+    int p = deciding_pattern(qc, module);
+    return p >= 0 && qc->patterns[p].block_size >= 0 ? qc->patterns[p].block_size : qc->block_size;
 }
 
 static int parse_layer_types(g4_config *cfg, const ctx_t *c, const cJSON *tc) {
@@ -175,6 +220,46 @@ static int parse_layer_types(g4_config *cfg, const ctx_t *c, const cJSON *tc) {
         else if (cJSON_IsString(v) && strcmp(v->valuestring, "full_attention") == 0) cfg->layer_types[i] = G4_LAYER_FULL;
         else return g4_fail("%s: %slayer_types[%d] must be \"sliding_attention\" or \"full_attention\"", c->path, c->where, i);
     }
+    return 0;
+}
+
+/* per_layer_config, which transformers 5.17 writes instead of global_head_dim (and
+ * num_global_key_value_heads): {"<layer>": {"head_dim": d, "num_key_value_heads": k}} overrides
+ * per layer. When it is there, transformers ignores global_head_dim: a layer without an entry has
+ * head_dim and num_key_value_heads. g4 keeps one shape per attention type, so the overrides must
+ * agree within each type. */
+static int parse_per_layer_config(g4_config *cfg, const ctx_t *c, const cJSON *tc) {
+    const cJSON *plc = cJSON_GetObjectItemCaseSensitive(tc, "per_layer_config");
+    if (!plc || cJSON_IsNull(plc)) return 0;
+    if (!cJSON_IsObject(plc)) return g4_fail("%s: %sper_layer_config must be an object", c->path, c->where);
+    int hd[2] = {-1, -1}, kv[2] = {-1, -1};
+    for (int l = 0; l < cfg->n_layers; l++) {
+        char key[16], where[160];
+        snprintf(key, sizeof key, "%d", l);
+        snprintf(where, sizeof where, "%sper_layer_config.%s.", c->where, key);
+        ctx_t lc = {c->path, where};
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(plc, key);
+        int t = cfg->layer_types[l], h = cfg->head_dim, k = cfg->n_kv_heads;
+        if (o && !cJSON_IsObject(o)) return g4_fail("%s: %sper_layer_config.%s must be an object", c->path, c->where, key);
+        for (const cJSON *e = o ? o->child : NULL; e; e = e->next)
+            if (strcmp(e->string, "head_dim") != 0 && strcmp(e->string, "num_key_value_heads") != 0)
+                return g4_fail("%s: %s%s is not implemented (g4 reads head_dim and num_key_value_heads)", c->path, where, e->string);
+        if (o && (opt_int(&lc, o, "head_dim", 2, h, &h) != 0 || opt_int(&lc, o, "num_key_value_heads", 1, k, &k) != 0)) return -1;
+        if ((hd[t] >= 0 && hd[t] != h) || (kv[t] >= 0 && kv[t] != k))
+            return g4_fail("%s: %sper_layer_config gives the %s layers different shapes (layer %d: head_dim %d, %d KV heads); g4 "
+                           "runs one shape per attention type",
+                           c->path, c->where, t == G4_LAYER_FULL ? "full-attention" : "sliding", l, h, k);
+        hd[t] = h;
+        kv[t] = k;
+    }
+    for (const cJSON *e = plc->child; e; e = e->next) {
+        char *end;
+        long l = strtol(e->string, &end, 10);
+        if (!*e->string || *end || l < 0 || l >= cfg->n_layers)
+            return g4_fail("%s: %sper_layer_config: \"%s\" is not a layer index (0..%d)", c->path, c->where, e->string, cfg->n_layers - 1);
+    }
+    if (hd[G4_LAYER_SLIDING] >= 0) cfg->head_dim = hd[G4_LAYER_SLIDING], cfg->n_kv_heads = kv[G4_LAYER_SLIDING];
+    if (hd[G4_LAYER_FULL] >= 0) cfg->global_head_dim = hd[G4_LAYER_FULL], cfg->n_global_kv_heads = kv[G4_LAYER_FULL];
     return 0;
 }
 
@@ -234,7 +319,7 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         need_int(&c, tc, "num_key_value_heads", 1, &cfg->n_kv_heads) ||
         opt_int(&c, tc, "num_global_key_value_heads", 1, cfg->n_kv_heads, &cfg->n_global_kv_heads) ||
         need_int(&c, tc, "head_dim", 2, &cfg->head_dim) ||
-        opt_int(&c, tc, "global_head_dim", 2, cfg->head_dim, &cfg->global_head_dim) ||
+        opt_int(&c, tc, "global_head_dim", 2, 512, &cfg->global_head_dim) || /* transformers' default */
         need_int(&c, tc, "intermediate_size", 1, &cfg->intermediate) ||
         opt_bool(&c, tc, "use_double_wide_mlp", 0, &cfg->double_wide_mlp) ||
         opt_int(&c, tc, "num_kv_shared_layers", 0, 0, &cfg->n_kv_shared) ||
@@ -248,7 +333,6 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         return -1;
     if (cfg->n_layers > 4096 || cfg->hidden > (1 << 20) || cfg->vocab > (1 << 24))
         return g4_fail("%s: %shidden_size, num_hidden_layers or vocab_size is implausibly large", path, where);
-    if (cfg->head_dim % 2 || cfg->global_head_dim % 2) return g4_fail("%s: %shead_dim and global_head_dim must be even", path, where);
     if (cfg->n_heads % cfg->n_kv_heads || cfg->n_heads % cfg->n_global_kv_heads)
         return g4_fail("%s: %snum_attention_heads must be a multiple of num_key_value_heads", path, where);
     if (cfg->n_kv_shared >= cfg->n_layers) return g4_fail("%s: %snum_kv_shared_layers must be below num_hidden_layers", path, where);
@@ -264,7 +348,11 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         return -1;
     const cJSON *asc = cJSON_GetObjectItemCaseSensitive(tc, "attn_logit_softcapping");
     if (asc && !cJSON_IsNull(asc)) return g4_fail("%s: %sattn_logit_softcapping is set; g4 does not implement it", path, where);
-    if (parse_layer_types(cfg, &c, tc) != 0 || parse_rope(cfg, &c, tc) != 0) return -1;
+    if (parse_layer_types(cfg, &c, tc) != 0 || parse_per_layer_config(cfg, &c, tc) != 0) return -1;
+    if (cfg->head_dim % 2 || cfg->global_head_dim % 2) return g4_fail("%s: %shead_dim and global_head_dim must be even", path, where);
+    if (cfg->n_heads % cfg->n_kv_heads || cfg->n_heads % cfg->n_global_kv_heads)
+        return g4_fail("%s: %snum_attention_heads must be a multiple of num_key_value_heads", path, where);
+    if (parse_rope(cfg, &c, tc) != 0) return -1;
     int any_sliding = 0;
     for (int i = 0; i < cfg->n_layers; i++) any_sliding |= cfg->layer_types[i] == G4_LAYER_SLIDING;
     if (any_sliding && need_int(&c, tc, "sliding_window", 1, &cfg->sliding_window) != 0) return -1;

@@ -18,10 +18,19 @@ typedef struct {
     char *pattern; /* Python regex, as written in the file */
     void *code;    /* compiled pcre2_code* */
     int bits;
+    int block_size; /* -1: the config's block_size */
 } g4_quant_pattern;
 
+/* What the checkpoint's quantization_config says: none at all (a plain BF16 checkpoint such as
+ * gemma-4-E2B-it or -qat-q4_0-unquantized: every weight BF16, no activation quantization), or
+ * quant_method "gemma": packed codes with one scale per output row (the mobile format) or, with
+ * block_size > 0, one scale per block of block_size inputs (what `g4 quantize --q4_0` writes). */
+enum { G4_QUANT_NONE = 0, G4_QUANT_GEMMA = 1 };
+
 typedef struct {
+    int method; /* G4_QUANT_* */
     int num_bits;
+    int block_size; /* 0: one scale per output row; else inputs per scale */
     int quantize_embeddings;
     int n_patterns;
     g4_quant_pattern *patterns; /* file order, which decides precedence */
@@ -71,7 +80,11 @@ int g4_config_parse(g4_config *cfg, const char *json_text, const char *path);
 void g4_config_free(g4_config *cfg);
 
 /* Bit width of a module (dotted name), by modules_to_not_convert and module_quant_configs
- * with Python re semantics. Returns 0 for "not converted" (stays float). */
+ * with Python re semantics. Returns 0 for "not converted" (stays float), and for every module
+ * of a checkpoint without quantization_config. */
 int g4_config_module_bits(const g4_config *cfg, const char *module);
+/* Inputs per weight scale of a converted module (its pattern's block_size, else the config's):
+ * 0 for one scale per output row. */
+int g4_config_module_block(const g4_config *cfg, const char *module);
 
 #endif

@@ -31,6 +31,7 @@
 #pragma GCC target("avx2,fma")
 #endif
 
+#include "blocks.h"
 #include "sweep.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -570,8 +571,152 @@ static void f32_rows(void *ctx, int o0, int o1) {
     g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro, f32_tile_16);
 }
 
+/* ------------------------------------------------------------------ block-scaled codes ---- */
+
+/* Weights with one scale per block of 32 inputs (kernels/blocks.h): tiles of 4 weight rows x up to
+ * 4 activation rows, the 4 rows' sums for one block reduced into the 4 lanes of one vector, so the
+ * fold acc = acc + scale * D runs on 4 outputs at once in 4 double lanes, each in block order as
+ * the reference folds it. A remainder tile of one row repeats it in every lane.
+ *   4-bit: two blocks at a time, their 32 code bytes as raw fields (unsigned: the low nibbles,
+ *   then the high nibbles) against the pair's digit rows through maddubs (G4_BLOCKS_DIGIT_PAIRS);
+ *   digit p's int16 sums widen with weight 256^p, the 4 rows' sums reduce to one vector holding
+ *   both blocks, and D = sum raw X - 8 sum X per block (all exact in int32: |D| <= 2^30); the
+ *   fold takes block b, then b + 1.
+ *   8-bit: the 32 codes sign-extended to int16 against X's int16 halves through madd: H = sum c
+ *   hi and L = sum c lo (int32), D = 256 H + L formed in double (exact, |D| < 2^35). */
+#define BLOCK_RO 4
+#define TILE_BLOCKS(BITS, RT) BLOCK_RO
+static const int tile_ro_blocks[MAX_RT + 1] = G4_TILE_RO(TILE_BLOCKS, 4);
+
+/* [sum a, sum b, sum c, sum d] of four 8-lane vectors. */
+INLINE __m128i hsum4x8(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+INLINE void blocks_tile(const g4_blocks_job *j, int o, int t0, const int BITS, const int RO, const int RT) {
+    const g4_qweight *w = j->w;
+    const int nb = j->nb;
+    const uint8_t *row[BLOCK_RO];
+    const float *sc[BLOCK_RO];
+#pragma GCC unroll 4
+    for (int r = 0; r < BLOCK_RO; r++) {
+        int rr = o + (r < RO ? r : RO - 1);
+        row[r] = w->w + (size_t)rr * w->row_bytes;
+        sc[r] = w->w_scale + (size_t)rr * nb;
+    }
+    __m256d acc[MAX_RT];
+#pragma GCC unroll 4
+    for (int t = 0; t < RT; t++) acc[t] = _mm256_setzero_pd();
+    const __m256i ones = _mm256_set1_epi16(1), c256 = _mm256_set1_epi16(256);
+    /* The tile's rows are one contiguous run of 4 rows (it reads them block by block, four short
+     * streams the hardware prefetcher does not follow); the next tile's run is requested as this
+     * one is consumed, 128 bytes a step (a prefetch hint never faults past the end). */
+    const uint8_t *here = row[0];
+    const size_t run = (size_t)RO * w->row_bytes; /* the next tile starts `run` bytes on */
+    if (BITS == 4) {
+        for (int pr = 0; pr < (nb + 1) / 2; pr++) {
+            const int b = 2 * pr, both = b + 1 < nb;
+            prefetch_ahead(here, run + (size_t)pr * 128);
+            prefetch_ahead(here, run + (size_t)pr * 128 + 64);
+            /* the pair's scales, 4 rows each: s_r[b], s_r[b + 1] as one 8-byte load per row */
+            __m128 q[BLOCK_RO];
+#pragma GCC unroll 4
+            for (int r = 0; r < BLOCK_RO; r++) {
+                double two;
+                float pair2[2] = {sc[r][b], both ? sc[r][b + 1] : 0.0f};
+                memcpy(&two, pair2, 8);
+                q[r] = _mm_castpd_ps(_mm_set_sd(two));
+            }
+            __m128 r01 = _mm_unpacklo_ps(q[0], q[1]), r23 = _mm_unpacklo_ps(q[2], q[3]);
+            __m256d s0 = _mm256_cvtps_pd(_mm_movelh_ps(r01, r23)), s1 = _mm256_cvtps_pd(_mm_movehl_ps(r23, r01));
+            __m256i lo[BLOCK_RO], hi[BLOCK_RO];
+#pragma GCC unroll 4
+            for (int r = 0; r < BLOCK_RO; r++) {
+                const uint8_t *p = row[r] + (size_t)b * 16;
+                /* a last block without a partner: its 16 bytes only, the partner's fields 0 */
+                __m256i v = both ? _mm256_loadu_si256((const __m256i *)p) : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
+                lo[r] = _mm256_and_si256(v, _mm256_set1_epi8(15));
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < RT; t++) {
+                const int8_t *xd = g4_blocks_pair_digits_at(j, t0 + t, pr);
+                __m256i d[BLOCK_RO];
+#pragma GCC unroll 4
+                for (int r = 0; r < BLOCK_RO; r++) d[r] = _mm256_setzero_si256();
+#pragma GCC unroll 3
+                for (int p = 0; p < 3; p++) {
+                    __m256i xe = _mm256_loadu_si256((const __m256i *)(xd + 64 * p)), xo = _mm256_loadu_si256((const __m256i *)(xd + 64 * p + 32));
+#pragma GCC unroll 4
+                    for (int r = 0; r < BLOCK_RO; r++) {
+                        /* pair sums of 15 x 128 at most, two of them per int16 lane: no saturation */
+                        __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xe), _mm256_maddubs_epi16(hi[r], xo));
+                        __m256i s32 = _mm256_madd_epi16(s16, p ? c256 : ones);
+                        d[r] = _mm256_add_epi32(d[r], p == 2 ? _mm256_slli_epi32(s32, 8) : s32);
+                    }
+                }
+                /* lanes 0-3: block b of rows 0-3, lanes 4-7: block b + 1 */
+                __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+                const int32_t *xs = j->xsum + (size_t)(t0 + t) * j->xsum_stride + b;
+                h = _mm256_sub_epi32(h, _mm256_set_m128i(_mm_set1_epi32(8 * xs[1]), _mm_set1_epi32(8 * xs[0])));
+                acc[t] = _mm256_add_pd(acc[t], _mm256_mul_pd(s0, _mm256_cvtepi32_pd(_mm256_castsi256_si128(h))));
+                if (both) acc[t] = _mm256_add_pd(acc[t], _mm256_mul_pd(s1, _mm256_cvtepi32_pd(_mm256_extracti128_si256(h, 1))));
+            }
+        }
+    }
+    for (int b = 0; BITS == 8 && b < nb; b++) {
+        prefetch_ahead(here, run + (size_t)b * 128);
+        prefetch_ahead(here, run + (size_t)b * 128 + 64);
+        __m256d s = _mm256_cvtps_pd(_mm_setr_ps(sc[0][b], sc[1][b], sc[2][b], sc[3][b]));
+        {
+            __m256i clo[BLOCK_RO], chi[BLOCK_RO];
+#pragma GCC unroll 4
+            for (int r = 0; r < BLOCK_RO; r++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(row[r] + (size_t)b * 32));
+                clo[r] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+                chi[r] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < RT; t++) {
+                const int16_t *xh = g4_blocks_halves_at(j, t0 + t, b);
+                __m256i lo0 = _mm256_loadu_si256((const __m256i *)xh), lo1 = _mm256_loadu_si256((const __m256i *)(xh + 16)),
+                        hi0 = _mm256_loadu_si256((const __m256i *)(xh + 32)), hi1 = _mm256_loadu_si256((const __m256i *)(xh + 48));
+                __m256i hs[BLOCK_RO], ls[BLOCK_RO];
+#pragma GCC unroll 4
+                for (int r = 0; r < BLOCK_RO; r++) {
+                    hs[r] = _mm256_add_epi32(_mm256_madd_epi16(clo[r], hi0), _mm256_madd_epi16(chi[r], hi1));
+                    ls[r] = _mm256_add_epi32(_mm256_madd_epi16(clo[r], lo0), _mm256_madd_epi16(chi[r], lo1));
+                }
+                __m256d dot = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(hsum4x8(hs[0], hs[1], hs[2], hs[3])), _mm256_set1_pd(256.0)),
+                                            _mm256_cvtepi32_pd(hsum4x8(ls[0], ls[1], ls[2], ls[3])));
+                acc[t] = _mm256_add_pd(acc[t], _mm256_mul_pd(s, dot));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < RT; t++) {
+        double a[BLOCK_RO];
+        _mm256_storeu_pd(a, acc[t]);
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) g4_blocks_store(j, o + r, t0 + t, a[r]);
+    }
+}
+
+G4_TILE_FN(blocks_tile_4, g4_blocks_job, blocks_tile, 4, TILE_BLOCKS)
+G4_TILE_FN(blocks_tile_8, g4_blocks_job, blocks_tile, 8, TILE_BLOCKS)
+
+static void blocks_rows(void *ctx, int o0, int o1) {
+    const g4_blocks_job *j = ctx;
+    g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro_blocks, j->w->bits == 4 ? blocks_tile_4 : blocks_tile_8);
+}
+
 void g4_avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
+    if (w->block > 0 && w->bits != 16) {
+        g4_blocks_matmul(w, x, n, y, G4_BLOCKS_DIGIT_PAIRS, G4_BLOCKS_HALVES, blocks_rows);
+        return;
+    }
     if (w->bits != 16) {
         g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? avx2_matmul_i8 : g4_ref_matmul_i8);
         return;

@@ -11,21 +11,8 @@
 #include "pool.h"
 #include "quant/pack.h"
 
-/* The row's S (|x| * 2^S < 2^G4_FIX_BITS), or INT32_MIN when it holds a NaN or an infinity. */
-static int fix_exponent(const float *x, int in) {
-    float mx = 0;
-    for (int i = 0; i < in; i++) {
-        float a = fabsf(x[i]);
-        if (!(a <= FLT_MAX)) return INT32_MIN;
-        if (a > mx) mx = a;
-    }
-    int e = 0;
-    if (mx > 0) frexpf(mx, &e); /* mx < 2^e */
-    return G4_FIX_BITS - e;
-}
-
 int g4_fix_split_row(const float *x, int in, int8_t *digits) {
-    int S = fix_exponent(x, in);
+    int S = g4_fix_exponent(x, in);
     if (S == INT32_MIN) return S;
     double two_s = ldexp(1.0, S);
     for (int i = 0; i < in; i++) {
@@ -44,7 +31,7 @@ int g4_fix_split_row(const float *x, int in, int8_t *digits) {
 static void fix_matmul_direct(const g4_qweight *w, const float *x, int n, float *y) {
     for (int t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * w->in;
-        int S = fix_exponent(xt, w->in);
+        int S = g4_fix_exponent(xt, w->in);
         double two_s = S == INT32_MIN ? 0 : ldexp(1.0, S), two_neg_s = S == INT32_MIN ? 0 : ldexp(1.0, -S);
         for (int o = 0; o < w->out; o++) {
             const uint8_t *row = w->w + (size_t)o * w->row_bytes;

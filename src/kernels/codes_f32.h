@@ -4,8 +4,24 @@
 #ifndef G4_KERNELS_CODES_F32_H
 #define G4_KERNELS_CODES_F32_H
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "kernels.h"
+
+/* The row's S (|x| * 2^S < 2^G4_FIX_BITS), or INT32_MIN when it holds a NaN or an infinity. */
+static inline int g4_fix_exponent(const float *x, int in) {
+    float mx = 0;
+    for (int i = 0; i < in; i++) {
+        float a = fabsf(x[i]);
+        if (!(a <= FLT_MAX)) return INT32_MIN;
+        if (a > mx) mx = a;
+    }
+    int e = 0;
+    if (mx > 0) frexpf(mx, &e); /* mx < 2^e */
+    return G4_FIX_BITS - e;
+}
 
 /* X = x * 2^S rounded half to even: the product is exact in double (a power-of-two scale well
  * inside its range) and llrint rounds in the default mode. */

@@ -24,22 +24,28 @@
 #define G4_VECTORIZE
 #endif
 
-/* A weight matrix [out, in] as stored: packed 2/4/8-bit codes with one f32 scale per output row,
- * or BF16 values (bits == 16, no scales). */
+/* A weight matrix [out, in] as stored: packed 2/4/8-bit codes with one f32 scale per output row
+ * (block == 0) or one per block of `block` inputs (block > 0, in a multiple of it: w_scale[o *
+ * in / block + b] scales inputs [b * block, (b + 1) * block) of row o; llama.cpp's Q4_0 and Q8_0
+ * layouts, block 32), or BF16 values (bits == 16, no scales). */
 typedef struct {
     int bits;
     int in, out;
+    int block;
     size_t row_bytes;
     const uint8_t *w;
     const float *w_scale;
 } g4_qweight;
+
+/* Scales per output row: 1, or in / block for a block-scaled weight. */
+static inline int g4_qweight_row_scales(const g4_qweight *w) { return w->block > 0 ? w->in / w->block : 1; }
 
 /* Rows [o0, o0 + n) of w as a weight of their own (a view: nothing is copied). */
 static inline g4_qweight g4_qweight_rows(const g4_qweight *w, int o0, int n) {
     g4_qweight sub = *w;
     sub.out = n;
     sub.w = w->w + (size_t)o0 * w->row_bytes;
-    if (w->w_scale) sub.w_scale = w->w_scale + o0;
+    if (w->w_scale) sub.w_scale = w->w_scale + (size_t)o0 * (size_t)g4_qweight_row_scales(w);
     return sub;
 }
 
@@ -93,7 +99,19 @@ void g4_codes_f32_argmax(const g4_qweight *w, const float *x, int n, float cap, 
 int g4_codes_f32_top(const g4_qweight *w, const float *x, float cap, int k, const int32_t *extra, int n_extra, int coarse,
                      g4_matmul_i8_fn matmul_i8, int32_t *cand, float *vals, int max_cand, float *bound, void *scratch);
 
-/* y[t][o] = w_scale[o] * dot(x[t], codes[o]) (fixed point, above), or the BF16 dot, for t < n. */
+/* Float activations against block-scaled codes (w->block > 0): the same fixed-point image X of
+ * each row, X[i] = x[i] * 2^S (above), and for each output an exact integer dot per block,
+ * D_b = sum over the block's inputs of X[i] * code[o][i] (int64), combined in double in block
+ * order, one product and one sum rounding per block:
+ *   acc = 0;  acc = acc + (double)w_scale[o][b] * (double)D_b  for b = 0, 1, ...;
+ *   y[t][o] = (float)(acc * 2^-S).
+ * A level may compute the D_b any way it likes (they are exact integers) but must combine them
+ * in that order, so every level gives the same bits. A row holding a NaN or an infinity gives
+ * NaN. */
+void g4_ref_matmul_blocks_f32(const g4_qweight *w, const float *x, int n, float *y);
+
+/* y[t][o] = w_scale[o] * dot(x[t], codes[o]) (fixed point, above), the block-scaled form above,
+ * or the BF16 dot, for t < n. */
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
 
 /* acc[t][o] = sum_i x[t][i] * code[o][i] in int32 for t < n: int8 activation codes against packed

@@ -24,9 +24,14 @@ G4_KERNEL_LEVELS(G4_DECLARE_LEVEL)
  * say it is not there, and never offered. */
 #define G4_LEVEL_NOT_BUILT(NAME, NEEDS) {.name = NAME, .cpu_needs = NEEDS, .built = 0}
 
+/* Outputs [o0, o1) of g4_ref_matmul_blocks_f32 (y keeps its [n][out] layout): the reference the
+ * portable level splits over the pool. */
+void g4_ref_matmul_blocks_rows(const g4_qweight *w, const float *x, int n, float *y, int o0, int o1);
+
 /* The portable level's kernels (kernels/portable.c): the references split over the pool. The
  * other levels use the ones they have no faster form of. */
 void g4_portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y);
+void g4_portable_matmul_blocks_f32(const g4_qweight *w, const float *x, int n, float *y);
 void g4_portable_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
 void g4_portable_gelu_mul(float *g, const float *m, size_t n, float scale);
 void g4_portable_attention(const g4_attn *a);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "attention.h"
+#include "blocks.h"
 #include "sweep.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -288,8 +289,83 @@ static void f32_rows(void *ctx, int o0, int o1) {
     g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro, f32_tile_16);
 }
 
+/* ------------------------------------------------------------------ block-scaled codes ---- */
+
+/* Weights with one scale per block of 32 inputs (kernels/blocks.h): each block's dot D in
+ * integers, digit row by digit row (vmull_s8 products are exact in int16; 4-bit codes against
+ * the even-odd digit layout sum four products per int16 lane, at most 4 x 8 x 128, while 8-bit
+ * codes widen every product into int32 with vpadalq_s16), then the reference's fold acc = acc +
+ * scale x D in double, per output in block order. */
+#define TILE_BLOCKS(BITS, RT) 4
+static const int tile_ro_blocks[MAX_RT + 1] = G4_TILE_RO(TILE_BLOCKS, 4);
+
+/* sum of codes x digits over one block: 4-bit codes as even and odd elements, 8-bit in order. */
+INLINE int32_t block_digit_dot(const int8x16_t c[2], const int8_t *xd, const int BITS) {
+    int8x16_t x0 = vld1q_s8(xd), x1 = vld1q_s8(xd + 16);
+    if (BITS == 4) {
+        int16x8_t m = vmull_s8(vget_low_s8(c[0]), vget_low_s8(x0));
+        m = vmlal_s8(m, vget_high_s8(c[0]), vget_high_s8(x0));
+        m = vmlal_s8(m, vget_low_s8(c[1]), vget_low_s8(x1));
+        m = vmlal_s8(m, vget_high_s8(c[1]), vget_high_s8(x1));
+        return vaddlvq_s16(m);
+    }
+    int32x4_t a = vpaddlq_s16(vmull_s8(vget_low_s8(c[0]), vget_low_s8(x0)));
+    a = vpadalq_s16(a, vmull_s8(vget_high_s8(c[0]), vget_high_s8(x0)));
+    a = vpadalq_s16(a, vmull_s8(vget_low_s8(c[1]), vget_low_s8(x1)));
+    a = vpadalq_s16(a, vmull_s8(vget_high_s8(c[1]), vget_high_s8(x1)));
+    return vaddvq_s32(a);
+}
+
+INLINE void blocks_tile(const g4_blocks_job *j, int o, int t0, const int BITS, const int RO, const int RT) {
+    const g4_qweight *w = j->w;
+    const int nb = j->nb;
+    double acc[MAX_RO][MAX_RT] = {{0}};
+    for (int b = 0; b < nb; b++) {
+        int8x16_t c[MAX_RO][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) {
+            const uint8_t *p = w->w + (size_t)(o + r) * w->row_bytes + (size_t)b * (BITS == 4 ? 16 : 32);
+            if (BITS == 4) {
+                uint8x16_t v = vld1q_u8(p);
+                c[r][0] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), vdupq_n_s8(8));
+                c[r][1] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8(8));
+            } else {
+                c[r][0] = vld1q_s8((const int8_t *)p);
+                c[r][1] = vld1q_s8((const int8_t *)p + 16);
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < RT; t++) {
+            const int8_t *xd = g4_blocks_digits_at(j, t0 + t, b);
+#pragma GCC unroll 4
+            for (int r = 0; r < RO; r++) {
+                int64_t d = (int64_t)block_digit_dot(c[r], xd, BITS) + 256 * (int64_t)block_digit_dot(c[r], xd + 32, BITS) +
+                            65536 * (int64_t)block_digit_dot(c[r], xd + 64, BITS);
+                acc[r][t] = acc[r][t] + (double)w->w_scale[(size_t)(o + r) * nb + b] * (double)d;
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < RT; t++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < RO; r++) g4_blocks_store(j, o + r, t0 + t, acc[r][t]);
+    }
+}
+
+G4_TILE_FN(blocks_tile_4, g4_blocks_job, blocks_tile, 4, TILE_BLOCKS)
+G4_TILE_FN(blocks_tile_8, g4_blocks_job, blocks_tile, 8, TILE_BLOCKS)
+
+static void blocks_rows(void *ctx, int o0, int o1) {
+    const g4_blocks_job *j = ctx;
+    g4_tile_sweep(j, j->n, o0, o1, j->w->row_bytes, tile_ro_blocks, j->w->bits == 4 ? blocks_tile_4 : blocks_tile_8);
+}
+
 static void neon_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
+    if (w->block > 0 && w->bits != 16) {
+        g4_blocks_matmul(w, x, n, y, G4_BLOCKS_DIGITS_EVEN_ODD, G4_BLOCKS_DIGITS, blocks_rows);
+        return;
+    }
     if (w->bits != 16) {
         g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? neon_matmul_i8 : g4_ref_matmul_i8);
         return;

@@ -38,9 +38,23 @@ static void portable_i8_rows(void *ctx, int o0, int o1) {
     }
 }
 
+static void portable_blocks_rows(void *ctx, int o0, int o1) {
+    const portable_job *j = ctx;
+    g4_ref_matmul_blocks_rows(j->w, j->x, j->n, j->y, o0, o1);
+}
+
 static double macs(const g4_qweight *w, int n) { return (double)w->out * w->in * n; }
 
+void g4_portable_matmul_blocks_f32(const g4_qweight *w, const float *x, int n, float *y) {
+    portable_job j = {w, x, n, y};
+    g4_pool_for(w->out, 1, macs(w, n), portable_blocks_rows, &j);
+}
+
 void g4_portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
+    if (w->block > 0 && w->bits != 16) {
+        g4_portable_matmul_blocks_f32(w, x, n, y);
+        return;
+    }
     if (w->bits != 16) {
         g4_matmul_codes_f32(w, x, n, y, g4_portable_matmul_i8);
         return;

@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codes_f32.h"
 #include "kernels.h"
+#include "levels.h"
 #include "quant/int8.h"
 #include "quant/pack.h"
 
@@ -21,7 +23,46 @@ float g4_ref_dot_bf16_f32(const float *x, const uint8_t *row, int n) {
     return g4_reduce8(acc);
 }
 
+/* D_b of kernels.h: the exact dot of block b of a packed row with the fixed-point image X (or,
+ * without that buffer, with each X[i] computed again from x: the same integers). */
+static int64_t block_dot(const uint8_t *row, int bits, int b, int block, const int32_t *X, const float *x, double two_s) {
+    int64_t d = 0;
+    for (int i = b * block; i < (b + 1) * block; i++)
+        d += (int64_t)(X ? X[i] : fix_value(x[i], two_s)) * g4_packed_code(row, bits, (size_t)i);
+    return d;
+}
+
+void g4_ref_matmul_blocks_rows(const g4_qweight *w, const float *x, int n, float *y, int o0, int o1) {
+    int in = w->in, B = w->block, nb = in / B;
+    int32_t *X = malloc(sizeof *X * (size_t)(in > 0 ? in : 1)); /* NULL: block_dot recomputes */
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * in;
+        float *yt = y + (size_t)t * w->out;
+        int S = g4_fix_exponent(xt, in);
+        if (S == INT32_MIN) {
+            for (int o = o0; o < o1; o++) yt[o] = NAN;
+            continue;
+        }
+        double two_s = ldexp(1.0, S), two_neg_s = ldexp(1.0, -S);
+        for (int i = 0; X && i < in; i++) X[i] = fix_value(xt[i], two_s);
+        for (int o = o0; o < o1; o++) {
+            const uint8_t *row = w->w + (size_t)o * w->row_bytes;
+            const float *scale = w->w_scale + (size_t)o * nb;
+            double acc = 0;
+            for (int b = 0; b < nb; b++) acc = acc + (double)scale[b] * (double)block_dot(row, w->bits, b, B, X, xt, two_s);
+            yt[o] = (float)(acc * two_neg_s);
+        }
+    }
+    free(X);
+}
+
+void g4_ref_matmul_blocks_f32(const g4_qweight *w, const float *x, int n, float *y) { g4_ref_matmul_blocks_rows(w, x, n, y, 0, w->out); }
+
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
+    if (w->block > 0 && w->bits != 16) {
+        g4_ref_matmul_blocks_f32(w, x, n, y);
+        return;
+    }
     if (w->bits != 16) {
         g4_matmul_codes_f32(w, x, n, y, g4_ref_matmul_i8);
         return;

@@ -221,10 +221,10 @@ static void vnni_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t 
 }
 
 /* Float activations against packed codes run through this level's int8 matmul
- * (g4_matmul_codes_f32); BF16 weights through the AVX2 level's float dots. */
+ * (g4_matmul_codes_f32); BF16 and block-scaled weights through the AVX2 level's kernels. */
 static void vnni_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
-    if (w->bits == 2 || w->bits == 4 || w->bits == 8) g4_matmul_codes_f32(w, x, n, y, vnni_matmul_i8);
+    if (w->block == 0 && (w->bits == 2 || w->bits == 4 || w->bits == 8)) g4_matmul_codes_f32(w, x, n, y, vnni_matmul_i8);
     else g4_avx2_matmul_f32(w, x, n, y);
 }
 

@@ -4,17 +4,22 @@
 
 #include "model.h"
 
-/* Bytes of a linear as stored: packed weight + f32 row scales + two f32 activation scales. */
+/* Bytes of a linear as a decoded token reads it: packed weight + its f32 scales (one per row, or
+ * one per block, held as f32 whatever the file stores) + two f32 activation scales (the mobile
+ * format's; the block-scaled one has none). */
 static size_t linear_bytes(const g4_linear *L) {
     if (L->w.bits == 16) return (size_t)L->w.out * L->w.row_bytes;
-    return (size_t)L->w.out * L->w.row_bytes + (size_t)L->w.out * 4 + 8;
+    size_t scales = (size_t)L->w.out * (size_t)g4_qweight_row_scales(&L->w) * 4;
+    return (size_t)L->w.out * L->w.row_bytes + scales + (L->w.block ? 0 : 8);
 }
 
 static double linear_params(const g4_linear *L) { return (double)L->w.in * L->w.out; }
 
 static void print_linear(FILE *f, const g4_linear *L, const char *short_name) {
-    fprintf(f, "    %-22s %2d-bit %6d -> %-6d %11zu B  act scales: in %s, out %s\n", short_name, L->w.bits, L->w.in,
-            L->w.out, linear_bytes(L), L->s_in != 0 ? "on " : "off", L->s_out != 0 ? "on " : "off");
+    char blocks[32] = "";
+    if (L->w.block) snprintf(blocks, sizeof blocks, " (a scale per %d)", L->w.block);
+    fprintf(f, "    %-22s %2d-bit %6d -> %-6d %11zu B  act scales: in %s, out %s%s\n", short_name, L->w.bits, L->w.in,
+            L->w.out, linear_bytes(L), L->s_in != 0 ? "on " : "off", L->s_out != 0 ? "on " : "off", blocks);
 }
 
 size_t g4_model_decode_bytes(const g4_model *m) {
@@ -30,8 +35,10 @@ size_t g4_model_decode_bytes(const g4_model *m) {
         bytes += (5 * (size_t)c->hidden + (size_t)L->head_dim * (producer ? 2 : 1)) * 2 + 2;
     }
     bytes += linear_bytes(&m->pmp) + linear_bytes(&m->lm_head) + (size_t)(c->ple_dim + c->hidden) * 2;
-    /* one gathered row (and its scales) of each embedding table */
-    bytes += m->embed.row_bytes + (size_t)m->embed.nblocks * 4 + m->embed_ple.row_bytes + (size_t)m->embed_ple.nblocks * 4;
+    /* one gathered row (and its scales, as the file stores them) of each embedding table */
+    const g4_qembedding *tables[2] = {&m->embed, &m->embed_ple};
+    for (int t = 0; t < 2; t++)
+        bytes += tables[t]->row_bytes + (tables[t]->scale ? (size_t)tables[t]->nblocks * g4_dtype_size(tables[t]->scale->dtype) : 0);
     return bytes;
 }
 
@@ -91,7 +98,8 @@ void g4_model_describe(const g4_model *m, void *out) {
     fprintf(f, "  bytes on disk: %zu (text tensors %zu)\n", disk, text);
     fprintf(f, "  bytes touched per decoded token: %zu (%.2f MB), plus the KV cache\n", g4_model_decode_bytes(m),
             g4_model_decode_bytes(m) / 1e6);
-    fprintf(f, "  KV cache per token: %zu B with --kv int8 (default), %zu B with --kv f32\n", kv_int8, kv_f32);
+    if (kv_int8 == kv_f32) fprintf(f, "  KV cache per token: %zu B (f32: the checkpoint has no KV-cache scales)\n", kv_f32);
+    else fprintf(f, "  KV cache per token: %zu B with --kv int8 (default), %zu B with --kv f32\n", kv_int8, kv_f32);
     fprintf(f, "  stop ids:");
     for (int i = 0; i < c->n_stop_ids; i++) fprintf(f, " %d", c->stop_ids[i]);
     fprintf(f, "\n");

@@ -193,20 +193,33 @@ static void trace_layer(const g4_session *s, const char *fmt, int l, int n, int 
  * Tables in memory (a tied lm_head's resident copy), or a failed read, use the memory itself. */
 static void embedding_row_bytes(const g4_model *m, const g4_qembedding *e, int r, uint8_t *buf, const uint8_t **codes,
                                 const uint8_t **scales) {
-    size_t sb = (size_t)e->nblocks * 4;
     *codes = e->codes + (size_t)r * e->row_bytes;
-    *scales = e->scale->data + (size_t)r * sb;
+    *scales = NULL;
     if (g4_st_pread(&m->st, *codes, e->row_bytes, buf) == 0) *codes = buf;
+    if (!e->scale) return; /* BF16 */
+    size_t sb = (size_t)e->nblocks * g4_dtype_size(e->scale->dtype);
+    *scales = e->scale->data + (size_t)r * sb;
     if (g4_st_pread(&m->st, *scales, sb, buf + e->row_bytes) == 0) *scales = buf + e->row_bytes;
 }
 
-/* Dequantized row r of an embedding table, times `mult` (buf: see embedding_row_bytes). */
+/* Scale k of an embedding row's scales (F32, or F16 in the block-scaled format). */
+static float embedding_scale_at(const g4_qembedding *e, const uint8_t *scales, int k) {
+    if (e->scale->dtype == G4_DT_F16) return g4_f16_to_f32((uint16_t)(scales[2 * k] | scales[2 * k + 1] << 8));
+    return g4_load_f32(scales + 4 * k);
+}
+
+/* Row r of an embedding table, dequantized (or BF16 widened), times `mult` (buf: see
+ * embedding_row_bytes): code x scale rounded to f32, then the multiplier, as transformers does. */
 static void embedding_row(const g4_model *m, const g4_qembedding *e, int r, float mult, uint8_t *buf, float *out) {
     const uint8_t *codes, *scales;
     embedding_row_bytes(m, e, r, buf, &codes, &scales);
+    if (e->bits == 16) {
+        for (int c = 0; c < e->cols; c++) out[c] = g4_bf16_to_f32((uint16_t)(codes[2 * c] | codes[2 * c + 1] << 8)) * mult;
+        return;
+    }
     int block = e->cols / e->nblocks;
     for (int c = 0; c < e->cols; c++) {
-        float scale = g4_load_f32(scales + 4 * (c / block));
+        float scale = embedding_scale_at(e, scales, c / block);
         out[c] = (float)g4_packed_code(codes, e->bits, (size_t)c) * scale * mult;
     }
 }
@@ -475,7 +488,7 @@ void g4_forward_lm_head_logits(g4_session *s, int n, int first, float *logits) {
     const g4_model *m = s->m;
     const g4_linear *L = &m->lm_head;
     int H = m->cfg.hidden, V = m->cfg.vocab;
-    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != 16) {
+    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != 16 && L->w.block == 0) {
         /* LiteRT's XNNPACK runs a float-input FC with int weights by quantizing each input row
          * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref). A
          * static input scale takes precedence: the delegate then sees an int8 input and takes

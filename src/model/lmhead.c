@@ -14,11 +14,13 @@
  * call unsettled. */
 #define ARGMAX_HOLD 64
 
-/* The shortcuts below apply to a float lm_head input against packed codes (the checkpoint's), as
- * the full path computes it (no run-time input quantization, no activation scales). */
+/* The shortcuts below apply to a float lm_head input against packed codes with one scale per row
+ * (the mobile checkpoint's; their bounds rest on that scale), as the full path computes it (no
+ * run-time input quantization, no activation scales). A BF16 or block-scaled lm_head computes
+ * every logit. */
 static int lm_head_shortcut_applies(const g4_session *s) {
     const g4_linear *L = &s->m->lm_head;
-    return !s->o.lmhead_dynamic_q8 && L->w.bits != 16 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
+    return !s->o.lmhead_dynamic_q8 && L->w.bits != 16 && L->w.block == 0 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
 }
 
 /* The shortcut's scratch for `rows` rows, kept for the session (decode would otherwise map ~1 MB

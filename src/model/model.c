@@ -75,12 +75,24 @@ static int load_scalar(g4_model *m, const char *name, float *out) {
     return 0;
 }
 
+/* Whether the checkpoint is in the mobile format (quant_method gemma, one scale per output row),
+ * whose every linear and producer layer carries its static activation and KV-cache scales. */
+static int mobile_format(const g4_model *m) { return m->cfg.quant.method == G4_QUANT_GEMMA && m->cfg.quant.block_size == 0; }
+
 static int load_activation_scale(g4_model *m, const char *name, float *out) {
     if (load_scalar(m, name, out) != 0) return -1;
     /* 0 means "not quantized"; anything else must have a finite f32 reciprocal (x * (1/s)) */
     if (*out < 0 || (*out != 0 && !isfinite(1.0f / *out)))
         return g4_fail("%s: tensor %s: activation scale %g must be 0 or a positive normal number", m->dir, name, *out);
     return 0;
+}
+
+/* A KV-cache scale: required in the mobile format, which has them on every layer; a checkpoint
+ * without activation quantization may leave them out (0: the cache stays f32). */
+static int load_cache_scale(g4_model *m, const char *name, float *out) {
+    *out = 0;
+    if (!mobile_format(m) && !g4_st_find(&m->st, name)) return 0;
+    return load_activation_scale(m, name, out);
 }
 
 static int check_bits(const g4_model *m, const char *module, int bits) {
@@ -102,19 +114,59 @@ static int check_packed(const g4_model *m, const g4_tensor *t, int bits, int64_t
     return 0;
 }
 
-/* Positive, finite f32 scales [rows, nblocks], copied out (or only checked when copy is NULL). */
-static int check_scales(const g4_model *m, const g4_tensor *t, int64_t rows, int64_t nblocks, float *copy) {
-    if (t->dtype != G4_DT_F32 || !shape_is(t, 2, rows, nblocks)) {
+/* Element i of a scale tensor (F32, or F16 as the block-scaled format may store it). */
+static float scale_at(const g4_tensor *t, int64_t i) {
+    return t->dtype == G4_DT_F16 ? g4_f16_to_f32((uint16_t)(t->data[2 * i] | t->data[2 * i + 1] << 8)) : g4_load_f32(t->data + 4 * i);
+}
+
+/* Scales [rows, nblocks], copied out as f32 (or only checked when copy is NULL). The mobile
+ * format's are F32, positive and finite (the lm_head's argmax search relies on the sign); the
+ * block-scaled format (block != 0) may store F16 and signed values, as llama.cpp's Q4_0 does
+ * (d = max / -8 takes the sign that maps the block's largest element to code -8), and 0 for a
+ * block of zeros. */
+static int read_scales(const g4_model *m, const g4_tensor *t, int64_t rows, int64_t nblocks, int block, float *copy) {
+    if (!(t->dtype == G4_DT_F32 || (block && t->dtype == G4_DT_F16)) || !shape_is(t, 2, rows, nblocks)) {
         char want[64];
-        snprintf(want, sizeof want, "F32 [%lld, %lld]", (long long)rows, (long long)nblocks);
+        snprintf(want, sizeof want, "%s [%lld, %lld]", block ? "F32 or F16" : "F32", (long long)rows, (long long)nblocks);
         return wrong(m, t, want);
     }
     for (int64_t i = 0; i < t->numel; i++) {
-        float s = g4_load_f32(t->data + 4 * i);
-        if (!(s > 0) || !isfinite(s))
-            return g4_fail("%s: tensor %s: scale %g at element %lld is not positive and finite", g4_st_path(&m->st, t),
-                           t->name, s, (long long)i);
+        float s = scale_at(t, i);
+        if (!isfinite(s) || (!block && !(s > 0)))
+            return g4_fail("%s: tensor %s: scale %g at element %lld is not %s", g4_st_path(&m->st, t), t->name, s, (long long)i,
+                           block ? "finite" : "positive and finite");
         if (copy) copy[i] = s;
+    }
+    return 0;
+}
+
+/* The mobile format's per-row scales: F32 [rows, nblocks]. */
+static int check_scales(const g4_model *m, const g4_tensor *t, int64_t rows, int64_t nblocks, float *copy) {
+    return read_scales(m, t, rows, nblocks, 0, copy);
+}
+
+/* A block-scaled linear's scales [out, in / block] (F32 or F16, kept as f32). Its recipe
+ * quantizes no activations: activation-scale tensors may be absent, and must be 0 when present. */
+static int bind_block_scales(g4_model *m, g4_linear *lin, const char *module, int block) {
+    char name[192];
+    int in = lin->w.in, out = lin->w.out;
+    if (in % block)
+        return g4_fail("%s/config.json: %s has %d inputs, not a multiple of its block_size %d", m->dir, module, in, block);
+    float *scale = own(m, sizeof *scale * (size_t)out * (size_t)(in / block));
+    if (!scale) return g4_fail("%s: out of memory", module);
+    snprintf(name, sizeof name, "%s.weight_scale", module);
+    const g4_tensor *s = find(m, name);
+    if (!s || read_scales(m, s, out, in / block, 1, scale) != 0) return -1;
+    lin->w.block = block;
+    lin->w.w_scale = scale;
+    static const char *const leaves[2] = {"input_activation_scale", "output_activation_scale"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s.%s", module, leaves[i]);
+        float v = 0;
+        if (g4_st_find(&m->st, name) && load_scalar(m, name, &v) != 0) return -1;
+        if (v != 0)
+            return g4_fail("%s: tensor %s is %g: static activation scales with block-scaled weights are not implemented", m->dir,
+                           name, v);
     }
     return 0;
 }
@@ -145,6 +197,8 @@ static int bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, 
     lin->w.bits = bits;
     lin->w.row_bytes = g4_packed_row_bytes(bits, (size_t)in);
     lin->w.w = w->data;
+    int block = g4_config_module_block(&m->cfg, module);
+    if (block > 0) return bind_block_scales(m, lin, module, block);
     float *scale = own(m, sizeof *scale * (size_t)out);
     if (!scale) return g4_fail("%s: out of memory", module);
     snprintf(name, sizeof name, "%s.weight_scale", module);
@@ -157,12 +211,33 @@ static int bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, 
     return load_activation_scale(m, name, &lin->s_out);
 }
 
+/* An embedding table that stays float: `module.weight`, BF16 [rows, cols]. */
+static int bind_bf16_embedding(g4_model *m, g4_qembedding *e, const char *module, int rows, int cols) {
+    char name[192];
+    snprintf(name, sizeof name, "%s.weight", module);
+    const g4_tensor *t = find(m, name);
+    if (!t) return -1;
+    if (t->dtype != G4_DT_BF16 || !shape_is(t, 2, rows, cols)) {
+        char want[64];
+        snprintf(want, sizeof want, "BF16 [%d, %d]", rows, cols);
+        return wrong(m, t, want);
+    }
+    g4_st_advise_random(&m->st, t);
+    *e = (g4_qembedding){.bits = 16, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 2, .codes = t->data};
+    return 0;
+}
+
 static int bind_embedding(g4_model *m, g4_qembedding *e, const char *module, int rows, int cols, int want_blocks) {
     char name[192];
     int bits = g4_config_module_bits(&m->cfg, module);
-    if (!m->cfg.quant.quantize_embeddings || bits == 0)
-        return g4_fail("%s/config.json: %s is not quantized (quantize_embeddings); g4 needs the quantized embedding", m->dir, module);
+    if (!m->cfg.quant.quantize_embeddings || bits == 0) return bind_bf16_embedding(m, e, module, rows, cols);
     if (check_bits(m, module, bits) != 0) return -1;
+    int block = g4_config_module_block(&m->cfg, module);
+    if (block > 0) {
+        if (cols % block)
+            return g4_fail("%s/config.json: %s has %d columns, not a multiple of its block_size %d", m->dir, module, cols, block);
+        want_blocks = cols / block;
+    }
     snprintf(name, sizeof name, "%s.embedding_quantized", module);
     const g4_tensor *c = find(m, name);
     if (!c || check_packed(m, c, bits, rows, cols) != 0) return -1;
@@ -172,10 +247,11 @@ static int bind_embedding(g4_model *m, g4_qembedding *e, const char *module, int
     int nblocks = s->ndim == 2 ? (int)s->shape[1] : 0;
     if (want_blocks ? nblocks != want_blocks : (nblocks < 1 || cols % nblocks)) {
         char want[96];
-        snprintf(want, sizeof want, "F32 [%d, k] with k dividing %d", rows, cols);
+        if (want_blocks) snprintf(want, sizeof want, "%s [%d, %d]", block > 0 ? "F32 or F16" : "F32", rows, want_blocks);
+        else snprintf(want, sizeof want, "F32 [%d, k] with k dividing %d", rows, cols);
         return wrong(m, s, want);
     }
-    if (check_scales(m, s, rows, nblocks, NULL) != 0) return -1;
+    if (read_scales(m, s, rows, nblocks, block > 0, NULL) != 0) return -1;
     g4_st_release(&m->st, s); /* validated whole, then gathered one row per token */
     g4_st_advise_random(&m->st, c);
     g4_st_advise_random(&m->st, s);
@@ -248,8 +324,8 @@ static int bind_layer(g4_model *m, int l) {
         if (bind_linear(m, &L->k, MOD("self_attn.k_proj"), H, L->n_kv_heads * hd) ||
             bind_linear(m, &L->v, MOD("self_attn.v_proj"), H, L->n_kv_heads * hd) ||
             !(L->k_norm = load_vector(m, NAME("self_attn.k_norm.weight"), hd)) ||
-            load_activation_scale(m, NAME("self_attn.k_cache_scale"), &L->k_cache_scale) ||
-            load_activation_scale(m, NAME("self_attn.v_cache_scale"), &L->v_cache_scale))
+            load_cache_scale(m, NAME("self_attn.k_cache_scale"), &L->k_cache_scale) ||
+            load_cache_scale(m, NAME("self_attn.v_cache_scale"), &L->v_cache_scale))
             return -1;
         if (memcmp(&L->q.s_in, &L->k.s_in, 4) || memcmp(&L->q.s_in, &L->v.s_in, 4))
             g4_warn("%s: layer %d: q/k/v input activation scales differ; each is quantized separately", m->dir, l);
@@ -262,9 +338,11 @@ static int bind_layer(g4_model *m, int l) {
     return 0;
 }
 
-/* The lm_head: its own tensors, or the token embedding when the config ties them. */
+/* The lm_head: its own tensors, or the token embedding when the config ties them (BF16, one
+ * scale per row, or one per block of the row). */
 static int bind_lm_head(g4_model *m) {
     const g4_config *c = &m->cfg;
+    const g4_qembedding *e = &m->embed;
     if (g4_st_find(&m->st, "lm_head.weight") || !c->tie_word_embeddings) {
         if (bind_linear(m, &m->lm_head, "lm_head", c->hidden, c->vocab) != 0) return -1;
         if (m->lm_head.s_in != 0 || m->lm_head.s_out != 0)
@@ -274,30 +352,66 @@ static int bind_lm_head(g4_model *m) {
                     "lm_head input and output with them", m->dir, m->lm_head.s_in, m->lm_head.s_out);
         return 0;
     }
-    if (m->embed.nblocks != 1) return g4_fail("%s: tied lm_head needs one embedding scale per row", m->dir);
-    float *scale = own(m, sizeof *scale * (size_t)c->vocab);
-    if (!scale) return g4_fail("%s: out of memory", m->dir);
-    for (int r = 0; r < c->vocab; r++) scale[r] = g4_load_f32(m->embed.scale->data + 4 * (size_t)r);
     snprintf(m->lm_head.name, sizeof m->lm_head.name, "lm_head (tied to embed_tokens)");
     m->lm_head.id = m->n_linears++; /* its own slot in the per-session tables, not linear 0's */
-    m->lm_head.w = (g4_qweight){.bits = m->embed.bits, .in = c->hidden, .out = c->vocab, .row_bytes = m->embed.row_bytes,
-                                .w = m->embed.codes, .w_scale = scale};
+    m->lm_head.w = (g4_qweight){.bits = e->bits, .in = c->hidden, .out = c->vocab, .row_bytes = e->row_bytes, .w = e->codes};
+    if (e->bits == 16) return 0;
+    size_t n = (size_t)c->vocab * (size_t)e->nblocks;
+    float *scale = own(m, sizeof *scale * n);
+    if (!scale) return g4_fail("%s: out of memory", m->dir);
+    for (size_t i = 0; i < n; i++) scale[i] = scale_at(e->scale, (int64_t)i);
+    m->lm_head.w.w_scale = scale;
+    m->lm_head.w.block = e->nblocks > 1 ? e->cols / e->nblocks : 0;
     return 0;
 }
 
-/* For a config with the real E2B's shape, the bit widths must be those of checkpoint.md §4. */
-static void warn_if_not_e2b_bits(const g4_model *m) {
+/* The bit widths of the published mobile checkpoints (checkpoint.md §4 for E2B; E4B from
+ * transformers' conversion script, convert_gemma4_weights.py, the source of g4 synth's e4b preset),
+ * recognised by their shape. */
+typedef struct {
+    const char *name;
+    int hidden, n_layers, vocab;
+    int mlp_low_from, mlp_low_bits; /* layers from mlp_low_from on have MLPs of mlp_low_bits (else 4) */
+    int embed_bits, ple_bits, lm_head_bits;
+} published_bits;
+
+static const published_bits published[] = {
+    {"gemma-4-E2B-it-qat-mobile-transformers", 1536, 35, 262144, 15, 2, 2, 4, 2},
+    {"gemma-4-E4B-it-qat-mobile-transformers", 2560, 42, 262144, 42, 4, 2, 2, 2},
+};
+
+/* For a mobile-format config with a published checkpoint's shape, the bit widths must be that
+ * checkpoint's; a difference is worth a warning (a converter that got the patterns' order wrong
+ * decodes layers at the wrong width). */
+static void warn_if_not_published_bits(const g4_model *m) {
     const g4_config *c = &m->cfg;
-    if (c->hidden != 1536 || c->n_layers != 35 || c->vocab != 262144) return;
-    int diffs = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        const g4_layer *L = &m->layers[l];
-        int mlp = l < 15 ? 4 : 2;
-        diffs += L->q.w.bits != 4 || L->o.w.bits != 4 || L->gate.w.bits != mlp || L->up.w.bits != mlp ||
-                 L->down.w.bits != mlp || L->pl_gate.w.bits != 8 || L->pl_proj.w.bits != 8;
+    for (size_t k = 0; k < sizeof published / sizeof *published; k++) {
+        const published_bits *p = &published[k];
+        if (c->hidden != p->hidden || c->n_layers != p->n_layers || c->vocab != p->vocab) continue;
+        int diffs = 0;
+        for (int l = 0; l < c->n_layers; l++) {
+            const g4_layer *L = &m->layers[l];
+            int mlp = l >= p->mlp_low_from ? p->mlp_low_bits : 4;
+            diffs += L->q.w.bits != 4 || L->o.w.bits != 4 || L->gate.w.bits != mlp || L->up.w.bits != mlp ||
+                     L->down.w.bits != mlp || L->pl_gate.w.bits != 8 || L->pl_proj.w.bits != 8;
+        }
+        diffs += m->lm_head.w.bits != p->lm_head_bits || m->embed.bits != p->embed_bits || m->embed_ple.bits != p->ple_bits ||
+                 m->pmp.w.bits != 16;
+        if (diffs) g4_warn("%s: bit widths differ from the published %s checkpoint in %d places", m->dir, p->name, diffs);
     }
-    diffs += m->lm_head.w.bits != 2 || m->embed.bits != 2 || m->embed_ple.bits != 4 || m->pmp.w.bits != 16;
-    if (diffs) g4_warn("%s: bit widths differ from the published E2B mobile checkpoint in %d places", m->dir, diffs);
+}
+
+/* Whether any linear or KV-cache scale of the checkpoint is not 0 (model.h, static_act). */
+static int has_static_activation_scales(const g4_model *m) {
+    int any = m->lm_head.s_in != 0 || m->lm_head.s_out != 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const g4_layer *L = &m->layers[l];
+        const g4_linear *lins[9];
+        int n = g4_layer_linears(L, g4_layer_is_producer(m, l), lins);
+        for (int i = 0; i < n; i++) any |= lins[i]->s_in != 0 || lins[i]->s_out != 0;
+        any |= L->k_cache_scale != 0 || L->v_cache_scale != 0;
+    }
+    return any;
 }
 
 static int bind_all(g4_model *m) {
@@ -325,7 +439,8 @@ static int bind_all(g4_model *m) {
     if (bind_lm_head(m) != 0) return -1;
     m->embed_scale = (float)sqrt((double)c->hidden);
     m->ple_embed_scale = (float)sqrt((double)c->ple_dim);
-    warn_if_not_e2b_bits(m);
+    m->static_act = has_static_activation_scales(m);
+    if (mobile_format(m)) warn_if_not_published_bits(m);
     return 0;
 }
 

@@ -15,12 +15,13 @@ typedef struct {
     float s_in, s_out; /* static activation scales; 0 = not quantized */
 } g4_linear;
 
-/* A quantized embedding table [rows, cols] with per-(row, block) scales. */
+/* An embedding table [rows, cols]: packed codes with per-(row, block) scales, or BF16 values
+ * (bits == 16, no scales: a checkpoint without quantized embeddings). */
 typedef struct {
     int bits, rows, cols, nblocks;
     size_t row_bytes;
-    const uint8_t *codes;
-    const g4_tensor *scale; /* F32 [rows, nblocks], read row by row from the map */
+    const uint8_t *codes;   /* codes, or the BF16 values */
+    const g4_tensor *scale; /* F32 or F16 [rows, nblocks], read row by row from the map; NULL for BF16 */
 } g4_qembedding;
 
 typedef struct {
@@ -52,6 +53,11 @@ struct g4_model {
     size_t resident_len; /* its mapping's length */
     void **owned;        /* f32 copies made at load */
     int n_owned, cap_owned;
+    /* Whether the checkpoint carries static activation quantization (the mobile recipe: some
+     * linear or KV-cache scale is not 0). Without it every --act mode computes float activations,
+     * and the per_layer_model_projection quantization, which belongs to the mobile graph, is
+     * off. */
+    int static_act;
     float embed_scale;   /* f32(sqrt(hidden)) */
     float ple_embed_scale; /* f32(sqrt(ple_dim)) */
 };

@@ -22,8 +22,13 @@ static int resolve_options(g4_session *s) {
     int quantized = o->act != G4_ACT_FLOAT;
     s->q_linear = quantized && o->linear_quant;
     s->q_kv = quantized && o->kv_quant;
-    s->q_pmp = quantized && o->pmp_quant;
-    if (o->lmhead_dynamic_q8 && lm_head_static_input(s))
+    /* the per_layer_model_projection's scales are the mobile graph's (not in any checkpoint):
+     * a checkpoint without static activation quantization runs it in float */
+    s->q_pmp = quantized && o->pmp_quant && s->m->static_act;
+    const g4_qweight *lw = &s->m->lm_head.w;
+    if (o->lmhead_dynamic_q8 && (lw->bits == 16 || lw->block))
+        g4_warn("--lmhead-dynamic-q8 has no effect: the lm_head is %s, not LiteRT's per-row codes", lw->bits == 16 ? "BF16" : "block-scaled");
+    else if (o->lmhead_dynamic_q8 && lm_head_static_input(s))
         g4_warn("--lmhead-dynamic-q8 has no effect: lm_head.input_activation_scale is %g, a static input quantization that takes precedence",
                 s->m->lm_head.s_in);
     g4_options resolved = *o;

@@ -11,32 +11,54 @@
 
 #include "format/config.h"
 #include "format/safetensors_write.h"
+#include "model/quantize.h"
+#include "quant/blockq.h"
 #include "quant/pack.h"
 #include "util/err.h"
 #include "util/file.h"
 
 /* ---- presets ---- */
 
+/* How a preset's weights are stored: the mobile checkpoints' bit widths (checkpoint.md §3-§4; E4B:
+ * every MLP 4-bit and a 2-bit per-layer table), or what `g4 quantize --q4_0` makes of the BF16
+ * checkpoint (model/quantize.h: Q4_0 linears, Q8_0 embeddings, the lm_head tied to embed_tokens,
+ * no activation scales), or that BF16 checkpoint itself (gemma-4-E2B-it's layout: no
+ * quantization_config, BF16 everywhere, the lm_head tied). */
+enum { LAYOUT_MOBILE_E2B, LAYOUT_MOBILE_E4B, LAYOUT_Q4_0, LAYOUT_BF16 };
+
 typedef struct {
     const char *name;
     int hidden, n_layers, n_heads, n_kv_heads, head_dim, global_head_dim, intermediate, n_kv_shared, ple_dim, vocab,
         sliding_window;
-    /* The module_quant_configs key that keeps the producer layers' MLPs at 4 bits; it names the
-     * producer range, so it is the one pattern that differs between presets. */
+    int full_every;  /* layer i is full attention when i % full_every == full_every - 1 */
+    int double_wide; /* use_double_wide_mlp */
+    int layout;
+    /* LAYOUT_MOBILE_E2B: the module_quant_configs key that keeps the producer layers' MLPs at 4
+     * bits; it names the producer range, so it is the one pattern that differs between its presets. */
     const char *mlp4_pattern;
 } preset_t;
 
+/* The E4B text shape is transformers' conversion script's (src/transformers/models/gemma4/
+ * convert_gemma4_weights.py, variant gemma-4-e4b: hidden 2560, intermediate 4 x 2560, 42 layers
+ * of (5 sliding + 1 full) x 7, 8 heads, 2 KV heads, global head_dim 512, 18 KV-shared layers, no
+ * double-wide MLP), which NVIDIA's Megatron-Bridge E4B recipe repeats; its mobile bit widths are
+ * the same script's quantized branch (E4B: all MLPs and attention 4-bit, embed_tokens,
+ * embed_tokens_per_layer and lm_head 2-bit, the per-layer gate and projection 8-bit). */
 static const preset_t presets[] = {
-    {"e2b", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, "language_model\\.layers\\.(\\d|1[0-4])\\.mlp\\."},
-    {"tiny", 64, 10, 2, 1, 16, 32, 96, 4, 16, 512, 8, "language_model\\.layers\\.[0-5]\\.mlp\\."},
+    {"e2b", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_MOBILE_E2B,
+     "language_model\\.layers\\.(\\d|1[0-4])\\.mlp\\."},
+    {"e4b", 2560, 42, 8, 2, 256, 512, 10240, 18, 256, 262144, 512, 6, 0, LAYOUT_MOBILE_E4B, NULL},
+    {"e2b-q4_0", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_Q4_0, NULL},
+    {"e2b-bf16", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_BF16, NULL},
+    {"tiny", 64, 10, 2, 1, 16, 32, 96, 4, 16, 512, 8, 5, 1, LAYOUT_MOBILE_E2B, "language_model\\.layers\\.[0-5]\\.mlp\\."},
 };
 
-const char *const g4_synth_presets[] = {"e2b", "tiny", NULL};
+const char *const g4_synth_presets[] = {"e2b", "e4b", "e2b-q4_0", "e2b-bf16", "tiny", NULL};
 
 static const preset_t *find_preset(const char *name) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (name && strcmp(presets[i].name, name) == 0) return &presets[i];
-    g4_fail("unknown preset \"%s\" (e2b, tiny)", name ? name : "");
+    g4_fail("unknown preset \"%s\" (e2b, e4b, e2b-q4_0, e2b-bf16, tiny)", name ? name : "");
     return NULL;
 }
 
@@ -96,31 +118,41 @@ static cJSON *bits_entry(int bits) {
     return o;
 }
 
-/* quantization_config of the published checkpoint (checkpoint.md §3): keys in sorted order,
- * which is the order HF writes and the order that decides regex precedence. */
+/* quantization_config of the published mobile checkpoint (checkpoint.md §3; E4B: the patterns of
+ * the preset table's source): keys in sorted order, which is the order HF writes and the order
+ * that decides regex precedence; or g4 quantize's, for the Q4_0 layout. */
 static cJSON *quant_config(const preset_t *p) {
+    if (p->layout == LAYOUT_Q4_0) return g4_quantize_config_json(G4_EMBED_Q8_0);
+    int e4b = p->layout == LAYOUT_MOBILE_E4B;
     const struct {
         const char *pattern;
         int bits;
-    } pats[] = {
+    } all[] = {
         {"^lm_head$", 2},
         {"audio_tower(?!.*lconv1d\\.linear_start)", 2},
         {"audio_tower\\.layers\\.\\d+\\.lconv1d\\.linear_start\\.", 4},
         {"language_model\\.embed_tokens$", 2},
-        {"language_model\\.embed_tokens_per_layer$", 4},
-        {p->mlp4_pattern, 4},
-        {"language_model\\.layers\\.\\d+\\.mlp\\.", 2},
+        {"language_model\\.embed_tokens_per_layer$", e4b ? 2 : 4},
+        {e4b ? NULL : p->mlp4_pattern, 4},
+        {"language_model\\.layers\\.\\d+\\.mlp\\.", e4b ? 4 : 2},
         {"language_model\\.layers\\.\\d+\\.per_layer_input_gate$", 8},
         {"language_model\\.layers\\.\\d+\\.per_layer_projection$", 8},
         {"language_model\\.layers\\.\\d+\\.self_attn\\.", 4},
         {"vision_tower", 8},
     };
+    struct {
+        const char *pattern;
+        int bits;
+    } pats[sizeof all / sizeof all[0]];
+    size_t n_pats = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i].pattern) pats[n_pats].pattern = all[i].pattern, pats[n_pats++].bits = all[i].bits;
     static const char *const not_convert[] = {"model.vision_tower.patch_embedder", "model.audio_tower.subsample_conv_projection",
                                               "model.audio_tower.output_proj",     "relative_k_proj",
                                               "model.embed_audio",                 "model.embed_vision",
                                               "per_layer_model_projection"};
     cJSON *q = cJSON_CreateObject(), *m = cJSON_CreateObject(), *nc = cJSON_CreateArray();
-    for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++) cJSON_AddItemToObject(m, pats[i].pattern, bits_entry(pats[i].bits));
+    for (size_t i = 0; i < n_pats; i++) cJSON_AddItemToObject(m, pats[i].pattern, bits_entry(pats[i].bits));
     for (size_t i = 0; i < sizeof not_convert / sizeof not_convert[0]; i++)
         cJSON_AddItemToArray(nc, cJSON_CreateString(not_convert[i]));
     cJSON_AddItemToObject(q, "module_quant_configs", m);
@@ -160,7 +192,7 @@ static cJSON *text_config(const preset_t *p) {
     cJSON_AddNumberToObject(t, "intermediate_size", p->intermediate);
     cJSON *lt = cJSON_CreateArray();
     for (int i = 0; i < p->n_layers; i++)
-        cJSON_AddItemToArray(lt, cJSON_CreateString(i % 5 == 4 ? "full_attention" : "sliding_attention"));
+        cJSON_AddItemToArray(lt, cJSON_CreateString(i % p->full_every == p->full_every - 1 ? "full_attention" : "sliding_attention"));
     cJSON_AddItemToObject(t, "layer_types", lt);
     cJSON_AddNumberToObject(t, "max_position_embeddings", 131072);
     cJSON_AddStringToObject(t, "model_type", "gemma4_text");
@@ -178,11 +210,11 @@ static cJSON *text_config(const preset_t *p) {
     cJSON_AddItemToObject(rp, "sliding_attention", rope_entry(10000.0, "default", 0));
     cJSON_AddItemToObject(t, "rope_parameters", rp);
     cJSON_AddNumberToObject(t, "sliding_window", p->sliding_window);
-    cJSON_AddBoolToObject(t, "tie_word_embeddings", 0);
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", p->layout >= LAYOUT_Q4_0); /* the BF16 checkpoints tie; the mobile converter unties */
     cJSON_AddNullToObject(t, "top_k_experts");
     cJSON_AddNullToObject(t, "use_bidirectional_attention");
     cJSON_AddBoolToObject(t, "use_cache", 1);
-    cJSON_AddBoolToObject(t, "use_double_wide_mlp", 1);
+    cJSON_AddBoolToObject(t, "use_double_wide_mlp", p->double_wide);
     cJSON_AddNumberToObject(t, "vocab_size", p->vocab);
     cJSON_AddNumberToObject(t, "vocab_size_per_layer_input", p->vocab);
     return t;
@@ -219,9 +251,9 @@ char *g4_synth_config_json(const char *preset) {
     cJSON_AddNumberToObject(r, "image_token_id", 258880);
     cJSON_AddItemToObject(r, "initializer_range", py_float(0.02));
     cJSON_AddStringToObject(r, "model_type", "gemma4");
-    cJSON_AddItemToObject(r, "quantization_config", quant_config(p));
+    if (p->layout != LAYOUT_BF16) cJSON_AddItemToObject(r, "quantization_config", quant_config(p));
     cJSON_AddItemToObject(r, "text_config", text_config(p));
-    cJSON_AddBoolToObject(r, "tie_word_embeddings", 0);
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", p->layout >= LAYOUT_Q4_0);
     cJSON_AddStringToObject(r, "transformers_version", "5.17.0");
     cJSON_AddNumberToObject(r, "video_token_id", 258884);
     cJSON_AddItemToObject(r, "vision_config", tower_config("gemma4_vision"));
@@ -314,10 +346,12 @@ static int check_bits(const plan_t *p, const char *module, int bits) {
 }
 
 /* Codes [rows, packed(cols)] plus per-(row, block) scales [rows, nblocks], as the
- * quantized embeddings and linears store them. Scales make one dequantized block have RMS
- * about `rms` (times a +-25 % spread). Returns the gens, for lm_head to replay. */
+ * quantized embeddings and linears store them: F32, or F16 for the block-scaled layout (block >
+ * 0: nblocks = cols / block, as g4 quantize writes them). Scales make one dequantized block have
+ * RMS about `rms` (times a +-25 % spread). Returns the gens, for lm_head to replay. */
 static int add_codes_and_scales(plan_t *p, const char *codes_name, const char *scale_name, int bits, int64_t rows,
-                                int64_t cols, int64_t nblocks, double rms, gen_t *codes_gen, gen_t *scale_gen) {
+                                int64_t cols, int64_t nblocks, int block, double rms, gen_t *codes_gen, gen_t *scale_gen) {
+    if (block > 0) nblocks = cols / block;
     int64_t cshape[2] = {rows, (int64_t)g4_packed_row_bytes(bits, (size_t)cols)}, sshape[2] = {rows, nblocks};
     gen_t cg = {.kind = GEN_CODES, .bits = bits, .cols = cols, .key = key_of(p->seed, codes_name)};
     float base = (float)(rms / code_rms(bits));
@@ -325,7 +359,7 @@ static int add_codes_and_scales(plan_t *p, const char *codes_name, const char *s
     if (codes_gen) *codes_gen = cg;
     if (scale_gen) *scale_gen = sg;
     if (plan_add(p, codes_name, bits == 8 ? G4_DT_I8 : G4_DT_U8, 2, cshape, cg) != 0) return -1;
-    return plan_add(p, scale_name, G4_DT_F32, 2, sshape, sg);
+    return plan_add(p, scale_name, block > 0 ? G4_DT_F16 : G4_DT_F32, 2, sshape, sg);
 }
 
 /* A linear [out, in] as the loader binds it (model.c bind_linear): BF16 when the config leaves
@@ -340,7 +374,9 @@ static int add_linear(plan_t *p, const g4_config *c, const char *module, int in,
     }
     if (check_bits(p, module, bits) != 0) return -1;
     snprintf(n2, sizeof n2, "%s.weight_scale", module);
-    if (add_codes_and_scales(p, n1, n2, bits, out, in, 1, 1.0 / sqrt((double)in), NULL, NULL) != 0) return -1;
+    int block = g4_config_module_block(c, module);
+    if (add_codes_and_scales(p, n1, n2, bits, out, in, 1, block, 1.0 / sqrt((double)in), NULL, NULL) != 0) return -1;
+    if (block > 0) return 0; /* the block-scaled layout has no activation scales */
     snprintf(n1, sizeof n1, "%s.input_activation_scale", module);
     snprintf(n2, sizeof n2, "%s.output_activation_scale", module);
     return add_const(p, n1, s_in) || add_const(p, n2, s_out) ? -1 : 0;
@@ -392,8 +428,10 @@ static int add_layer(plan_t *p, const g4_config *c, int l) {
         (producer && add_uniform(p, NAME("self_attn.k_norm.weight"), G4_DT_BF16, 1, (int64_t[]){hd}, 0.9f * g, 1.1f * g)) ||
         add_uniform(p, NAME("layer_scalar"), G4_DT_BF16, 1, (int64_t[]){1}, 0.9f, 1.0f))
         return -1;
-    /* KV-cache scales on every layer; a consumer's own pair is never used and deliberately
-     * differs from its producer's, as in the tiny fixture. K after k_norm has RMS ~g. */
+    /* KV-cache scales on every layer of the mobile layout (none in the block-scaled one, which
+     * quantizes no activation); a consumer's own pair is never used and deliberately differs
+     * from its producer's, as in the tiny fixture. K after k_norm has RMS ~g. */
+    if (c->quant.method != G4_QUANT_GEMMA || c->quant.block_size > 0) return 0;
     if (add_const(p, NAME("self_attn.k_cache_scale"), g * act(p, l, "k_cache", 0.025f, 0.035f)) ||
         add_const(p, NAME("self_attn.v_cache_scale"), (float)(6.0 / 127.0)))
         return -1;
@@ -403,16 +441,21 @@ static int add_layer(plan_t *p, const g4_config *c, int l) {
 }
 
 /* A few tensors of the vision and audio towers (names as in the real file's families), which
- * a text engine must skip; their values mean nothing. */
-static int add_dummy_towers(plan_t *p, int hidden) {
+ * a text engine must skip; their values mean nothing. The mobile layout quantizes the vision
+ * linears (8-bit); the block-scaled one leaves the towers BF16, as g4 quantize does. */
+static int add_dummy_towers(plan_t *p, int hidden, int quantized) {
     const char *q = "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear";
     char a[160], b[160];
     snprintf(a, sizeof a, "%s.weight", q);
     snprintf(b, sizeof b, "%s.weight_scale", q);
-    if (add_codes_and_scales(p, a, b, 8, 32, 32, 1, 1.0 / sqrt(32.0), NULL, NULL) != 0) return -1;
-    snprintf(a, sizeof a, "%s.input_activation_scale", q);
-    snprintf(b, sizeof b, "%s.output_activation_scale", q);
-    if (add_const(p, a, 0.03f) || add_const(p, b, 0.03f)) return -1;
+    if (!quantized) {
+        if (add_uniform(p, a, G4_DT_BF16, 2, (int64_t[]){32, 32}, -0.1f, 0.1f) != 0) return -1;
+    } else {
+        if (add_codes_and_scales(p, a, b, 8, 32, 32, 1, 0, 1.0 / sqrt(32.0), NULL, NULL) != 0) return -1;
+        snprintf(a, sizeof a, "%s.input_activation_scale", q);
+        snprintf(b, sizeof b, "%s.output_activation_scale", q);
+        if (add_const(p, a, 0.03f) || add_const(p, b, 0.03f)) return -1;
+    }
     /* a 3-D tensor and a 0-D BF16 one: shapes the text model never uses */
     if (add_uniform(p, "model.vision_tower.patch_embedder.input_proj.weight", G4_DT_BF16, 2, (int64_t[]){32, 48}, -0.1f, 0.1f) ||
         add_uniform(p, "model.embed_vision.embedding_projection.weight", G4_DT_BF16, 2, (int64_t[]){hidden, 32}, -0.1f, 0.1f) ||
@@ -423,10 +466,33 @@ static int add_dummy_towers(plan_t *p, int hidden) {
     return 0;
 }
 
+/* The plain checkpoint's float embedding tables, `.weight` BF16 (uniform +-a has RMS a / sqrt(3):
+ * RMS 1 after the x sqrt(dim) of model.md §5). */
+static int add_bf16_embeddings(plan_t *p, const g4_config *c) {
+    double ae = sqrt(3.0 / c->hidden), ap = sqrt(3.0 / c->ple_dim);
+    return add_uniform(p, "model.language_model.embed_tokens.weight", G4_DT_BF16, 2, (int64_t[]){c->vocab, c->hidden}, (float)-ae,
+                       (float)ae) ||
+                   add_uniform(p, "model.language_model.embed_tokens_per_layer.weight", G4_DT_BF16, 2,
+                               (int64_t[]){c->vocab_ple, (int64_t)c->n_layers * c->ple_dim}, (float)-ap, (float)ap)
+               ? -1
+               : 0;
+}
+
 static int build_plan(plan_t *p, const g4_config *c) {
     char a[160], b[160];
     const char *pre = "model.language_model.";
     int H = c->hidden, LP = c->n_layers * c->ple_dim;
+    if (c->quant.method == G4_QUANT_NONE) { /* BF16 throughout, the lm_head tied */
+        if (add_bf16_embeddings(p, c) != 0) return -1;
+        snprintf(a, sizeof a, "%sper_layer_model_projection", pre);
+        snprintf(b, sizeof b, "%sper_layer_projection_norm.weight", pre);
+        if (add_linear(p, c, a, H, LP, 0, 0) || add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){c->ple_dim}, 0.9f, 1.1f)) return -1;
+        snprintf(b, sizeof b, "%snorm.weight", pre);
+        if (add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f)) return -1;
+        for (int l = 0; l < c->n_layers; l++)
+            if (add_layer(p, c, l) != 0) return -1;
+        return 0;
+    }
     if (!c->quant.quantize_embeddings) return g4_fail("%s: synth needs quantize_embeddings", p->path);
     int eb = g4_config_module_bits(c, "model.language_model.embed_tokens");
     int pb = g4_config_module_bits(c, "model.language_model.embed_tokens_per_layer");
@@ -436,11 +502,14 @@ static int build_plan(plan_t *p, const g4_config *c) {
     gen_t ecodes, escale;
     snprintf(a, sizeof a, "%sembed_tokens.embedding_quantized", pre);
     snprintf(b, sizeof b, "%sembed_tokens.embedding_scale", pre);
-    if (add_codes_and_scales(p, a, b, eb, c->vocab, H, 1, 1.0 / sqrt((double)H), &ecodes, &escale) != 0) return -1;
+    if (add_codes_and_scales(p, a, b, eb, c->vocab, H, 1, g4_config_module_block(c, "model.language_model.embed_tokens"),
+                             1.0 / sqrt((double)H), &ecodes, &escale) != 0)
+        return -1;
     /* PLE table: one scale per (row, layer) block; RMS 1 after the x sqrt(P) */
     snprintf(a, sizeof a, "%sembed_tokens_per_layer.embedding_quantized", pre);
     snprintf(b, sizeof b, "%sembed_tokens_per_layer.embedding_scale", pre);
-    if (add_codes_and_scales(p, a, b, pb, c->vocab_ple, LP, c->n_layers, 1.0 / sqrt((double)c->ple_dim), NULL, NULL) != 0)
+    if (add_codes_and_scales(p, a, b, pb, c->vocab_ple, LP, c->n_layers, g4_config_module_block(c, "model.language_model.embed_tokens_per_layer"),
+                             1.0 / sqrt((double)c->ple_dim), NULL, NULL) != 0)
         return -1;
     snprintf(a, sizeof a, "%sper_layer_model_projection", pre);
     if (add_linear(p, c, a, H, LP, 0, 0) != 0) return -1;
@@ -517,6 +586,7 @@ static void fill_uniform(const gen_t *g, const g4_stw_tensor *t, uint64_t off, u
         float v = g->lo == g->hi ? g->lo : g->lo + (g->hi - g->lo) * unit_f(stream_at(g->key, e0 + k));
         uint32_t u;
         if (t->dtype == G4_DT_BF16) u = f32_to_bf16(v);
+        else if (t->dtype == G4_DT_F16) u = g4_f32_to_f16(v);
         else memcpy(&u, &v, 4);
         for (size_t b = 0; b < es; b++) buf[k * es + b] = (uint8_t)(u >> (8 * b));
     }
@@ -525,7 +595,7 @@ static void fill_uniform(const gen_t *g, const g4_stw_tensor *t, uint64_t off, u
 static int fill(void *user, int index, const g4_stw_tensor *t, uint64_t off, uint8_t *buf, size_t n) {
     const gen_t *g = &((const plan_t *)user)->gen[index];
     if (g->kind == GEN_CODES) fill_codes(g, t, off, buf, n);
-    else if (t->dtype == G4_DT_F32 || t->dtype == G4_DT_BF16) fill_uniform(g, t, off, buf, n);
+    else if (t->dtype == G4_DT_F32 || t->dtype == G4_DT_BF16 || t->dtype == G4_DT_F16) fill_uniform(g, t, off, buf, n);
     else return g4_fail("no generator for dtype %s", g4_dtype_name(t->dtype));
     return 0;
 }
@@ -729,47 +799,6 @@ static int write_text(const char *path, const char *text) {
     return 0;
 }
 
-static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return g4_fail("%s: cannot open: %s", src, strerror(errno));
-    FILE *out = fopen(dst, "wb");
-    if (!out) {
-        fclose(in);
-        return g4_fail("%s: cannot create: %s", dst, strerror(errno));
-    }
-    char buf[1 << 16];
-    size_t n;
-    int bad = 0;
-    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
-    int rbad = ferror(in);
-    fclose(in);
-    if (fclose(out) != 0) bad = 1;
-    if (rbad) return g4_fail("%s: read error", src);
-    if (bad) return g4_fail("%s: write failed", dst);
-    return 0;
-}
-
-/* mkdir -p: the output folder may be new, and so may its parents. */
-static int make_dirs(const char *dir) {
-    size_t n = strlen(dir);
-    if (!n) return g4_fail("synth: empty output folder name");
-    char *p = malloc(n + 1);
-    if (!p) return g4_fail("%s: out of memory", dir);
-    memcpy(p, dir, n + 1);
-    int rc = 0;
-    for (size_t i = 1; i <= n && rc == 0; i++) {
-        if (p[i] != '/' && p[i] != 0) continue;
-        char c = p[i];
-        p[i] = 0;
-        struct stat st;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = g4_fail("%s: cannot create the folder: %s", p, strerror(errno));
-        else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) rc = g4_fail("%s: exists and is not a folder", p);
-        p[i] = c;
-    }
-    free(p);
-    return rc;
-}
-
 static int is_text_tensor(const char *name) {
     return strncmp(name, "model.language_model.", 21) == 0 || strncmp(name, "lm_head.", 8) == 0;
 }
@@ -782,7 +811,7 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     if (g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") ||
         g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors") ||
         g4_path_join(gen_path, sizeof gen_path, out_dir, "generation_config.json") ||
-        g4_path_join(tok_path, sizeof tok_path, out_dir, "tokenizer.json") || make_dirs(out_dir))
+        g4_path_join(tok_path, sizeof tok_path, out_dir, "tokenizer.json") || g4_make_dirs(out_dir))
         return -1;
     /* a bad --tokenizer must fail before gigabytes are written, not after */
     if (tokenizer_src) {
@@ -803,12 +832,12 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     g4_stw_init(&plan.w);
     uint64_t file_bytes = 0;
     rc = build_plan(&plan, &cfg);
-    if (rc == 0) rc = add_dummy_towers(&plan, cfg.hidden);
+    if (rc == 0) rc = add_dummy_towers(&plan, cfg.hidden, cfg.quant.method == G4_QUANT_GEMMA && cfg.quant.block_size == 0);
     if (rc == 0) rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes);
     if (rc == 0) rc = write_text(cfg_path, cfg_text);
     char *gen_text = rc == 0 ? generation_config_json(cfg.vocab) : NULL;
     if (rc == 0) rc = gen_text ? write_text(gen_path, gen_text) : -1;
-    if (rc == 0) rc = tokenizer_src ? copy_file(tokenizer_src, tok_path) : g4_synth_write_tokenizer(tok_path, cfg.vocab);
+    if (rc == 0) rc = tokenizer_src ? g4_copy_file(tokenizer_src, tok_path) : g4_synth_write_tokenizer(tok_path, cfg.vocab);
     if (rc == 0 && stats) {
         memset(stats, 0, sizeof *stats);
         stats->n_tensors = plan.w.n;

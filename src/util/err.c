@@ -36,6 +36,8 @@ int g4_fail_prefix(const char *fmt, ...) {
     return -1;
 }
 
+const char *g4_version(void) { return G4_VERSION; }
+
 const char *g4_last_error(void) { return last_error[0] ? last_error : "unknown error"; }
 
 void g4_clear_error(void) { last_error[0] = 0; }

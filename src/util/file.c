@@ -103,3 +103,43 @@ int g4_path_join(char *buf, size_t cap, const char *dir, const char *name) {
     if (n < 0 || (size_t)n >= cap) return g4_fail("%s/%s: path too long", dir, name);
     return 0;
 }
+
+int g4_copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) return g4_fail("%s: cannot open: %s", src, strerror(errno));
+    FILE *out = fopen(dst, "wb");
+    if (!out) {
+        fclose(in);
+        return g4_fail("%s: cannot create: %s", dst, strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n;
+    int bad = 0;
+    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
+    int rbad = ferror(in);
+    fclose(in);
+    if (fclose(out) != 0) bad = 1;
+    if (rbad) return g4_fail("%s: read error", src);
+    if (bad) return g4_fail("%s: write failed", dst);
+    return 0;
+}
+
+int g4_make_dirs(const char *dir) {
+    size_t n = strlen(dir);
+    if (!n) return g4_fail("empty output folder name");
+    char *p = malloc(n + 1);
+    if (!p) return g4_fail("%s: out of memory", dir);
+    memcpy(p, dir, n + 1);
+    int rc = 0;
+    for (size_t i = 1; i <= n && rc == 0; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        struct stat st;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = g4_fail("%s: cannot create the folder: %s", p, strerror(errno));
+        else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) rc = g4_fail("%s: exists and is not a folder", p);
+        p[i] = c;
+    }
+    free(p);
+    return rc;
+}

@@ -18,6 +18,10 @@ int g4_pread_mapped(const g4_mapped_file *f, const void *p, size_t len, void *ou
 /* Reads a whole file into a NUL-terminated malloc'd buffer. */
 int g4_read_file(const char *path, char **out, size_t *size);
 int g4_file_exists(const char *path);
+/* Copies the file src to dst (created or replaced). */
+int g4_copy_file(const char *src, const char *dst);
+/* mkdir -p: creates dir and its missing parents; fails, naming the path, where one is not a folder. */
+int g4_make_dirs(const char *dir);
 /* dir + "/" + name into buf; fails if it does not fit. */
 int g4_path_join(char *buf, size_t cap, const char *dir, const char *name);
 

@@ -1,0 +1,1357 @@
+"""The Python API over libg4's public C API (_capi): models, tokenizer, generation, chat."""
+
+from __future__ import annotations
+
+import array
+import atexit
+import ctypes
+import os
+import queue
+import threading
+import warnings
+from contextlib import contextmanager
+from ctypes import POINTER, byref, c_char_p, c_int, c_int32, c_size_t, c_void_p
+from dataclasses import dataclass, field
+from typing import (
+    Any,
+    overload,
+    Callable,
+    Dict,
+    Generic,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+from typing import Literal
+
+from . import _capi as C
+from ._capi import lib
+
+PathLike = Union[str, "os.PathLike[str]"]
+Message = Union[Mapping[str, Any], Tuple[str, str]]
+
+# ---- errors and warnings ----
+
+
+class Error(Exception):
+    """A failure of the engine; str(e) is g4's one-line message."""
+
+
+class LoadError(Error):
+    """A model folder or its tokenizer could not be loaded (missing, unreadable, not a Gemma 4 checkpoint)."""
+
+
+class OptionError(Error, ValueError):
+    """An engine option or a generation setting was refused; the message names it and what it takes."""
+
+
+class InputError(Error, ValueError):
+    """A prompt, a message or a token id was refused (unknown role, invalid UTF-8, an id outside the
+    vocabulary, a tool message that answers no call)."""
+
+
+class ContextError(Error):
+    """The prompt does not fit the context that is left (the engine option ctx sets its length)."""
+
+
+class GenerationError(Error):
+    """Generation failed for another reason (e.g. invalid sampling parameters)."""
+
+
+class G4Warning(UserWarning):
+    """A warning of the engine: a checkpoint oddity, an option with no effect, a bad environment variable."""
+
+
+# The engine's warnings (g4_set_log) may come from any thread, in the middle of a call; they are
+# queued and issued with warnings.warn once the call is back in Python, in the calling thread, so
+# that warning filters apply as usual (an "error" filter raises where the call was made).
+_pending_warnings: "queue.SimpleQueue[str]" = queue.SimpleQueue()
+
+
+def _on_log(user: Any, level: int, message: bytes) -> None:
+    _pending_warnings.put(message.decode("utf-8", "replace"))
+
+
+_log_fn = C.LOG_FN(_on_log)
+lib.g4_set_log(_log_fn, None)
+
+
+@atexit.register
+def _log_to_stderr() -> None:
+    # the library may still warn after the interpreter is gone (its own atexit): write to stderr
+    lib.g4_set_log(C.LOG_FN(("g4_log_stderr", lib)), None)
+
+
+def _flush_warnings(stacklevel: int = 3) -> None:
+    while True:
+        try:
+            msg = _pending_warnings.get_nowait()
+        except queue.Empty:
+            return
+        warnings.warn(msg, G4Warning, stacklevel=stacklevel)
+
+
+E = TypeVar("E", bound="Error")
+
+
+def _fail(cls: "type[E]", prefix: str = "") -> E:
+    """The calling thread's last g4 error as an exception of class cls."""
+    return cls(prefix + C.last_error())
+
+
+# ---- the process-wide thread pool ----
+
+
+class _Gate:
+    """Generations share it; g4_set_threads (which g4.h allows only while no session computes) waits
+    until none runs and holds new ones back meanwhile."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._computing = 0
+        self._resizing = False
+
+    @contextmanager
+    def compute(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._computing += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._computing -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing or self._computing:
+                self._cond.wait()
+            self._resizing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+_gate = _Gate()
+
+
+def set_threads(n: Optional[int]) -> None:
+    """Sets the size of the engine's process-wide matmul thread pool (the calling thread included;
+    None or n <= 0: one per online CPU). Waits for generations running in other threads to finish."""
+    n = 0 if n is None else _int_arg("threads", n, -(2**31), 2**31 - 1)
+    with _gate.exclusive():
+        lib.g4_set_threads(n)
+
+
+def threads() -> int:
+    """The size of the engine's thread pool in effect."""
+    return int(lib.g4_threads())
+
+
+# ---- engine options ----
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One row of the engine options table (what `g4 help` lists)."""
+
+    name: str  #: the keyword argument of Model ("pmp_scales")
+    flag: str  #: the command line's flag ("--pmp-scales")
+    values: str  #: the values it takes, in words
+    default: str  #: its default, as text
+    help: str  #: what it does
+    kind: str  #: "result" (changes what is computed), "run" (only how it runs) or "preset"
+
+
+def options() -> List[OptionInfo]:
+    """Every engine option Model takes as a keyword argument, in the table's order."""
+    kinds = {C.OPTION_RESULT: "result", C.OPTION_RUN: "run", C.OPTION_PRESET: "preset"}
+    out = []
+    for i in range(lib.g4_option_count()):
+        r = lib.g4_option_at(i).contents
+        name = r.name.decode()
+        if r.choices:
+            choices, j = [], 0
+            while r.choices[j].name:
+                choices.append(r.choices[j].name.decode())
+                j += 1
+            values = "|".join(choices)
+        else:
+            values = (r.values or b"").decode()
+        out.append(
+            OptionInfo(
+                name=name,
+                flag="--" + name.replace("_", "-"),
+                values=values,
+                default=(getattr(r, "def") or b"").decode(),
+                help=(r.help or b"").decode(),
+                kind=kinds.get(r.kind, str(r.kind)),
+            )
+        )
+    return out
+
+
+def _option_text(value: Any) -> str:
+    """A Python value as the text an engine option takes."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join(_option_text(v) for v in value)
+    return str(value)
+
+
+def _engine_options(kwargs: Mapping[str, Any]) -> C.Options:
+    o = C.Options()
+    lib.g4_options_default(byref(o))
+    for name, value in kwargs.items():
+        if value is None:
+            continue  # the default
+        if lib.g4_options_set(byref(o), name.encode(), _option_text(value).encode()) != 0:
+            raise _fail(OptionError)
+    return o
+
+
+def _int_arg(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(f"{name} {value!r}: expected an integer")
+    if not lo <= value <= hi:
+        raise OptionError(f"{name} {value}: expected an integer in [{lo}, {hi}]")
+    return value
+
+
+def _float_arg(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OptionError(f"{name} {value!r}: expected a number")
+    return float(value)
+
+
+# ---- results ----
+
+_STOP_NAMES = {C.STOP_EOS: "eos", C.STOP_BUDGET: "budget", C.STOP_CONTEXT: "context", C.STOP_USER: "user"}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished generate(): its text and how it ended."""
+
+    text: str  #: the generated text (thoughts left out, a stop string and what followed it cut off)
+    tokens: List[int]  #: the generated token ids, a stop id included
+    finish_reason: str  #: "eos" (a stop id), "budget" (max_tokens), "context" (the KV cache is full), "stop" (a stop string), "user" (the stream was closed)
+    prompt_tokens: int  #: tokens fed as the prompt
+    prefill_s: float  #: the engine's time from the prompt's first token to the first generated one
+    decode_s: float  #: the engine's time from then to the last
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete tool call of a reply: "<|tool_call>call:NAME{ARGS}<tool_call|>"."""
+
+    name: str  #: NAME; "" when the call is not of the form call:NAME{...}
+    arguments: str  #: "{ARGS}" in Gemma's syntax (key:value, strings in <|"|>), or the call's whole text
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A reply's text split into its parts (parse_reply)."""
+
+    content: str  #: the answer, trimmed, its thoughts and tool calls left out
+    reasoning: str  #: the thoughts, trimmed ("" without any)
+    tool_calls: List[ToolCall]  #: the complete tool calls, in order
+    truncated_in_thought: bool  #: the text ended inside a thought (no answer yet)
+    tool_call_unclosed: bool  #: the text ended inside a tool call (which is in no list)
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """A model's reply to a chat, split as the chat template's parser splits it."""
+
+    content: str  #: the answer, trimmed, its thoughts and tool calls left out
+    reasoning: str  #: the thoughts, trimmed ("" without any)
+    tool_calls: List[ToolCall]  #: the complete tool calls, in order
+    text: str  #: the reply as the model wrote it, markers included
+    message: Dict[str, str]  #: the reply as the conversation keeps it: append it to the messages for the next turn
+    tokens: List[int]  #: the generated token ids, a stop id included
+    finish_reason: str  #: "eos", "budget", "context" or "user" (see Completion)
+    prompt_tokens: int
+    prefill_s: float
+    decode_s: float
+    truncated_in_thought: bool = False  #: the reply ended inside a thought (no answer yet)
+
+
+@dataclass(frozen=True)
+class ChatDelta:
+    """The text one generated token made final, split by where it is in the reply."""
+
+    content: str = ""  #: answer text
+    reasoning: str = ""  #: thought text (markers and the "thought" header left out)
+    tool_call: str = ""  #: tool-call text, markers included
+
+
+# ---- streaming ----
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _Failed:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Stream(Generic[T, R]):
+    """Deltas of a generation that runs in a thread of its own while they are read.
+
+    Iterate it for the deltas; `result` is the finished generation's (a Completion or a ChatReply)
+    once the iteration is over. close() (or leaving a `with` block, or dropping the stream) stops
+    the generation at its next token."""
+
+    def __init__(self, job: Callable[[Callable[[T], None], threading.Event], R]) -> None:
+        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._cancel = threading.Event()
+        self._result: Optional[R] = None
+        self._error: Optional[BaseException] = None
+        self._finished = False
+        q, cancel = self._queue, self._cancel  # the thread holds these, not the stream (which can be dropped)
+
+        def work() -> None:
+            try:
+                q.put(_Done(job(q.put, cancel)))
+            except BaseException as e:  # handed to the reader
+                q.put(_Failed(e))
+
+        self._thread = threading.Thread(target=work, name="g4-stream")
+        self._thread.start()
+
+    def __iter__(self) -> "Stream[T, R]":
+        return self
+
+    def __next__(self) -> T:
+        if self._finished:
+            raise StopIteration
+        item = self._queue.get()
+        if isinstance(item, _Done):
+            self._finished = True
+            self._result = item.value
+            self._thread.join()
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self._finished = True
+            self._error = item.exc
+            self._thread.join()
+            raise item.exc
+        delta: T = item
+        return delta
+
+    @property
+    def result(self) -> R:
+        """The finished generation; reads the rest of the stream first if need be."""
+        for _ in self:
+            pass
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def close(self) -> None:
+        """Stops the generation (finish_reason "user") and waits for its thread. A failure of the
+        generation is not raised here (result raises it)."""
+        self._cancel.set()
+        try:
+            for _ in self:
+                pass
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Stream[T, R]":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self._cancel.set()  # the thread ends on its own at its next token
+
+
+class _MainWorker:
+    """The thread that runs the main thread's generations (see _run): one, kept between calls (a
+    daemon: it only ever computes while the main thread waits for it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="g4-main-worker", daemon=True)
+                self._thread.start()
+        self._jobs.put(fn)
+
+    def _loop(self) -> None:
+        while True:
+            self._jobs.get()()
+
+
+_main_worker = _MainWorker()
+
+
+def _run(job: Callable[[Any, Optional[threading.Event]], R]) -> R:
+    """Runs a generation and returns what it gives.
+
+    The engine calls back into Python for each token, and Python runs signal handlers (Ctrl-C's
+    KeyboardInterrupt) in the main thread wherever it is, the first instruction of a callback
+    included, where no `try` can catch them and ctypes would only print them. So in the main thread
+    the generation runs in a worker thread while this one waits: an exception here stops it at its
+    next token and is raised once it has stopped. In other threads (where no signal handler runs)
+    it runs in place."""
+    if threading.current_thread() is not threading.main_thread():
+        return job(None, None)
+    box: Dict[str, Any] = {}
+    done = threading.Event()
+    cancel = threading.Event()
+
+    def work() -> None:
+        try:
+            box["value"] = job(None, cancel)
+        except BaseException as e:  # raised below, in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    _main_worker.submit(work)
+    try:
+        done.wait()
+    except BaseException:
+        cancel.set()
+        while not done.is_set():
+            try:
+                done.wait()
+            except BaseException:  # a second Ctrl-C: the generation stops at its next token all the same
+                pass
+        raise
+    if "error" in box:
+        raise box["error"]
+    value: R = box["value"]
+    return value
+
+
+class _StopStrings:
+    """Cuts the text at the first stop string; holds back a tail that may begin one."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.hit = False
+
+    def push(self, s: str) -> str:
+        if not self.stops:
+            return s
+        buf = self.held + s
+        first = -1
+        for st in self.stops:
+            i = buf.find(st)
+            if i >= 0 and (first < 0 or i < first):
+                first = i
+        if first >= 0:
+            self.hit = True
+            self.held = ""
+            return buf[:first]
+        keep = 0
+        for st in self.stops:
+            for k in range(min(len(st) - 1, len(buf)), keep, -1):
+                if buf.endswith(st[:k]):
+                    keep = k
+                    break
+        self.held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+# ---- the engine's reply loop ----
+
+
+class _Reply:
+    """One g4_conversation_reply: the callback that sees each delta, and what the reply left."""
+
+    def __init__(self, on_spans: Callable[[int, str, str, str], bool], cancel: Optional[threading.Event]) -> None:
+        self.on_spans = on_spans
+        self.cancel = cancel
+        self.exc: Optional[BaseException] = None
+        self.fn = C.REPLY_FN(self._delta)
+
+    def _delta(self, user: Any, addr: int) -> int:
+        try:
+            d = C.ReplyDelta.from_address(addr)
+            n = d.n_spans
+            if n == 1 and d.spans[0].span == C.SPAN_ANSWER:  # most tokens
+                sp = d.spans[0]
+                stop = self.on_spans(d.token, ctypes.string_at(sp.text, sp.len).decode("utf-8", "replace"), "", "")
+            else:
+                answer: List[str] = []
+                thought: List[str] = []
+                tool: List[str] = []
+                for i in range(n):
+                    sp = d.spans[i]
+                    t = C.text(sp.text, sp.len)
+                    (thought if sp.span == C.SPAN_THOUGHT else tool if sp.span == C.SPAN_TOOL_CALL else answer).append(t)
+                stop = self.on_spans(d.token, "".join(answer), "".join(thought), "".join(tool))
+            return 1 if stop or (self.cancel is not None and self.cancel.is_set()) else 0
+        except BaseException as e:  # stop there; raised after the call
+            self.exc = e
+            return 1
+
+
+@dataclass
+class _Turn:
+    """What one reply gave."""
+
+    result: C.GenerateResult
+    tokens: List[int]
+    conv: int  # the conversation, still open
+    keep: Any = None  # what must outlive it (the tools' declarations)
+
+
+class _Session:
+    """A g4_session of a model (one sequence, a KV cache of ctx tokens), leased to one thread at a time."""
+
+    def __init__(self, model: "Model") -> None:
+        self.handle = lib.g4_session_new(model._m, byref(model._opts))
+        if not self.handle:
+            raise _fail(Error, f"{model.path}: cannot open a session: ")
+
+    def free(self) -> None:
+        if self.handle:
+            lib.g4_session_free(self.handle)
+            self.handle = None
+
+
+def _messages_from(messages: Sequence[Message]) -> List[Tuple[int, bytes]]:
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m, Mapping):
+            role, content = m.get("role"), m.get("content")
+            if m.get("tool_calls"):
+                raise InputError(
+                    f"message {i}: tool_calls are not taken apart from the text: a model message holds the reply's "
+                    "text as the model wrote it, its calls included (ChatReply.message)"
+                )
+        elif isinstance(m, (tuple, list)) and len(m) == 2:
+            role, content = m
+        else:
+            raise InputError(f"message {i}: expected a mapping with role and content, or a (role, content) pair")
+        if not isinstance(role, str):
+            raise InputError(f"message {i}: the role must be a string, not {type(role).__name__}")
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise InputError(f"message {i}: the content must be a string, not {type(content).__name__}")
+        r = c_int()
+        if lib.g4_chat_role_parse(role.encode(), byref(r)) != 0:
+            raise _fail(InputError, f"message {i}: ")
+        out.append((r.value, content.encode("utf-8", "surrogatepass")))
+    return out
+
+
+class _Settings:
+    """The keyword arguments of one generation, checked and turned into g4_conversation_options."""
+
+    def __init__(
+        self,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        thinking: bool = False,
+        tools: Optional[Sequence[str]] = None,
+    ) -> None:
+        self.max_tokens = None if max_tokens is None else _int_arg("max_tokens", max_tokens, 1, 2**31 - 1)
+        self.sampling: Dict[str, Any] = {}
+        for name, v in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p), ("repeat_penalty", repeat_penalty)):
+            if v is not None:
+                self.sampling[name] = _float_arg(name, v)
+        for name, v in (("top_k", top_k), ("repeat_last_n", repeat_last_n)):
+            if v is not None:
+                self.sampling[name] = _int_arg(name, v, 0, 2**31 - 1)
+        if seed is not None:
+            self.sampling["seed"] = _int_arg("seed", seed, 0, 2**64 - 1)
+        self.thinking = bool(thinking)
+        if tools is None:
+            tools = []
+        if isinstance(tools, (str, bytes)) or not all(isinstance(t, str) for t in tools):
+            raise InputError(
+                'tools: expected a list of declarations in Gemma\'s syntax ("declaration:NAME{description:<|"|>...<|"|>,'
+                'parameters:{...}}"), as strings'
+            )
+        self.tools = [t.encode() for t in tools]
+
+    def conversation_options(self, session: int) -> Tuple[C.ConversationOptions, Any]:
+        """The options, and what must outlive the conversation (the tools' array)."""
+        co = C.ConversationOptions()
+        if lib.g4_conversation_default_options(session, byref(co)) != 0:
+            raise _fail(Error)
+        co.chat.thinking = int(self.thinking)
+        keep = None
+        if self.tools:
+            keep = (c_char_p * len(self.tools))(*self.tools)
+            co.chat.tools = ctypes.cast(keep, POINTER(c_char_p))
+            co.chat.n_tools = len(self.tools)
+        if self.max_tokens is not None:
+            co.gen.max_tokens = self.max_tokens
+        for name, v in self.sampling.items():
+            setattr(co.gen.sampling, name, v)
+        return co, keep
+
+
+class Model:
+    """A Gemma 4 checkpoint loaded with its tokenizer.
+
+    g4.Model(path, **engine_options) loads the folder (config.json, model.safetensors,
+    tokenizer.json) with the engine options the command line takes as flags, under their names:
+    act="fake", kv="f32", ctx=2048, threads=2, weights="mapped", pmp_scales=(0.04, 0.0025), ...
+    (g4.options() lists them; True/False stand for on/off). threads sets the process-wide pool
+    (g4.set_threads).
+
+    A model may be used from several threads at once: each generation runs in a session of its own
+    (a KV cache of ctx tokens, kept for the next generation of the model), and sessions compute in
+    parallel, each giving what it gives alone. Close it with close() or a `with` block.
+    """
+
+    def __init__(self, path: PathLike, **engine_options: Any) -> None:
+        self._m: Optional[int] = None
+        self._tok: Optional[int] = None
+        self._idle: List[_Session] = []
+        self._busy = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self.path: str = os.fspath(path)
+        self._opts = _engine_options(engine_options)
+        bpath = os.fsencode(self.path)
+        # g4_model_load_options sets the pool's size first when threads is given; loading runs pool jobs
+        with _gate.exclusive() if self._opts.threads else _gate.compute():
+            self._m = lib.g4_model_load_options(bpath, byref(self._opts))
+        if not self._m:
+            _flush_warnings()
+            raise _fail(LoadError)
+        self._tok = lib.g4_tokenizer_load(os.path.join(bpath, b"tokenizer.json"))
+        if not self._tok:
+            err = _fail(LoadError)
+            self.close()
+            _flush_warnings()
+            raise err
+        # one session now: what would fail (the KV cache's memory) fails here, and the first call is ready
+        try:
+            self._idle.append(_Session(self))
+        except Error:
+            self.close()
+            raise
+        finally:
+            _flush_warnings()
+        form = c_int()
+        self.chat_form: str = "26b" if lib.g4_model_chat_form(self._m, byref(form)) == 0 and form.value == C.CHAT_FORM_26B else "e2b"
+
+    # ---- what the model is ----
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (its embedding rows)."""
+        return int(lib.g4_model_vocab_size(self._handle()))
+
+    @property
+    def bos_id(self) -> int:
+        return int(lib.g4_model_bos_id(self._handle()))
+
+    @property
+    def stop_ids(self) -> Tuple[int, ...]:
+        """The ids that end a generation (generation_config.json / config.json eos)."""
+        p = POINTER(c_int)()
+        n = lib.g4_model_stop_ids(self._handle(), byref(p))
+        return tuple(p[i] for i in range(n))
+
+    @property
+    def ctx(self) -> int:
+        """The context length of each generation, in tokens (the engine option ctx)."""
+        return int(self._opts.ctx)
+
+    @property
+    def options(self) -> Dict[str, str]:
+        """Every engine option's value in effect, as text, resolved (what the engine chose for "auto")."""
+        o = C.Options.from_buffer_copy(self._opts)
+        lib.g4_options_resolve(byref(o))
+        buf = ctypes.create_string_buffer(256)
+        out = {}
+        for info in options():
+            if lib.g4_options_get(byref(o), info.name.encode(), buf, len(buf)) >= 0:
+                out[info.name] = buf.value.decode()
+        return out
+
+    @property
+    def weights_resident(self) -> bool:
+        """Whether the streamed weights were copied into memory (weights="resident") or stay mapped."""
+        return bool(lib.g4_model_weights_resident(self._handle()))
+
+    def __repr__(self) -> str:
+        return f"g4.Model({self.path!r}{', closed' if self._closed else ''})"
+
+    # ---- the tokenizer ----
+
+    def tokenize(self, text: Union[str, bytes], *, special: bool = True) -> List[int]:
+        """The token ids of text (no BOS added). special=True matches control-token strings
+        ("<bos>", "<|turn>") as the control tokens; special=False tokenizes them as plain text
+        (for untrusted input)."""
+        b = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        ids = POINTER(c_int32)()
+        n = c_size_t()
+        if lib.g4_tokenizer_encode(self._tokenizer(), b, len(b), int(bool(special)), byref(ids), byref(n)) != 0:
+            raise _fail(InputError)
+        try:
+            return ids[: n.value]
+        finally:
+            C.free(ids)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ids; control tokens appear as their literal text ("<turn|>")."""
+        arr = _ids_array(ids)
+        out = c_void_p()
+        n = c_size_t()
+        if lib.g4_tokenizer_decode(self._tokenizer(), arr, len(arr), byref(out), byref(n)) != 0:
+            raise _fail(InputError)
+        try:
+            return C.text(out.value, n.value)
+        finally:
+            C.free(out)
+
+    def is_special(self, token: int) -> bool:
+        """Whether a token id is a control token ("<bos>", "<|turn>", "<eos>", ...)."""
+        return bool(lib.g4_tokenizer_is_special(self._tokenizer(), int(token)))
+
+    # ---- generation ----
+
+    @overload
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        *,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        raw: bool = False,
+        system: Optional[str] = None,
+        thinking: bool = False,
+        stream: Literal[False] = False,
+    ) -> str: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        *,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        raw: bool = False,
+        system: Optional[str] = None,
+        thinking: bool = False,
+        stream: Literal[True],
+    ) -> "Stream[str, Completion]": ...
+
+    def generate(
+        self,
+        prompt: Union[str, Sequence[int]],
+        *,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        raw: bool = False,
+        system: Optional[str] = None,
+        thinking: bool = False,
+        stream: bool = False,
+    ) -> Union[str, "Stream[str, Completion]"]:
+        """Answers a prompt, as `g4 run -p PROMPT` does: the text (str), or with stream=True a
+        Stream of text deltas (str) whose `result` is the Completion.
+
+        The prompt goes through the model's chat template as a user message (after a system
+        message if `system` is given; `thinking` turns thinking on); raw=True feeds the text as it
+        is (control-token strings as control tokens, `g4 run --raw`), and a list of token ids is
+        fed as it is. Sampling settings left None are the model's (generation_config.json, as on
+        the command line); temperature=0 is greedy decoding. max_tokens None: until a stop id or
+        the context is full. stop: strings that end the text where the first of them begins (it
+        is left out). Thoughts are not part of the text (chat() returns them).
+        """
+        job = self._generation(
+            prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking
+        )
+        if stream:
+            return Stream(job)
+        c = _run(job)
+        _flush_warnings()
+        return c.text
+
+    def complete(
+        self,
+        prompt: Union[str, Sequence[int]],
+        *,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        raw: bool = False,
+        system: Optional[str] = None,
+        thinking: bool = False,
+    ) -> Completion:
+        """generate() returning the Completion: the text, the token ids, why it ended, timings."""
+        job = self._generation(
+            prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking
+        )
+        c = _run(job)
+        _flush_warnings()
+        return c
+
+    def _generation(
+        self,
+        prompt: Union[str, Sequence[int]],
+        max_tokens: Optional[int],
+        temperature: Optional[float],
+        top_k: Optional[int],
+        top_p: Optional[float],
+        min_p: Optional[float],
+        repeat_penalty: Optional[float],
+        repeat_last_n: Optional[int],
+        seed: Optional[int],
+        stop: Union[str, Sequence[str], None],
+        raw: bool,
+        system: Optional[str],
+        thinking: bool,
+    ) -> Callable[[Optional[Callable[[str], None]], Optional[threading.Event]], Completion]:
+        """generate()'s arguments checked, and the generation to run (here or in a stream's thread)."""
+        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if not all(isinstance(s, str) for s in stops):
+            raise OptionError("stop: expected a string or a list of strings")
+        ids: Optional[List[int]] = None
+        msgs: List[Tuple[int, bytes]] = []
+        if (raw or not isinstance(prompt, str)) and (system is not None or thinking):
+            raise OptionError(
+                f"{'system' if system is not None else 'thinking'}: a raw prompt has no chat template to put it in"
+            )
+        if isinstance(prompt, str):
+            if raw:
+                ids = self.tokenize(prompt)
+            else:
+                if system is not None:
+                    msgs.append((C.CHAT_SYSTEM, system.encode("utf-8", "surrogatepass")))
+                msgs.append((C.CHAT_USER, prompt.encode("utf-8", "surrogatepass")))
+        else:
+            ids = list(prompt)
+        if ids is not None and not ids:
+            raise InputError("empty prompt")
+        self._handle()
+
+        def job(emit: Optional[Callable[[str], None]], cancel: Optional[threading.Event]) -> Completion:
+            cut = _StopStrings(stops)
+            parts: List[str] = []
+
+            def on_spans(token: int, answer: str, thought: str, tool: str) -> bool:
+                if cut.hit:
+                    return True
+                out = cut.push(answer + tool)  # what `g4 run` prints: all but the thoughts
+                if token < 0 and not cut.hit:
+                    out += cut.flush()
+                if out:
+                    parts.append(out)
+                    if emit is not None:
+                        emit(out)
+                return cut.hit
+
+            with self._lease() as s:
+                turn = self._reply(s, settings, msgs, ids, on_spans, cancel)
+                lib.g4_conversation_free(turn.conv)
+            r = turn.result
+            reason = "stop" if cut.hit else _STOP_NAMES.get(r.stop, str(r.stop))
+            return Completion("".join(parts), turn.tokens, reason, r.n_prompt, r.prefill_s, r.decode_s)
+
+        return job
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        thinking: bool = False,
+        tools: Optional[Sequence[str]] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stream: Literal[False] = False,
+    ) -> ChatReply: ...
+
+    @overload
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        thinking: bool = False,
+        tools: Optional[Sequence[str]] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stream: Literal[True],
+    ) -> "Stream[ChatDelta, ChatReply]": ...
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        thinking: bool = False,
+        tools: Optional[Sequence[str]] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+        stream: bool = False,
+    ) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
+        """The model's reply to a conversation: a ChatReply (content, reasoning, tool_calls), or
+        with stream=True a Stream of ChatDelta whose `result` is the ChatReply.
+
+        messages: {"role": ..., "content": ...} mappings (or (role, content) pairs), roles
+        "system"/"developer", "user", "model"/"assistant" and "tool" (a tool's response to a call
+        of the model message before it, in the calls' order); a model message holds the reply's
+        text as the model wrote it (ChatReply.message). thinking turns the model's thinking on;
+        tools are declarations in Gemma's syntax ("declaration:NAME{description:<|"|>...<|"|>,
+        parameters:{...}}"). Sampling as in generate(). For turns that keep the KV cache of the
+        earlier ones, use conversation().
+        """
+        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, tools)
+        msgs = _messages_from(messages)
+        if not msgs:
+            raise InputError("chat: no messages")
+
+        def job(emit: Optional[Callable[[ChatDelta], None]], cancel: Optional[threading.Event]) -> ChatReply:
+            with self._lease() as s:
+                turn = self._reply(s, settings, msgs, None, _chat_sink(emit), cancel)
+                try:
+                    return _chat_reply(turn)
+                finally:
+                    lib.g4_conversation_free(turn.conv)
+
+        if stream:
+            return Stream(job)
+        r = _run(job)
+        _flush_warnings()
+        return r
+
+    def conversation(
+        self,
+        *,
+        system: Optional[str] = None,
+        thinking: bool = False,
+        tools: Optional[Sequence[str]] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        seed: Optional[int] = None,
+    ) -> "Conversation":
+        """A conversation that keeps the KV cache of its turns, as `g4 chat` does: each send() feeds
+        only the new message. It holds a session of the model until closed."""
+        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, tools)
+        return Conversation(self, settings, system)
+
+    # ---- sessions ----
+
+    def _handle(self) -> int:
+        if self._closed or not self._m:
+            raise Error(f"{self.path}: the model is closed")
+        return self._m
+
+    def _tokenizer(self) -> int:
+        self._handle()
+        return self._tok  # type: ignore[return-value]
+
+    @contextmanager
+    def _lease(self) -> Iterator[_Session]:
+        s = self._acquire()
+        try:
+            yield s
+        finally:
+            self._release(s)
+
+    def _acquire(self) -> _Session:
+        with self._cond:
+            self._handle()
+            self._busy += 1
+            s = self._idle.pop() if self._idle else None
+        if s is None:
+            try:
+                s = _Session(self)
+            except BaseException:
+                self._release(None)
+                raise
+        return s
+
+    def _release(self, s: Optional[_Session]) -> None:
+        with self._cond:
+            if s is not None:
+                self._idle.append(s)
+            self._busy -= 1
+            last = self._closed and not self._busy
+        if last:
+            self._free()
+
+    def _reply(
+        self,
+        s: _Session,
+        settings: _Settings,
+        msgs: Sequence[Tuple[int, bytes]],
+        ids: Optional[Sequence[int]],
+        on_spans: Callable[[int, str, str, str], bool],
+        cancel: Optional[threading.Event],
+    ) -> _Turn:
+        """A new conversation over the session (its sequence emptied), the prompt added, one reply."""
+        co, keep = settings.conversation_options(s.handle)
+        conv = lib.g4_conversation_new(s.handle, self._tok, byref(co))
+        if not conv:
+            raise _fail(Error)
+        try:
+            for role, content in msgs:
+                if lib.g4_conversation_add(conv, role, content) != 0:
+                    raise _fail(InputError)
+            if ids is not None:
+                arr = _ids_array(ids)
+                if lib.g4_conversation_add_tokens(conv, arr, len(arr)) != 0:
+                    raise _fail(InputError)
+            turn = _run_reply(s.handle, conv, on_spans, cancel)
+            turn.keep = keep
+            return turn
+        except BaseException:
+            lib.g4_conversation_free(conv)
+            raise
+
+    # ---- closing ----
+
+    def close(self) -> None:
+        """Frees the model. New calls then fail; generations running in other threads and open
+        conversations go on, and the model is freed when the last of them is done."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            if self._busy:
+                return
+        self._free()
+
+    def _free(self) -> None:
+        with self._cond:
+            idle, self._idle = self._idle, []
+            tok, self._tok = self._tok, None
+            m, self._m = self._m, None
+        for s in idle:
+            s.free()
+        if tok:
+            lib.g4_tokenizer_free(tok)
+        if m:
+            lib.g4_model_free(m)
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_cond", None) is not None and lib is not None:
+            self.close()
+
+
+def _ids_array(ids: Sequence[int]) -> Any:
+    """Token ids as an int32_t array (array.array checks the range, which a ctypes array would wrap)."""
+    try:
+        a = array.array("i", ids)
+    except (TypeError, OverflowError) as e:
+        raise InputError(f"token ids: expected a list of 32-bit integers ({e})") from None
+    return (c_int32 * len(a)).from_buffer(a) if len(a) else (c_int32 * 0)()
+
+
+def _run_reply(session: int, conv: int, on_spans: Callable[[int, str, str, str], bool], cancel: Optional[threading.Event]) -> _Turn:
+    """g4_conversation_reply, the GIL released while the engine computes (a callback takes it back
+    for each token); an exception in the callback stops the reply and is raised after it."""
+    rep = _Reply(on_spans, cancel)
+    res = C.GenerateResult()
+    with _gate.compute():
+        rc = lib.g4_conversation_reply(conv, rep.fn, None, byref(res))
+    if rep.exc is not None:
+        raise rep.exc
+    if rc != 0:
+        msg = C.last_error()
+        ids = POINTER(c_int32)()
+        n = c_size_t()
+        # which of the reply's refusals it was, for the exception's class; the message is the engine's
+        if lib.g4_conversation_prompt(conv, byref(ids), byref(n)) == 0:
+            vocab = lib.g4_model_vocab_size(lib.g4_session_model(session))
+            if any(not 0 <= t < vocab for t in ids[: n.value]):
+                raise InputError(msg)
+            if n.value > lib.g4_session_ctx(session) - lib.g4_session_seq_pos(session, 0):
+                raise ContextError(msg)
+        raise GenerationError(msg)
+    n_tok = c_int()
+    p = lib.g4_conversation_reply_tokens(conv, byref(n_tok))
+    return _Turn(res, p[: n_tok.value] if n_tok.value else [], conv)
+
+
+def _chat_sink(emit: Optional[Callable[[ChatDelta], None]]) -> Callable[[int, str, str, str], bool]:
+    def on_spans(token: int, answer: str, thought: str, tool: str) -> bool:
+        if emit is not None and (answer or thought or tool):
+            emit(ChatDelta(answer, thought, tool))
+        return False
+
+    return on_spans
+
+
+def _parsed(r: C.ChatReply) -> ParsedReply:
+    """A g4_chat_reply's fields, the struct freed."""
+    try:
+        return ParsedReply(
+            content=C.text(r.answer, r.answer_len),
+            reasoning=C.text(r.thinking, r.thinking_len),
+            tool_calls=[ToolCall(C.ctext(r.tool_calls[i].name), C.ctext(r.tool_calls[i].arguments)) for i in range(r.n_tool_calls)],
+            truncated_in_thought=bool(r.thought_unclosed),
+            tool_call_unclosed=bool(r.tool_call_unclosed),
+        )
+    finally:
+        lib.g4_chat_reply_free(byref(r))
+
+
+def parse_reply(text: str) -> ParsedReply:
+    """A model's reply text (as generated, without the stop token) split into its answer, its
+    thoughts and its tool calls, as the chat template's parser splits it (g4_chat_parse_reply)."""
+    b = text.encode("utf-8", "surrogatepass")
+    r = C.ChatReply()
+    if lib.g4_chat_parse_reply(b, len(b), byref(r)) != 0:
+        raise _fail(InputError)
+    return _parsed(r)
+
+
+def _chat_reply(turn: _Turn) -> ChatReply:
+    conv = turn.conv
+    n = c_size_t()
+    p = lib.g4_conversation_reply_text(conv, byref(n))
+    text = C.text(p, n.value)
+    r = C.ChatReply()
+    if lib.g4_conversation_reply_parse(conv, byref(r)) != 0:
+        raise _fail(GenerationError)
+    parts = _parsed(r)
+    msgs = POINTER(C.ChatMessage)()
+    nm = c_size_t()
+    lib.g4_conversation_messages(conv, byref(msgs), byref(nm))
+    last = msgs[nm.value - 1].content if nm.value else None
+    message = {"role": "assistant", "content": (last or b"").decode("utf-8", "replace") if nm.value else text}
+    res = turn.result
+    return ChatReply(
+        content=parts.content,
+        reasoning=parts.reasoning,
+        tool_calls=parts.tool_calls,
+        text=text,
+        message=message,
+        tokens=turn.tokens,
+        finish_reason=_STOP_NAMES.get(res.stop, str(res.stop)),
+        prompt_tokens=res.n_prompt,
+        prefill_s=res.prefill_s,
+        decode_s=res.decode_s,
+        truncated_in_thought=parts.truncated_in_thought,
+    )
+
+
+class Conversation:
+    """Chat turns over one session whose KV cache keeps the earlier turns (model.conversation()).
+
+    send(content) adds a user message and returns the model's ChatReply; add() adds messages of
+    any role (tool responses after a reply's tool calls) and reply() answers them. One thread at a
+    time (calls from others wait)."""
+
+    def __init__(self, model: Model, settings: _Settings, system: Optional[str]) -> None:
+        self.model = model
+        self._lock = threading.RLock()
+        self._session: Optional[_Session] = model._acquire()
+        self._conv: Optional[int] = None
+        try:
+            co, self._keep = settings.conversation_options(self._session.handle)
+            self._conv = lib.g4_conversation_new(self._session.handle, model._tok, byref(co))
+            if not self._conv:
+                raise _fail(Error)
+            self._system = system.encode("utf-8", "surrogatepass") if system is not None else None
+            self._fresh = True
+        except BaseException:
+            self.close()
+            raise
+
+    def _handle(self) -> int:
+        if not self._conv:
+            raise Error("the conversation is closed")
+        return self._conv
+
+    def add(self, role: str, content: str) -> None:
+        """Adds a message for the next reply (role as in Model.chat)."""
+        with self._lock:
+            conv = self._handle()
+            ((r, b),) = _messages_from([(role, content)])
+            self._add_system()
+            if lib.g4_conversation_add(conv, r, b) != 0:
+                raise _fail(InputError)
+
+    def _add_system(self) -> None:
+        if self._fresh and self._system is not None:
+            if lib.g4_conversation_add(self._conv, C.CHAT_SYSTEM, self._system) != 0:
+                raise _fail(InputError)
+        self._fresh = False
+
+    @overload
+    def reply(self, *, stream: Literal[False] = False) -> ChatReply: ...
+
+    @overload
+    def reply(self, *, stream: Literal[True]) -> "Stream[ChatDelta, ChatReply]": ...
+
+    def reply(self, *, stream: bool = False) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
+        """The model's reply to the messages added since the last one (a ChatReply; with
+        stream=True a Stream of ChatDelta). With none added the model goes on where it stopped.
+        A failed reply drops the messages added for it."""
+
+        def job(emit: Optional[Callable[[ChatDelta], None]], cancel: Optional[threading.Event]) -> ChatReply:
+            with self._lock:
+                conv = self._handle()
+                try:
+                    turn = _run_reply(self._session.handle, conv, _chat_sink(emit), cancel)  # type: ignore[union-attr]
+                except BaseException:
+                    lib.g4_conversation_discard(conv)
+                    raise
+                return _chat_reply(turn)
+
+        if stream:
+            return Stream(job)
+        r = _run(job)
+        _flush_warnings()
+        return r
+
+    @overload
+    def send(self, content: str, *, stream: Literal[False] = False) -> ChatReply: ...
+
+    @overload
+    def send(self, content: str, *, stream: Literal[True]) -> "Stream[ChatDelta, ChatReply]": ...
+
+    def send(self, content: str, *, stream: bool = False) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
+        """Adds a user message and returns the model's reply (see reply())."""
+        self.add("user", content)
+        return self.reply(stream=True) if stream else self.reply()
+
+    @property
+    def messages(self) -> List[Dict[str, str]]:
+        """The messages so far, replies included."""
+        names = {C.CHAT_SYSTEM: "system", C.CHAT_USER: "user", C.CHAT_MODEL: "assistant", C.CHAT_TOOL: "tool"}
+        with self._lock:
+            msgs = POINTER(C.ChatMessage)()
+            n = c_size_t()
+            lib.g4_conversation_messages(self._handle(), byref(msgs), byref(n))
+            return [
+                {"role": names.get(msgs[i].role, str(msgs[i].role)), "content": (msgs[i].content or b"").decode("utf-8", "replace")}
+                for i in range(n.value)
+            ]
+
+    @property
+    def tokens(self) -> List[int]:
+        """Every token of the conversation: what the KV cache holds, then the last reply's last token."""
+        with self._lock:
+            n = c_size_t()
+            p = lib.g4_conversation_tokens(self._handle(), byref(n))
+            return p[: n.value] if n.value else []
+
+    def reset(self) -> None:
+        """Starts over: no messages, the KV cache emptied (the system message comes first again)."""
+        with self._lock:
+            if lib.g4_conversation_reset(self._handle(), None) != 0:
+                raise _fail(Error)
+            self._fresh = True
+
+    def close(self) -> None:
+        """Frees the conversation and gives its session back to the model."""
+        with self._lock:
+            if self._conv:
+                lib.g4_conversation_free(self._conv)
+                self._conv = None
+            if self._session is not None:
+                self.model._release(self._session)
+                self._session = None
+
+    def __enter__(self) -> "Conversation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_lock", None) is not None and lib is not None:
+            self.close()

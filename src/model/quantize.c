@@ -1,0 +1,322 @@
+#define _DEFAULT_SOURCE /* realpath, DT_REG */
+#include "quantize.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "format/config.h"
+#include "format/safetensors.h"
+#include "format/safetensors_write.h"
+#include "quant/blockq.h"
+#include "util/err.h"
+#include "util/file.h"
+
+/* The decoder-layer linears (model.md §3), by the suffix of their weight under layers.N. */
+static const char *const linear_suffixes[] = {
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",    "per_layer_input_gate.weight",
+    "per_layer_projection.weight"};
+static const char *const embeddings[] = {"model.language_model.embed_tokens.weight", "model.language_model.embed_tokens_per_layer.weight"};
+
+/* What one output tensor is made of. */
+typedef enum { OUT_COPY, OUT_CODES, OUT_SCALES } out_kind;
+
+typedef struct {
+    out_kind kind;
+    int bits; /* OUT_CODES / OUT_SCALES: the code width, 4 (Q4_0) or 8 (Q8_0) */
+    const g4_tensor *src;
+} out_item;
+
+typedef struct {
+    g4_stw w;
+    out_item *items; /* parallel to w.t */
+    int cap;
+    const g4_safetensors *st;
+    char err[1024]; /* a failure of the input's (fill): reported as it is, not under the output's name */
+} plan_t;
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static int is_linear(const char *name) {
+    if (strncmp(name, "model.language_model.layers.", 28) != 0) return 0;
+    for (size_t i = 0; i < sizeof linear_suffixes / sizeof *linear_suffixes; i++)
+        if (ends_with(name, linear_suffixes[i])) return 1;
+    return 0;
+}
+
+static int is_embedding(const char *name) { return strcmp(name, embeddings[0]) == 0 || strcmp(name, embeddings[1]) == 0; }
+
+static int plan_add(plan_t *p, const char *name, g4_dtype dt, int ndim, const int64_t *shape, out_item item) {
+    if (p->w.n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 256;
+        out_item *it = realloc(p->items, sizeof *it * (size_t)cap);
+        if (!it) return g4_fail("%s: out of memory", name);
+        p->items = it;
+        p->cap = cap;
+    }
+    if (g4_stw_add(&p->w, name, dt, ndim, shape) != 0) return -1;
+    p->items[p->w.n - 1] = item;
+    return 0;
+}
+
+/* A float matrix whose rows split into whole blocks of 32, or an error naming it. */
+static int check_quantizable(const g4_safetensors *st, const g4_tensor *t) {
+    char sh[96];
+    if (t->dtype != G4_DT_BF16 && t->dtype != G4_DT_F16 && t->dtype != G4_DT_F32)
+        return g4_fail("%s: tensor %s: %s %s: g4 quantize reads BF16, F16 or F32 weights", g4_st_path(st, t), t->name,
+                       g4_dtype_name(t->dtype), g4_shape_str(t, sh, sizeof sh));
+    if (t->ndim != 2 || t->shape[1] % G4_QBLOCK != 0 || t->shape[1] == 0)
+        return g4_fail("%s: tensor %s: %s %s: its rows are not whole blocks of %d inputs", g4_st_path(st, t), t->name,
+                       g4_dtype_name(t->dtype), g4_shape_str(t, sh, sizeof sh), G4_QBLOCK);
+    return 0;
+}
+
+/* The quantized pair of src: codes (U8 packed 4-bit, or I8) under codes_name and F16 block
+ * scales under scale_name. */
+static int add_quantized(plan_t *p, const g4_tensor *src, int bits, const char *codes_name, const char *scale_name) {
+    if (check_quantizable(p->st, src) != 0) return -1;
+    int64_t rows = src->shape[0], cols = src->shape[1];
+    int64_t cshape[2] = {rows, bits == 4 ? cols / 2 : cols}, sshape[2] = {rows, cols / G4_QBLOCK};
+    if (plan_add(p, codes_name, bits == 4 ? G4_DT_U8 : G4_DT_I8, 2, cshape, (out_item){OUT_CODES, bits, src}) != 0) return -1;
+    return plan_add(p, scale_name, G4_DT_F16, 2, sshape, (out_item){OUT_SCALES, bits, src});
+}
+
+/* The output name: `name` without its trailing ".weight", then `suffix`. */
+static void derived_name(char *buf, size_t cap, const char *name, const char *suffix) {
+    size_t n = strlen(name) - strlen(".weight");
+    snprintf(buf, cap, "%.*s%s", (int)n, name, suffix);
+}
+
+static int build_plan(plan_t *p, g4_embed_quant embed) {
+    const g4_safetensors *st = p->st;
+    int embed_bits = embed == G4_EMBED_Q8_0 ? 8 : 4;
+    for (int i = 0; i < st->n_tensors; i++) {
+        const g4_tensor *t = &st->tensors[i];
+        char a[512], b[512];
+        int rc;
+        if (is_linear(t->name)) {
+            derived_name(b, sizeof b, t->name, ".weight_scale");
+            rc = add_quantized(p, t, 4, t->name, b);
+        } else if (is_embedding(t->name) && embed != G4_EMBED_BF16) {
+            derived_name(a, sizeof a, t->name, ".embedding_quantized");
+            derived_name(b, sizeof b, t->name, ".embedding_scale");
+            rc = add_quantized(p, t, embed_bits, a, b);
+        } else if (strcmp(t->name, "lm_head.weight") == 0 && embed != G4_EMBED_BF16) {
+            rc = add_quantized(p, t, embed_bits, t->name, "lm_head.weight_scale");
+        } else {
+            rc = plan_add(p, t->name, t->dtype, t->ndim, t->shape, (out_item){OUT_COPY, 0, t});
+        }
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+/* Block k (row-major over [rows][cols / 32]) of src as f32; fails on a value that is not finite. */
+static int read_block(const g4_tensor *src, int64_t k, float *x) {
+    int64_t e0 = k * G4_QBLOCK;
+    for (int i = 0; i < G4_QBLOCK; i++) {
+        x[i] = g4_tensor_float(src, e0 + i);
+        if (!isfinite(x[i])) {
+            int64_t cols = src->shape[1];
+            return g4_fail("tensor %s: element [%lld, %lld] is %g: g4 quantize needs finite weights", src->name,
+                           (long long)((e0 + i) / cols), (long long)((e0 + i) % cols), x[i]);
+        }
+    }
+    return 0;
+}
+
+/* Quantizes block k of it->src: codes into codes[32], the float16 scale as the result. */
+static int quantize_block(const out_item *it, int64_t k, int8_t *codes, uint16_t *scale16) {
+    float x[G4_QBLOCK];
+    if (read_block(it->src, k, x) != 0) return -1;
+    float d = it->bits == 4 ? g4_q4_0_block(x, codes) : g4_q8_0_block(x, codes);
+    *scale16 = g4_f32_to_f16(d);
+    if ((*scale16 & 0x7c00u) == 0x7c00u)
+        return g4_fail("tensor %s: block %lld needs a scale of %g, past float16's range", it->src->name, (long long)k, d);
+    return 0;
+}
+
+/* The writer's callback: bytes [off, off + n) of output tensor `index`. Every chunk but a
+ * tensor's last is a multiple of G4_STW_CHUNK (4 MiB), so chunks hold whole blocks (16 or 32
+ * code bytes, 2 scale bytes). */
+static int fill(void *user, int index, const g4_stw_tensor *t, uint64_t off, uint8_t *buf, size_t n) {
+    (void)t;
+    plan_t *p = user;
+    const out_item *it = &p->items[index];
+    if (it->kind == OUT_COPY) {
+        memcpy(buf, it->src->data + off, n);
+        g4_st_release_bytes(p->st, it->src->data + off, n); /* read once: keep the input out of the resident set */
+        return 0;
+    }
+    size_t per = it->kind == OUT_SCALES ? 2 : it->bits == 4 ? G4_QBLOCK / 2 : G4_QBLOCK;
+    for (size_t at = 0; at < n; at += per) {
+        int8_t codes[G4_QBLOCK];
+        uint16_t s16;
+        if (quantize_block(it, (int64_t)((off + at) / per), codes, &s16) != 0) {
+            g4_fail_prefix("%s: ", g4_st_path(p->st, it->src));
+            snprintf(p->err, sizeof p->err, "%s", g4_last_error());
+            return -1;
+        }
+        if (it->kind == OUT_SCALES) {
+            buf[at] = (uint8_t)(s16 & 0xff);
+            buf[at + 1] = (uint8_t)(s16 >> 8);
+        } else if (it->bits == 4) {
+            for (int j = 0; j < G4_QBLOCK / 2; j++) buf[at + j] = (uint8_t)((codes[2 * j] + 8) | (codes[2 * j + 1] + 8) << 4);
+        } else {
+            memcpy(buf + at, codes, G4_QBLOCK);
+        }
+    }
+    return 0;
+}
+
+/* {"num_bits": bits} */
+static cJSON *bits_entry(int bits) {
+    cJSON *o = cJSON_CreateObject();
+    if (o) cJSON_AddNumberToObject(o, "num_bits", bits);
+    return o;
+}
+
+void *g4_quantize_config_json(g4_embed_quant embed) {
+    static const char *const float_modules[] = {"model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio",
+                                                "per_layer_model_projection"};
+    cJSON *q = cJSON_CreateObject(), *m = cJSON_CreateObject(), *nc = cJSON_CreateArray();
+    if (!q || !m || !nc) {
+        cJSON_Delete(q);
+        cJSON_Delete(m);
+        cJSON_Delete(nc);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(q, "block_size", G4_QBLOCK);
+    if (embed != G4_EMBED_BF16) {
+        int bits = embed == G4_EMBED_Q8_0 ? 8 : 4;
+        cJSON_AddItemToObject(m, "^lm_head$", bits_entry(bits));
+        cJSON_AddItemToObject(m, "language_model\\.embed_tokens$", bits_entry(bits));
+        cJSON_AddItemToObject(m, "language_model\\.embed_tokens_per_layer$", bits_entry(bits));
+    }
+    cJSON_AddItemToObject(q, "module_quant_configs", m);
+    for (size_t i = 0; i < sizeof float_modules / sizeof *float_modules; i++) cJSON_AddItemToArray(nc, cJSON_CreateString(float_modules[i]));
+    if (embed == G4_EMBED_BF16) cJSON_AddItemToArray(nc, cJSON_CreateString("lm_head"));
+    cJSON_AddItemToObject(q, "modules_to_not_convert", nc);
+    cJSON_AddNumberToObject(q, "num_bits", 4);
+    cJSON_AddStringToObject(q, "quant_method", "gemma");
+    cJSON_AddBoolToObject(q, "quantize_embeddings", embed != G4_EMBED_BF16);
+    return q;
+}
+
+/* in_dir/config.json with the quantization_config added (malloc'd text), after checking that the
+ * input is a Gemma 4 text config g4 runs and carries no quantization yet. */
+static char *output_config(const char *in_dir, g4_embed_quant embed) {
+    char path[4096];
+    char *text;
+    if (g4_path_join(path, sizeof path, in_dir, "config.json") != 0 || g4_read_file(path, &text, NULL) != 0) return NULL;
+    g4_config cfg;
+    int rc = g4_config_parse(&cfg, text, path);
+    if (rc == 0) {
+        if (cfg.quant.method != G4_QUANT_NONE)
+            rc = g4_fail("%s: the checkpoint is quantized already (quantization_config); g4 quantize reads checkpoints without one "
+                         "(BF16)",
+                         path);
+        g4_config_free(&cfg);
+    }
+    cJSON *root = rc == 0 ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (rc != 0) return NULL;
+    cJSON *q = g4_quantize_config_json(embed);
+    if (!root || !q) {
+        cJSON_Delete(root);
+        cJSON_Delete(q);
+        g4_fail("%s: out of memory", path);
+        return NULL;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization_config"); /* a null one */
+    cJSON_AddItemToObject(root, "quantization_config", q);
+    char *out = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!out) g4_fail("%s: out of memory", path);
+    return out;
+}
+
+/* The files of the folder that are not the checkpoint itself: tokenizer, generation config,
+ * chat template. */
+static int is_companion_file(const char *name) {
+    return strcmp(name, "config.json") != 0 && !ends_with(name, ".safetensors") && strcmp(name, "model.safetensors.index.json") != 0 &&
+           !ends_with(name, ".g4cache") && !ends_with(name, ".partial");
+}
+
+static int copy_companions(const char *in_dir, const char *out_dir) {
+    DIR *d = opendir(in_dir);
+    if (!d) return g4_fail("%s: cannot list the folder: %s", in_dir, strerror(errno));
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        char a[4096], b[4096];
+        struct stat sb;
+        if (e->d_name[0] == '.' || !is_companion_file(e->d_name)) continue;
+        if (g4_path_join(a, sizeof a, in_dir, e->d_name) != 0 || g4_path_join(b, sizeof b, out_dir, e->d_name) != 0) rc = -1;
+        else if (stat(a, &sb) == 0 && S_ISREG(sb.st_mode)) rc = g4_copy_file(a, b);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return g4_fail("%s: cannot create: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
+    if (fclose(f) != 0 || bad) return g4_fail("%s: write failed", path);
+    return 0;
+}
+
+/* Refuses writing into the input folder, whose files the output would replace while they are read. */
+static int check_folders(const char *in_dir, const char *out_dir) {
+    char a[PATH_MAX], b[PATH_MAX];
+    if (!realpath(in_dir, a)) return g4_fail("%s: %s", in_dir, strerror(errno));
+    if (realpath(out_dir, b) && strcmp(a, b) == 0) return g4_fail("%s: the output folder is the input folder", out_dir);
+    return 0;
+}
+
+int g4_quantize_q4_0(const char *in_dir, const char *out_dir, g4_embed_quant embed, g4_quantize_stats *stats) {
+    if (embed != G4_EMBED_Q8_0 && embed != G4_EMBED_Q4_0 && embed != G4_EMBED_BF16) return g4_fail("unknown embedding type %d", (int)embed);
+    if (check_folders(in_dir, out_dir) != 0) return -1;
+    char *cfg_text = output_config(in_dir, embed);
+    if (!cfg_text) return -1;
+    g4_safetensors st;
+    if (g4_st_open_dir(&st, in_dir) != 0) {
+        free(cfg_text);
+        return -1;
+    }
+    char cfg_path[4096], st_path[4096];
+    plan_t plan = {.st = &st};
+    g4_stw_init(&plan.w);
+    uint64_t file_bytes = 0;
+    int rc = g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") || g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors");
+    if (rc == 0) rc = g4_make_dirs(out_dir);
+    if (rc == 0) rc = build_plan(&plan, embed);
+    if (rc == 0 && (rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes)) != 0 && plan.err[0]) g4_fail("%s", plan.err);
+    if (rc == 0) rc = write_text(cfg_path, cfg_text);
+    if (rc == 0) rc = copy_companions(in_dir, out_dir);
+    if (rc == 0 && stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->file_bytes = file_bytes;
+        for (int i = 0; i < st.n_tensors; i++) stats->bytes_in += st.tensors[i].nbytes;
+        for (int i = 0; i < plan.w.n; i++) {
+            stats->n_copied += plan.items[i].kind == OUT_COPY;
+            stats->n_quantized += plan.items[i].kind == OUT_CODES;
+        }
+    }
+    free(plan.items);
+    g4_stw_free(&plan.w);
+    g4_st_close(&st);
+    free(cfg_text);
+    return rc;
+}
