@@ -268,15 +268,6 @@ static int copy_companions(const char *in_dir, const char *out_dir) {
     return rc;
 }
 
-static int write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return g4_fail("%s: cannot create: %s", path, strerror(errno));
-    size_t n = strlen(text);
-    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
-    if (fclose(f) != 0 || bad) return g4_fail("%s: write failed", path);
-    return 0;
-}
-
 /* Refuses writing into the input folder, whose files the output would replace while they are read. */
 static int check_folders(const char *in_dir, const char *out_dir) {
     char a[PATH_MAX], b[PATH_MAX];
@@ -303,7 +294,7 @@ int g4_quantize_q4_0(const char *in_dir, const char *out_dir, g4_embed_quant emb
     if (rc == 0) rc = g4_make_dirs(out_dir);
     if (rc == 0) rc = build_plan(&plan, embed);
     if (rc == 0 && (rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes)) != 0 && plan.err[0]) g4_fail("%s", plan.err);
-    if (rc == 0) rc = write_text(cfg_path, cfg_text);
+    if (rc == 0) rc = g4_write_text(cfg_path, cfg_text);
     if (rc == 0) rc = copy_companions(in_dir, out_dir);
     if (rc == 0 && stats) {
         memset(stats, 0, sizeof *stats);

@@ -790,15 +790,6 @@ int g4_synth_write_tokenizer(const char *path, int vocab) {
 
 /* ---- files and folders ---- */
 
-static int write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return g4_fail("%s: cannot create: %s", path, strerror(errno));
-    size_t n = strlen(text);
-    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
-    if (fclose(f) != 0 || bad) return g4_fail("%s: write failed", path);
-    return 0;
-}
-
 static int is_text_tensor(const char *name) {
     return strncmp(name, "model.language_model.", 21) == 0 || strncmp(name, "lm_head.", 8) == 0;
 }
@@ -834,9 +825,9 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     rc = build_plan(&plan, &cfg);
     if (rc == 0) rc = add_dummy_towers(&plan, cfg.hidden, cfg.quant.method == G4_QUANT_GEMMA && cfg.quant.block_size == 0);
     if (rc == 0) rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes);
-    if (rc == 0) rc = write_text(cfg_path, cfg_text);
+    if (rc == 0) rc = g4_write_text(cfg_path, cfg_text);
     char *gen_text = rc == 0 ? generation_config_json(cfg.vocab) : NULL;
-    if (rc == 0) rc = gen_text ? write_text(gen_path, gen_text) : -1;
+    if (rc == 0) rc = gen_text ? g4_write_text(gen_path, gen_text) : -1;
     if (rc == 0) rc = tokenizer_src ? g4_copy_file(tokenizer_src, tok_path) : g4_synth_write_tokenizer(tok_path, cfg.vocab);
     if (rc == 0 && stats) {
         memset(stats, 0, sizeof *stats);

@@ -143,3 +143,12 @@ int g4_make_dirs(const char *dir) {
     free(p);
     return rc;
 }
+
+int g4_write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return g4_fail("%s: cannot create: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
+    if (fclose(f) != 0 || bad) return g4_fail("%s: write failed", path);
+    return 0;
+}

@@ -20,6 +20,8 @@ int g4_read_file(const char *path, char **out, size_t *size);
 int g4_file_exists(const char *path);
 /* Copies the file src to dst (created or replaced). */
 int g4_copy_file(const char *src, const char *dst);
+/* Writes text and a final newline to path (created or replaced); -1 with the reason on failure. */
+int g4_write_text(const char *path, const char *text);
 /* mkdir -p: creates dir and its missing parents; fails, naming the path, where one is not a folder. */
 int g4_make_dirs(const char *dir);
 /* dir + "/" + name into buf; fails if it does not fit. */
