@@ -7,7 +7,11 @@
  *   loads and runs, and the output is a function of the seed.
  * - E2B: the config gives checkpoint.md §4's bit widths; the synthetic tokenizer is valid BPE
  *   with the control tokens at their real ids. With G4_TEST_E2B=1 the full-size checkpoint is
- *   written and loaded and `g4 inspect`'s totals are checked against model.md §11. */
+ *   written and loaded and `g4 inspect`'s totals are checked against model.md §11.
+ * - e2b-drafter: config.json and the tensor manifest match google/gemma-4-E2B-it-assistant's
+ *   (the published config as a public MTP integration guide summarizes it; tensor names and
+ *   shapes as transformers 5.17's Gemma4AssistantForCausalLM saves them), token_ordering is a
+ *   permutation, and the bytes are a function of the seed. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <sys/stat.h>
@@ -694,6 +698,256 @@ static void test_bf16_config(void) {
     g4_config_free(&c);
 }
 
+/* ---- e2b-drafter ---- */
+
+static const cJSON *obj(const cJSON *o, const char *key) { return cJSON_GetObjectItemCaseSensitive(o, key); }
+
+static void check_int_field(const cJSON *o, const char *where, const char *key, double want) {
+    const cJSON *v = obj(o, key);
+    CHECK(cJSON_IsNumber(v) && v->valuedouble == want, "%s%s: want %g", where, key, want);
+}
+
+static void check_bool_field(const cJSON *o, const char *where, const char *key, int want) {
+    const cJSON *v = obj(o, key);
+    CHECK(cJSON_IsBool(v) && !!cJSON_IsTrue(v) == want, "%s%s: want %s", where, key, want ? "true" : "false");
+}
+
+static void check_str_field(const cJSON *o, const char *where, const char *key, const char *want) {
+    const cJSON *v = obj(o, key);
+    CHECK(cJSON_IsString(v) && !strcmp(v->valuestring, want), "%s%s: want \"%s\"", where, key, want);
+}
+
+static void check_null_field(const cJSON *o, const char *where, const char *key) {
+    const cJSON *v = obj(o, key);
+    CHECK(v && cJSON_IsNull(v), "%s%s: want null", where, key);
+}
+
+/* The published config.json's fields, as the integration guide lists them. */
+static void check_drafter_config_text(const char *text) {
+    cJSON *r = cJSON_Parse(text);
+    CHECK(r != NULL, "drafter config.json is not JSON");
+    if (!r) return;
+    const cJSON *arch = obj(r, "architectures");
+    CHECK(cJSON_GetArraySize(arch) == 1 && cJSON_IsString(cJSON_GetArrayItem(arch, 0)) &&
+              !strcmp(cJSON_GetArrayItem(arch, 0)->valuestring, "Gemma4AssistantForCausalLM"),
+          "architectures");
+    check_str_field(r, "", "model_type", "gemma4_assistant");
+    check_int_field(r, "", "backbone_hidden_size", 1536);
+    check_int_field(r, "", "num_centroids", 2048);
+    check_int_field(r, "", "centroid_intermediate_top_k", 32);
+    check_bool_field(r, "", "use_ordered_embeddings", 1);
+    check_bool_field(r, "", "tie_word_embeddings", 1);
+    CHECK(!obj(r, "quantization_config"), "the drafter is plain BF16");
+    const cJSON *t = obj(r, "text_config");
+    CHECK(cJSON_IsObject(t), "no text_config");
+    const char *w = "text_config.";
+    check_str_field(t, w, "model_type", "gemma4_text");
+    static const struct {
+        const char *key;
+        double v;
+    } ints[] = {{"num_hidden_layers", 4},     {"hidden_size", 256},
+                {"intermediate_size", 2048},  {"num_attention_heads", 4},
+                {"num_key_value_heads", 1},   {"head_dim", 256},
+                {"global_head_dim", 512},     {"sliding_window", 512},
+                {"max_position_embeddings", 131072}, {"num_kv_shared_layers", 4},
+                {"rms_norm_eps", 1e-6},       {"vocab_size", 262144},
+                {"hidden_size_per_layer_input", 0}, {"vocab_size_per_layer_input", 0},
+                {"bos_token_id", 2},          {"eos_token_id", 1},
+                {"pad_token_id", 0}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) check_int_field(t, w, ints[i].key, ints[i].v);
+    check_null_field(t, w, "num_global_key_value_heads");
+    check_null_field(t, w, "final_logit_softcapping");
+    check_bool_field(t, w, "attention_k_eq_v", 0);
+    check_bool_field(t, w, "tie_word_embeddings", 1);
+    check_bool_field(t, w, "use_double_wide_mlp", 0);
+    check_bool_field(t, w, "enable_moe_block", 0);
+    check_str_field(t, w, "hidden_activation", "gelu_pytorch_tanh");
+    const cJSON *lt = obj(t, "layer_types");
+    static const char *const want_lt[] = {"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"};
+    CHECK_EQ_INT(cJSON_GetArraySize(lt), 4);
+    for (int i = 0; i < 4 && i < cJSON_GetArraySize(lt); i++)
+        CHECK(cJSON_IsString(cJSON_GetArrayItem(lt, i)) && !strcmp(cJSON_GetArrayItem(lt, i)->valuestring, want_lt[i]),
+              "layer_types[%d]", i);
+    const cJSON *rp = obj(t, "rope_parameters"), *fa = obj(rp, "full_attention"), *sa = obj(rp, "sliding_attention");
+    CHECK(cJSON_IsObject(fa) && cJSON_IsObject(sa), "rope_parameters");
+    check_int_field(fa, "rope_parameters.full_attention.", "partial_rotary_factor", 0.25);
+    check_int_field(fa, "rope_parameters.full_attention.", "rope_theta", 1e6);
+    check_str_field(fa, "rope_parameters.full_attention.", "rope_type", "proportional");
+    check_int_field(sa, "rope_parameters.sliding_attention.", "rope_theta", 1e4);
+    check_str_field(sa, "rope_parameters.sliding_attention.", "rope_type", "default");
+    CHECK(!obj(sa, "partial_rotary_factor"), "sliding rope has no partial_rotary_factor");
+    /* keys sorted, as HF writes them */
+    const cJSON *levels[] = {r, t};
+    for (int k = 0; k < 2; k++)
+        for (const cJSON *e = levels[k]->child; e && e->next; e = e->next)
+            CHECK(strcmp(e->string, e->next->string) < 0, "%s listed before %s", e->string, e->next->string);
+    cJSON_Delete(r);
+}
+
+static void test_drafter_config(void) {
+    char *text = g4_synth_config_json("e2b-drafter");
+    CHECK(text != NULL, "%s", g4_last_error());
+    if (!text) return;
+    check_drafter_config_text(text);
+    free(text);
+}
+
+/* Name, dtype and shape of every tensor Gemma4AssistantForCausalLM's save_pretrained writes
+ * for that config (all but lm_head.weight, tied to model.embed_tokens.weight). */
+typedef struct {
+    char name[96];
+    g4_dtype dt;
+    int ndim;
+    int64_t shape[2];
+} want_tensor;
+
+static int drafter_manifest(want_tensor *w) {
+    int n = 0;
+#define W(nm, d, nd, a, b) \
+    (snprintf(w[n].name, sizeof w[n].name, "%s", nm), w[n].dt = d, w[n].ndim = nd, w[n].shape[0] = a, w[n].shape[1] = b, n++)
+    W("model.embed_tokens.weight", G4_DT_BF16, 2, 262144, 256);
+    W("model.norm.weight", G4_DT_BF16, 1, 256, 0);
+    W("pre_projection.weight", G4_DT_BF16, 2, 256, 3072);
+    W("post_projection.weight", G4_DT_BF16, 2, 1536, 256);
+    W("masked_embedding.centroids.weight", G4_DT_BF16, 2, 2048, 256);
+    W("masked_embedding.token_ordering", G4_DT_I64, 1, 262144, 0);
+    char nm[96];
+    for (int l = 0; l < 4; l++) {
+        int64_t hd = l == 3 ? 512 : 256;
+#define L(s, nd, a, b) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), W(nm, G4_DT_BF16, nd, a, b))
+        L("input_layernorm.weight", 1, 256, 0);
+        L("post_attention_layernorm.weight", 1, 256, 0);
+        L("pre_feedforward_layernorm.weight", 1, 256, 0);
+        L("post_feedforward_layernorm.weight", 1, 256, 0);
+        L("layer_scalar", 1, 1, 0);
+        L("self_attn.q_proj.weight", 2, 4 * hd, 256);
+        L("self_attn.q_norm.weight", 1, hd, 0);
+        L("self_attn.o_proj.weight", 2, 256, 4 * hd);
+        L("mlp.gate_proj.weight", 2, 2048, 256);
+        L("mlp.up_proj.weight", 2, 2048, 256);
+        L("mlp.down_proj.weight", 2, 256, 2048);
+#undef L
+    }
+#undef W
+    return n;
+}
+
+static void check_drafter_tensors(const char *dir) {
+    g4_safetensors st;
+    if (g4_st_open_dir(&st, dir) != 0) {
+        CHECK(0, "%s", g4_last_error());
+        return;
+    }
+    want_tensor w[64];
+    int n = drafter_manifest(w);
+    CHECK_EQ_INT(n, 50);
+    CHECK_EQ_INT(st.n_tensors, n); /* nothing else: no lm_head, no k/v projections, no towers */
+    int64_t params = 0;
+    for (int i = 0; i < n; i++) {
+        const g4_tensor *t = need(&st, w[i].name);
+        if (!t) continue;
+        CHECK(t->dtype == w[i].dt && t->ndim == w[i].ndim && t->shape[0] == w[i].shape[0] &&
+                  (w[i].ndim < 2 || t->shape[1] == w[i].shape[1]),
+              "%s: %s [%lld, %lld]", w[i].name, g4_dtype_name(t->dtype), (long long)t->shape[0],
+              (long long)(t->ndim > 1 ? t->shape[1] : 0));
+        params += (int64_t)(t->nbytes / g4_dtype_size(t->dtype));
+    }
+    /* transformers: 145,102,340 parameters and buffers with the tied lm_head, 67,108,864 of them lm_head's */
+    CHECK_EQ_INT(params, 145102340 - 67108864);
+    /* token_ordering: a permutation of 0..262143, and not a trivial one */
+    const g4_tensor *o = need(&st, "masked_embedding.token_ordering");
+    if (o && o->dtype == G4_DT_I64 && o->shape[0] == 262144) {
+        uint8_t *seen = calloc(262144, 1);
+        int bad = 0, fixed = 0;
+        for (int64_t i = 0; seen && i < 262144; i++) {
+            int64_t v;
+            memcpy(&v, o->data + 8 * i, 8);
+            if (v < 0 || v >= 262144 || seen[v]) {
+                bad++;
+                continue;
+            }
+            seen[v] = 1;
+            fixed += v == i;
+        }
+        CHECK(seen && bad == 0, "token_ordering is not a permutation (%d bad entries)", bad);
+        CHECK(fixed < 20, "token_ordering has %d fixed points", fixed);
+        free(seen);
+    }
+    /* plausible values: norms near 1, layer_scalar in the published drafter's 0.04..0.43 */
+    char nm[96];
+    for (int l = 0; l < 4; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.layer_scalar", l);
+        const g4_tensor *s = need(&st, nm);
+        if (s) CHECK(f32_at(s, 0) >= 0.039f && f32_at(s, 0) <= 0.431f, "%s %g", nm, f32_at(s, 0));
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l);
+        const g4_tensor *g = need(&st, nm);
+        if (g)
+            for (int i = 0; i < 256; i++) CHECK(f32_at(g, i) > 0.85f && f32_at(g, i) < 1.15f, "%s[%d] %g", nm, i, f32_at(g, i));
+    }
+    const g4_tensor *e = need(&st, "model.embed_tokens.weight");
+    if (e) {
+        double ss = 0;
+        for (int64_t i = 0; i < 256 * 1024; i++) ss += (double)f32_at(e, i) * f32_at(e, i);
+        double rms = sqrt(ss / (256 * 1024));
+        CHECK(rms > 0.5 / 16 && rms < 2.0 / 16, "embed_tokens RMS %g (want about 1/sqrt(256))", rms);
+    }
+    g4_st_close(&st);
+}
+
+static void test_drafter(void) {
+    char dir[512], dir2[512], dir3[512];
+    snprintf(dir, sizeof dir, "%s", tmp_path("e2b-drafter"));
+    snprintf(dir2, sizeof dir2, "%s", tmp_path("e2b-drafter-again"));
+    snprintf(dir3, sizeof dir3, "%s", tmp_path("e2b-drafter-seed6"));
+    g4_synth_stats st;
+    int ok = g4_synth_ex("e2b-drafter", dir, 5, NULL, &st) == 0;
+    CHECK(ok, "%s", g4_last_error());
+    if (!ok) return;
+    CHECK_EQ_INT(st.n_tensors, 50);
+    CHECK_EQ_INT(st.n_text_tensors, 50);
+    /* 77,731,332 BF16 values and 262,144 I64 ones */
+    CHECK_EQ_INT(st.text_bytes, 77731332ull * 2 + 262144ull * 8);
+    CHECK(g4_file_exists(in_dir(dir, "config.json")) && !g4_file_exists(in_dir(dir, "tokenizer.json")) &&
+              !g4_file_exists(in_dir(dir, "generation_config.json")),
+          "the drafter folder holds config.json and model.safetensors only");
+    char *text;
+    if (g4_read_file(in_dir(dir, "config.json"), &text, NULL) == 0) {
+        check_drafter_config_text(text);
+        free(text);
+    } else {
+        CHECK(0, "%s", g4_last_error());
+    }
+    check_drafter_tensors(dir);
+    /* determinism */
+    CHECK(g4_synth("e2b-drafter", dir2, 5, NULL) == 0, "%s", g4_last_error());
+    CHECK(same_file(in_dir(dir, "model.safetensors"), in_dir(dir2, "model.safetensors")), "drafter differs between two runs");
+    CHECK(same_file(in_dir(dir, "config.json"), in_dir(dir2, "config.json")), "drafter config differs between two runs");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir2);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir2);
+    CHECK(g4_synth("e2b-drafter", dir3, 6, NULL) == 0, "%s", g4_last_error());
+    g4_safetensors a, b;
+    if (g4_st_open_dir(&a, dir) == 0) {
+        if (g4_st_open_dir(&b, dir3) == 0) {
+            static const char *const names[] = {"masked_embedding.token_ordering", "model.layers.2.mlp.up_proj.weight"};
+            for (int i = 0; i < 2; i++) {
+                const g4_tensor *x = g4_st_find(&a, names[i]), *y = g4_st_find(&b, names[i]);
+                CHECK(x && y && x->nbytes == y->nbytes && memcmp(x->data, y->data, x->nbytes), "%s: seed has no effect", names[i]);
+            }
+            g4_st_close(&b);
+        }
+        g4_st_close(&a);
+    }
+    CHECK(same_file(in_dir(dir, "config.json"), in_dir(dir3, "config.json")), "drafter config depends on the seed");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, dir3);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    /* no tokenizer to copy into a drafter's folder */
+    g4_clear_error();
+    CHECK(g4_synth("e2b-drafter", tmp_path("drafter-tok"), 5, in_dir(dir, "config.json")) != 0 &&
+              strstr(g4_last_error(), "tokenizer"),
+          "--tokenizer with the drafter: %s", g4_last_error());
+}
+
 int main(void) {
     g4_set_log(NULL, NULL);
     snprintf(base_tmp, sizeof base_tmp, "/tmp/g4-synth-XXXXXX");
@@ -704,7 +958,9 @@ int main(void) {
     test_e4b_config();
     test_q4_0_config();
     test_bf16_config();
+    test_drafter_config();
     test_tiny();
+    test_drafter();
     test_tokenizer_option_and_errors();
     test_big_tokenizer();
     test_e2b_full();

@@ -1,4 +1,4 @@
-/* `g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny -o DIR [--seed N] [--tokenizer FILE]`: writes a random
+/* `g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE]`: writes a random
  * checkpoint folder with the real on-disk layout (src/model/synth.h). Every failure prints one
  * line "g4 synth: error: ..." and returns 1. */
 #define _POSIX_C_SOURCE 200809L
@@ -55,11 +55,13 @@ static int parse_seed(const char *v, uint64_t *out) {
 }
 
 static void synth_usage(FILE *f) {
-    fprintf(f, "usage: g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny -o DIR [--seed N] [--tokenizer FILE]\n"
+    fprintf(f, "usage: g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE]\n"
                "  writes DIR/{config.json, generation_config.json, tokenizer.json, model.safetensors}:\n"
                "  random weights in the exact on-disk layout of a Gemma 4 checkpoint: e2b and e4b, the QAT mobile\n"
                "  checkpoints (2.1 and 3.2 GB of text tensors); e2b-q4_0, E2B as g4 quantize --q4_0 writes it (4.0 GB);\n"
-               "  e2b-bf16, the plain BF16 E2B (9.3 GB); tiny: the shape of the shared tiny fixture.\n"
+               "  e2b-bf16, the plain BF16 E2B (9.3 GB); tiny: the shape of the shared tiny fixture;\n"
+               "  e2b-drafter: E2B's MTP drafter gemma-4-E2B-it-assistant (158 MB BF16; config.json and\n"
+               "  model.safetensors only, as it runs on the target's tokenizer).\n"
                "  --seed N          values are a function of (preset, seed); default 0\n"
                "  --tokenizer FILE  copy this tokenizer.json instead of generating a synthetic one\n");
 }
@@ -86,10 +88,10 @@ int g4_cmd_synth(int argc, char **argv) {
             return synth_error("unknown flag %s (see g4 synth --help)", a);
         }
     }
-    if (!preset) return synth_error("--preset is required (e2b, e4b, e2b-q4_0, e2b-bf16 or tiny)");
+    if (!preset) return synth_error("--preset is required (e2b, e4b, e2b-q4_0, e2b-bf16, tiny or e2b-drafter)");
     int known = 0;
     for (int k = 0; g4_synth_presets[k]; k++) known |= strcmp(g4_synth_presets[k], preset) == 0;
-    if (!known) return synth_error("--preset %s: expected one of e2b, e4b, e2b-q4_0, e2b-bf16, tiny", preset);
+    if (!known) return synth_error("--preset %s: expected one of e2b, e4b, e2b-q4_0, e2b-bf16, tiny, e2b-drafter", preset);
     if (!out || !*out) return synth_error("-o DIR is required");
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);

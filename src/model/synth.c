@@ -23,8 +23,8 @@
  * every MLP 4-bit and a 2-bit per-layer table), or what `g4 quantize --q4_0` makes of the BF16
  * checkpoint (model/quantize.h: Q4_0 linears, Q8_0 embeddings, the lm_head tied to embed_tokens,
  * no activation scales), or that BF16 checkpoint itself (gemma-4-E2B-it's layout: no
- * quantization_config, BF16 everywhere, the lm_head tied). */
-enum { LAYOUT_MOBILE_E2B, LAYOUT_MOBILE_E4B, LAYOUT_Q4_0, LAYOUT_BF16 };
+ * quantization_config, BF16 everywhere, the lm_head tied), or the MTP drafter (below). */
+enum { LAYOUT_MOBILE_E2B, LAYOUT_MOBILE_E4B, LAYOUT_Q4_0, LAYOUT_BF16, LAYOUT_DRAFTER };
 
 typedef struct {
     const char *name;
@@ -36,6 +36,9 @@ typedef struct {
     /* LAYOUT_MOBILE_E2B: the module_quant_configs key that keeps the producer layers' MLPs at 4
      * bits; it names the producer range, so it is the one pattern that differs between its presets. */
     const char *mlp4_pattern;
+    /* LAYOUT_DRAFTER: the target's hidden size (pre_projection reads 2x that) and the masked
+     * embedding's centroid count and top-k */
+    int backbone_hidden, n_centroids, centroid_top_k;
 } preset_t;
 
 /* The E4B text shape is transformers' conversion script's (src/transformers/models/gemma4/
@@ -46,19 +49,27 @@ typedef struct {
  * embed_tokens_per_layer and lm_head 2-bit, the per-layer gate and projection 8-bit). */
 static const preset_t presets[] = {
     {"e2b", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_MOBILE_E2B,
-     "language_model\\.layers\\.(\\d|1[0-4])\\.mlp\\."},
-    {"e4b", 2560, 42, 8, 2, 256, 512, 10240, 18, 256, 262144, 512, 6, 0, LAYOUT_MOBILE_E4B, NULL},
-    {"e2b-q4_0", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_Q4_0, NULL},
-    {"e2b-bf16", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_BF16, NULL},
-    {"tiny", 64, 10, 2, 1, 16, 32, 96, 4, 16, 512, 8, 5, 1, LAYOUT_MOBILE_E2B, "language_model\\.layers\\.[0-5]\\.mlp\\."},
+     "language_model\\.layers\\.(\\d|1[0-4])\\.mlp\\.", 0, 0, 0},
+    {"e4b", 2560, 42, 8, 2, 256, 512, 10240, 18, 256, 262144, 512, 6, 0, LAYOUT_MOBILE_E4B, NULL, 0, 0, 0},
+    {"e2b-q4_0", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_Q4_0, NULL, 0, 0, 0},
+    {"e2b-bf16", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 5, 1, LAYOUT_BF16, NULL, 0, 0, 0},
+    {"tiny", 64, 10, 2, 1, 16, 32, 96, 4, 16, 512, 8, 5, 1, LAYOUT_MOBILE_E2B, "language_model\\.layers\\.[0-5]\\.mlp\\.", 0, 0, 0},
+    /* The MTP drafter of E2B, google/gemma-4-E2B-it-assistant (Gemma4AssistantForCausalLM):
+     * google/gemma-4-E2B-it-assistant config.json as summarized in a public Gemma 4 MTP
+     * integration guide; shapes cross-checked against transformers 5.17's
+     * Gemma4AssistantConfig/Gemma4AssistantForCausalLM. A 4-layer decoder of width 256 (3
+     * sliding + 1 full layer, every layer KV-shared: it reads the target's caches, so there
+     * are no k/v projections), no per-layer embeddings, no softcap, lm_head tied to
+     * embed_tokens, ~78 M parameters in BF16. */
+    {"e2b-drafter", 256, 4, 4, 1, 256, 512, 2048, 4, 0, 262144, 512, 4, 0, LAYOUT_DRAFTER, NULL, 1536, 2048, 32},
 };
 
-const char *const g4_synth_presets[] = {"e2b", "e4b", "e2b-q4_0", "e2b-bf16", "tiny", NULL};
+const char *const g4_synth_presets[] = {"e2b", "e4b", "e2b-q4_0", "e2b-bf16", "tiny", "e2b-drafter", NULL};
 
 static const preset_t *find_preset(const char *name) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (name && strcmp(presets[i].name, name) == 0) return &presets[i];
-    g4_fail("unknown preset \"%s\" (e2b, e4b, e2b-q4_0, e2b-bf16, tiny)", name ? name : "");
+    g4_fail("unknown preset \"%s\" (e2b, e4b, e2b-q4_0, e2b-bf16, tiny, e2b-drafter)", name ? name : "");
     return NULL;
 }
 
@@ -171,8 +182,14 @@ static cJSON *rope_entry(double theta, const char *type, double partial) {
     return o;
 }
 
+/* The BF16 checkpoints and the drafter tie lm_head to embed_tokens; the mobile converter unties. */
+static int tied(const preset_t *p) { return p->layout >= LAYOUT_Q4_0; }
+
 /* text_config with the field set and values of the real E2B (checkpoint.md §3, model.md §1);
- * keys sorted as HF writes them. */
+ * keys sorted as HF writes them. The drafter's is the same field set with its own values (its
+ * source lists no attention_bias, attention_dropout, initializer_range, moe_intermediate_size,
+ * num_experts, top_k_experts, use_bidirectional_attention or use_cache: those are written with
+ * the values transformers 5.17's Gemma4TextConfig.to_dict gives them for that config). */
 static cJSON *text_config(const preset_t *p) {
     cJSON *t = cJSON_CreateObject();
     cJSON_AddBoolToObject(t, "attention_bias", 0);
@@ -182,7 +199,8 @@ static cJSON *text_config(const preset_t *p) {
     cJSON_AddStringToObject(t, "dtype", "bfloat16");
     cJSON_AddBoolToObject(t, "enable_moe_block", 0);
     cJSON_AddNumberToObject(t, "eos_token_id", 1);
-    cJSON_AddItemToObject(t, "final_logit_softcapping", py_float(30.0));
+    if (p->layout == LAYOUT_DRAFTER) cJSON_AddNullToObject(t, "final_logit_softcapping");
+    else cJSON_AddItemToObject(t, "final_logit_softcapping", py_float(30.0));
     cJSON_AddNumberToObject(t, "global_head_dim", p->global_head_dim);
     cJSON_AddNumberToObject(t, "head_dim", p->head_dim);
     cJSON_AddStringToObject(t, "hidden_activation", "gelu_pytorch_tanh");
@@ -210,13 +228,13 @@ static cJSON *text_config(const preset_t *p) {
     cJSON_AddItemToObject(rp, "sliding_attention", rope_entry(10000.0, "default", 0));
     cJSON_AddItemToObject(t, "rope_parameters", rp);
     cJSON_AddNumberToObject(t, "sliding_window", p->sliding_window);
-    cJSON_AddBoolToObject(t, "tie_word_embeddings", p->layout >= LAYOUT_Q4_0); /* the BF16 checkpoints tie; the mobile converter unties */
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", tied(p));
     cJSON_AddNullToObject(t, "top_k_experts");
     cJSON_AddNullToObject(t, "use_bidirectional_attention");
     cJSON_AddBoolToObject(t, "use_cache", 1);
     cJSON_AddBoolToObject(t, "use_double_wide_mlp", p->double_wide);
     cJSON_AddNumberToObject(t, "vocab_size", p->vocab);
-    cJSON_AddNumberToObject(t, "vocab_size_per_layer_input", p->vocab);
+    cJSON_AddNumberToObject(t, "vocab_size_per_layer_input", p->ple_dim ? p->vocab : 0);
     return t;
 }
 
@@ -232,9 +250,35 @@ static cJSON *tower_config(const char *model_type) {
     return o;
 }
 
+/* The drafter's top level (Gemma4AssistantConfig): the fields of the source above, plus dtype and
+ * transformers_version as the other presets write them; keys sorted. */
+static cJSON *drafter_config(const preset_t *p) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON *arch = cJSON_CreateArray();
+    cJSON_AddItemToArray(arch, cJSON_CreateString("Gemma4AssistantForCausalLM"));
+    cJSON_AddItemToObject(r, "architectures", arch);
+    cJSON_AddNumberToObject(r, "backbone_hidden_size", p->backbone_hidden);
+    cJSON_AddNumberToObject(r, "centroid_intermediate_top_k", p->centroid_top_k);
+    cJSON_AddStringToObject(r, "dtype", "bfloat16");
+    cJSON_AddStringToObject(r, "model_type", "gemma4_assistant");
+    cJSON_AddNumberToObject(r, "num_centroids", p->n_centroids);
+    cJSON_AddItemToObject(r, "text_config", text_config(p));
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", 1);
+    cJSON_AddStringToObject(r, "transformers_version", "5.17.0");
+    cJSON_AddBoolToObject(r, "use_ordered_embeddings", 1);
+    return r;
+}
+
 char *g4_synth_config_json(const char *preset) {
     const preset_t *p = find_preset(preset);
     if (!p) return NULL;
+    if (p->layout == LAYOUT_DRAFTER) {
+        cJSON *d = drafter_config(p);
+        char *text = d ? cJSON_Print(d) : NULL;
+        cJSON_Delete(d);
+        if (!text) g4_fail("synth: out of memory building config.json");
+        return text;
+    }
     static const int eos[] = {1, 106};
     cJSON *r = cJSON_CreateObject();
     cJSON *arch = cJSON_CreateArray();
@@ -253,7 +297,7 @@ char *g4_synth_config_json(const char *preset) {
     cJSON_AddStringToObject(r, "model_type", "gemma4");
     if (p->layout != LAYOUT_BF16) cJSON_AddItemToObject(r, "quantization_config", quant_config(p));
     cJSON_AddItemToObject(r, "text_config", text_config(p));
-    cJSON_AddBoolToObject(r, "tie_word_embeddings", p->layout >= LAYOUT_Q4_0);
+    cJSON_AddBoolToObject(r, "tie_word_embeddings", tied(p));
     cJSON_AddStringToObject(r, "transformers_version", "5.17.0");
     cJSON_AddNumberToObject(r, "video_token_id", 258884);
     cJSON_AddItemToObject(r, "vision_config", tower_config("gemma4_vision"));
@@ -288,7 +332,7 @@ static char *generation_config_json(int vocab) {
 
 /* ---- tensor plan ---- */
 
-enum { GEN_CODES, GEN_UNIFORM };
+enum { GEN_CODES, GEN_UNIFORM, GEN_PERMUTATION };
 
 /* How one tensor's bytes are produced. */
 typedef struct {
@@ -297,6 +341,7 @@ typedef struct {
     int64_t cols;  /* GEN_CODES: logical values per row */
     uint64_t key;  /* stream; lm_head shares embed_tokens' keys so its bytes are a copy */
     float lo, hi;  /* GEN_UNIFORM: element range; lo == hi gives that exact value */
+    const int64_t *perm; /* GEN_PERMUTATION: the I64 values (the plan's perm) */
 } gen_t;
 
 typedef struct {
@@ -305,6 +350,7 @@ typedef struct {
     int cap;
     uint64_t seed;
     const char *path; /* for messages */
+    int64_t *perm;    /* owned: the drafter's token_ordering */
 } plan_t;
 
 static int plan_add(plan_t *p, const char *name, g4_dtype dt, int ndim, const int64_t *shape, gen_t g) {
@@ -362,16 +408,19 @@ static int add_codes_and_scales(plan_t *p, const char *codes_name, const char *s
     return plan_add(p, scale_name, block > 0 ? G4_DT_F16 : G4_DT_F32, 2, sshape, sg);
 }
 
+/* A float linear's weight [out, in], BF16: uniform +-a has RMS 1/sqrt(in). */
+static int add_bf16_linear(plan_t *p, const char *name, int64_t in, int64_t out) {
+    float a = (float)sqrt(3.0 / (double)in);
+    return add_uniform(p, name, G4_DT_BF16, 2, (int64_t[]){out, in}, -a, a);
+}
+
 /* A linear [out, in] as the loader binds it (model.c bind_linear): BF16 when the config leaves
  * it unconverted, else packed codes, row scales and the two activation scales. */
 static int add_linear(plan_t *p, const g4_config *c, const char *module, int in, int out, float s_in, float s_out) {
     char n1[192], n2[192];
     int bits = g4_config_module_bits(c, module);
     snprintf(n1, sizeof n1, "%s.weight", module);
-    if (bits == 0) {
-        float a = (float)sqrt(3.0 / in); /* uniform +-a has RMS 1/sqrt(in) */
-        return add_uniform(p, n1, G4_DT_BF16, 2, (int64_t[]){out, in}, -a, a);
-    }
+    if (bits == 0) return add_bf16_linear(p, n1, in, out);
     if (check_bits(p, module, bits) != 0) return -1;
     snprintf(n2, sizeof n2, "%s.weight_scale", module);
     int block = g4_config_module_block(c, module);
@@ -533,6 +582,55 @@ static int build_plan(plan_t *p, const g4_config *c) {
     return 0;
 }
 
+/* The drafter (Gemma4AssistantForCausalLM's state dict as save_pretrained writes it: BF16, the
+ * tied lm_head.weight left out): the decoder under model., the two projections between it and
+ * the target's hidden size, and the masked embedding, whose token_ordering (I64) is a
+ * permutation of the vocabulary: viewed as [n_centroids, vocab / n_centroids], the tokens of
+ * each centroid. Every layer is KV-shared (it attends to the target's K/V), so no layer has
+ * k_proj, v_proj, k_norm or KV-cache scales. Value ranges as the BF16 preset's, except
+ * layer_scalar, drawn in the 0.04-0.43 range the published drafter's take. */
+static int build_drafter_plan(plan_t *p, const preset_t *d) {
+    char name[160];
+    int64_t H = d->hidden, V = d->vocab, B = d->backbone_hidden;
+    float ae = (float)sqrt(3.0 / (double)H);
+    if (add_uniform(p, "model.embed_tokens.weight", G4_DT_BF16, 2, (int64_t[]){V, H}, -ae, ae) ||
+        add_uniform(p, "model.norm.weight", G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f))
+        return -1;
+    for (int l = 0; l < d->n_layers; l++) {
+        int full = l % d->full_every == d->full_every - 1;
+        int64_t hd = full ? d->global_head_dim : d->head_dim, q = d->n_heads * hd, I = d->intermediate;
+#define NAME(s) (snprintf(name, sizeof name, "model.layers.%d.%s", l, s), name)
+        static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+                                            "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"};
+        for (int i = 0; i < 4; i++)
+            if (add_uniform(p, NAME(norms[i]), G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f) != 0) return -1;
+        float g = (float)pow((double)hd, -0.25); /* as add_layer's q_norm */
+        if (add_uniform(p, NAME("layer_scalar"), G4_DT_BF16, 1, (int64_t[]){1}, 0.04f, 0.43f) ||
+            add_bf16_linear(p, NAME("self_attn.q_proj.weight"), H, q) ||
+            add_uniform(p, NAME("self_attn.q_norm.weight"), G4_DT_BF16, 1, (int64_t[]){hd}, 0.9f * g, 1.1f * g) ||
+            add_bf16_linear(p, NAME("self_attn.o_proj.weight"), q, H) || add_bf16_linear(p, NAME("mlp.gate_proj.weight"), H, I) ||
+            add_bf16_linear(p, NAME("mlp.up_proj.weight"), H, I) || add_bf16_linear(p, NAME("mlp.down_proj.weight"), I, H))
+            return -1;
+#undef NAME
+    }
+    if (add_bf16_linear(p, "pre_projection.weight", 2 * B, H) || add_bf16_linear(p, "post_projection.weight", H, B) ||
+        add_bf16_linear(p, "masked_embedding.centroids.weight", H, d->n_centroids))
+        return -1;
+    /* Fisher-Yates, swap i's partner drawn from the tensor's stream at position i */
+    if (V % d->n_centroids) return g4_fail("%s: vocab %lld is not a multiple of %d centroids", p->path, (long long)V, d->n_centroids);
+    if (!(p->perm = malloc(sizeof *p->perm * (size_t)V))) return g4_fail("%s: out of memory", p->path);
+    const char *ord = "masked_embedding.token_ordering";
+    uint64_t key = key_of(p->seed, ord);
+    for (int64_t i = 0; i < V; i++) p->perm[i] = i;
+    for (int64_t i = V - 1; i > 0; i--) {
+        int64_t j = (int64_t)(((stream_at(key, (uint64_t)i) >> 32) * (uint64_t)(i + 1)) >> 32); /* uniform in [0, i] */
+        int64_t t = p->perm[i];
+        p->perm[i] = p->perm[j];
+        p->perm[j] = t;
+    }
+    return plan_add(p, ord, G4_DT_I64, 1, (int64_t[]){V}, (gen_t){.kind = GEN_PERMUTATION, .key = key, .perm = p->perm});
+}
+
 /* ---- tensor bytes ---- */
 
 /* Lanes of `x` (one per `bits`-wide field) that are zero, as the field's lowest bit. */
@@ -595,6 +693,9 @@ static void fill_uniform(const gen_t *g, const g4_stw_tensor *t, uint64_t off, u
 static int fill(void *user, int index, const g4_stw_tensor *t, uint64_t off, uint8_t *buf, size_t n) {
     const gen_t *g = &((const plan_t *)user)->gen[index];
     if (g->kind == GEN_CODES) fill_codes(g, t, off, buf, n);
+    else if (g->kind == GEN_PERMUTATION && t->dtype == G4_DT_I64)
+        for (size_t k = 0; k < n / 8; k++) /* little-endian, as safetensors stores it */
+            for (int b = 0; b < 8; b++) buf[k * 8 + b] = (uint8_t)((uint64_t)g->perm[off / 8 + k] >> (8 * b));
     else if (t->dtype == G4_DT_F32 || t->dtype == G4_DT_BF16 || t->dtype == G4_DT_F16) fill_uniform(g, t, off, buf, n);
     else return g4_fail("no generator for dtype %s", g4_dtype_name(t->dtype));
     return 0;
@@ -794,10 +895,49 @@ static int is_text_tensor(const char *name) {
     return strncmp(name, "model.language_model.", 21) == 0 || strncmp(name, "lm_head.", 8) == 0;
 }
 
+static void fill_stats(g4_synth_stats *stats, const g4_stw *w, uint64_t file_bytes, int all_text) {
+    if (!stats) return;
+    memset(stats, 0, sizeof *stats);
+    stats->n_tensors = w->n;
+    stats->file_bytes = file_bytes;
+    for (int i = 0; i < w->n; i++)
+        if (all_text || is_text_tensor(w->t[i].name)) {
+            stats->n_text_tensors++;
+            stats->text_bytes += w->t[i].nbytes;
+        }
+}
+
+/* The drafter's folder: config.json and model.safetensors only (it runs on its target's
+ * tokenizer, and its generation settings are the target's). */
+static int synth_drafter(const preset_t *pr, const char *out_dir, uint64_t seed, const char *tokenizer_src, g4_synth_stats *stats) {
+    if (tokenizer_src)
+        return g4_fail("synth preset %s writes no tokenizer.json (a drafter runs on its target's), so --tokenizer does not apply",
+                       pr->name);
+    char cfg_path[4096], st_path[4096];
+    if (g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") ||
+        g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors") || g4_make_dirs(out_dir))
+        return -1;
+    char *cfg_text = g4_synth_config_json(pr->name);
+    if (!cfg_text) return -1;
+    plan_t plan = {.seed = seed, .path = st_path};
+    g4_stw_init(&plan.w);
+    uint64_t file_bytes = 0;
+    int rc = build_drafter_plan(&plan, pr);
+    if (rc == 0) rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes);
+    if (rc == 0) rc = g4_write_text(cfg_path, cfg_text);
+    if (rc == 0) fill_stats(stats, &plan.w, file_bytes, 1);
+    free(cfg_text);
+    free(plan.gen);
+    free(plan.perm);
+    g4_stw_free(&plan.w);
+    return rc;
+}
+
 int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, g4_synth_stats *stats) {
     const preset_t *pr = find_preset(preset);
     if (!pr) return -1;
     if (!out_dir) return g4_fail("synth: no output folder");
+    if (pr->layout == LAYOUT_DRAFTER) return synth_drafter(pr, out_dir, seed, tokenizer_src, stats);
     char cfg_path[4096], st_path[4096], gen_path[4096], tok_path[4096];
     if (g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") ||
         g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors") ||
@@ -829,16 +969,7 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     char *gen_text = rc == 0 ? generation_config_json(cfg.vocab) : NULL;
     if (rc == 0) rc = gen_text ? g4_write_text(gen_path, gen_text) : -1;
     if (rc == 0) rc = tokenizer_src ? g4_copy_file(tokenizer_src, tok_path) : g4_synth_write_tokenizer(tok_path, cfg.vocab);
-    if (rc == 0 && stats) {
-        memset(stats, 0, sizeof *stats);
-        stats->n_tensors = plan.w.n;
-        stats->file_bytes = file_bytes;
-        for (int i = 0; i < plan.w.n; i++)
-            if (is_text_tensor(plan.w.t[i].name)) {
-                stats->n_text_tensors++;
-                stats->text_bytes += plan.w.t[i].nbytes;
-            }
-    }
+    if (rc == 0) fill_stats(stats, &plan.w, file_bytes, 0);
     free(gen_text);
     free(cfg_text);
     free(plan.gen);

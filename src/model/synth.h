@@ -4,11 +4,13 @@
  *
  * The tensor list is derived from the generated config.json through the engine's own config
  * parser (g4_config_parse, g4_config_module_bits), so synth and loader agree by construction:
- * a preset changes the config, never the tensor code. Values are random but sized like the
- * real model's (dequantized weights of RMS about 1/sqrt(in), activation scales 0.01-0.1,
- * norms and layer_scalar near 1, v_cache_scale 6/127, lm_head activation scales 0), and
- * lm_head is a byte copy of embed_tokens as in the published file. Everything is a function
- * of (preset, seed): same inputs, same bytes. */
+ * a preset changes the config, never the tensor code (except the e2b-drafter preset, whose
+ * gemma4_assistant config that parser does not take: its tensor list comes from the preset's
+ * shape, and tests/test_synth.c checks it against transformers' state dict). Values are random
+ * but sized like the real model's (dequantized weights of RMS about 1/sqrt(in), activation
+ * scales 0.01-0.1, norms and layer_scalar near 1, v_cache_scale 6/127, lm_head activation
+ * scales 0), and lm_head is a byte copy of embed_tokens as in the published file. Everything
+ * is a function of (preset, seed): same inputs, same bytes. */
 #ifndef G4_MODEL_SYNTH_H
 #define G4_MODEL_SYNTH_H
 
@@ -16,19 +18,24 @@
 
 typedef struct {
     int n_tensors;       /* in model.safetensors, including the dummy vision/audio ones */
-    int n_text_tensors;  /* under model.language_model. or lm_head. */
+    int n_text_tensors;  /* under model.language_model. or lm_head. (the drafter: all of them) */
     uint64_t text_bytes; /* payload of the text tensors */
     uint64_t file_bytes; /* size of model.safetensors */
 } g4_synth_stats;
 
-/* Preset names, NULL-terminated: "e2b" (the real E2B text decoder, 2.1 GB) and "tiny" (the
- * shape of the shared tiny-mobile fixture, ~0.4 MB). */
+/* Preset names, NULL-terminated: "e2b" (the real E2B text decoder, 2.1 GB), "e4b", "e2b-q4_0",
+ * "e2b-bf16", "tiny" (the shape of the shared tiny-mobile fixture, ~0.4 MB) and "e2b-drafter":
+ * E2B's MTP drafter google/gemma-4-E2B-it-assistant (model_type gemma4_assistant, 78 M BF16
+ * parameters, 158 MB), from that checkpoint's config.json as summarized in a public Gemma 4 MTP
+ * integration guide, shapes cross-checked against transformers 5.17's
+ * Gemma4AssistantConfig/Gemma4AssistantForCausalLM. */
 extern const char *const g4_synth_presets[];
 
 /* Writes out_dir/{config.json, generation_config.json, tokenizer.json, model.safetensors},
  * creating out_dir (and its parents) if needed. tokenizer_src: a tokenizer.json to copy, or
- * NULL for a generated Gemma-style BPE tokenizer of the model's vocab size. Returns 0, or -1
- * with a message in g4_last_error(). */
+ * NULL for a generated Gemma-style BPE tokenizer of the model's vocab size. The drafter
+ * preset writes only config.json and model.safetensors (it runs on its target's tokenizer)
+ * and refuses a tokenizer_src. Returns 0, or -1 with a message in g4_last_error(). */
 int g4_synth(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src);
 /* Same, and fills *stats (may be NULL). */
 int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, g4_synth_stats *stats);
