@@ -24,6 +24,7 @@ const char *g4_version(void);
 
 typedef struct g4_model g4_model;
 typedef struct g4_session g4_session;
+typedef struct g4_drafter g4_drafter; /* an MTP drafter's working state (Multi-token prediction, below) */
 
 /* How activations are treated at the linear boundaries (spec: activation-quant.md). */
 typedef enum {
@@ -257,6 +258,37 @@ int g4_decode(g4_session *s, g4_batch_row *rows, int n);
  * the next call), bit for bit what G4_OUTPUT_LOGITS would have given. For a sampler that the
  * candidates could not settle. */
 int g4_decode_logits(g4_session *s, int row, float *logits);
+/* The final-normed hidden state (g4_model_hidden_size floats) of row `row` of the last g4_decode
+ * call, which asked for any output: what an MTP drafter continues from (g4_drafter_step). */
+int g4_decode_hidden(const g4_session *s, int row, float *hidden);
+
+/* ---- Multi-token prediction: a Gemma 4 assistant drafter (gemma4_assistant) -------------------
+ *
+ * A drafter is a small decoder tied to one target model: its input is the target's scaled input
+ * embedding of the last token with the target's last final-normed hidden state (pre_projection),
+ * its layers attend, read-only, to the target's K/V cache (the last K/V-producing layer of each
+ * attention type), all at the position of the token drafted from; post_projection of its output is
+ * the hidden state of its next step. The stepper verifies K drafted tokens in one multi-row pass of
+ * the target and keeps what the target itself would have produced (g4_stepper_set_draft). */
+typedef struct g4_draft g4_draft;
+/* Loads a drafter folder (config.json model_type gemma4_assistant, model.safetensors) for
+ * `target`: fails, naming the file and field, when its shapes do not fit the target's. */
+g4_draft *g4_draft_load(const char *dir, const g4_model *target);
+void g4_draft_free(g4_draft *d);
+int g4_model_hidden_size(const g4_model *m);
+
+/* A drafter's working state over one target session: buffers for up to 64 rows, one per
+ * sequence drafted at once. The session and the drafter must outlive it. */
+g4_drafter *g4_drafter_new(const g4_draft *d, g4_session *target);
+void g4_drafter_free(g4_drafter *dr);
+/* One draft step for n rows: row i drafts in sequence seqs[i] from tokens[i] (the token at the
+ * sequence's next position, not fed yet) with hidden[i] (g4_model_hidden_size floats: the target's
+ * final-normed hidden state of the row that gave tokens[i], or the last step's output), reading the
+ * sequence's K/V as it stands. Writes each row's greedy draft into next[i], its logits into
+ * logits + i x vocab when logits is not NULL (centroid-masked tokens get the row's smallest
+ * selected logit - 1, as transformers' Gemma4AssistantMaskedEmbedder), and replaces hidden[i]
+ * with the next step's hidden state. */
+int g4_drafter_step(g4_drafter *dr, int n, const int *seqs, const int32_t *tokens, float *hidden, int32_t *next, float *logits);
 
 /* Compatibility forms of g4_decode, for sequence 0. g4_session_eval feeds n tokens at its current
  * position; logits: NULL, or room for vocab floats (the last token's logits) or n * vocab floats
@@ -578,7 +610,19 @@ typedef struct {
      * G4_OUTPUT_ARGMAX only for greedy decoding without a penalty. */
     g4_output output;
     int output_k;
+    /* Speculative decoding (multi-token prediction): with a drafter (made for the session the
+     * generation runs in), each step drafts up to draft_tokens tokens (0: G4_DRAFT_TOKENS_DEFAULT,
+     * at most G4_MAX_DRAFT_TOKENS), verifies them with the last token in one multi-row pass of the
+     * target, keeps the longest prefix the target agrees with plus the target's own next token and
+     * rolls the cache back over the rest. Greedy decoding gives exactly the tokens it gives
+     * without; a generation that samples or uses a repetition penalty ignores the drafter. One
+     * stepper takes one drafter: every generation in it that drafts uses the same. */
+    g4_drafter *draft;
+    int draft_tokens;
 } g4_generate_params;
+
+#define G4_DRAFT_TOKENS_DEFAULT 4
+#define G4_MAX_DRAFT_TOKENS 16
 
 typedef struct {
     int n_prompt, n_generated;
@@ -639,6 +683,10 @@ int g4_stepper_step(g4_stepper *st, g4_step_token *out);
 /* Stops sequence seq where it stands, with G4_STOP_USER; its cache keeps what was fed. 1 if it
  * was feeding a prompt or generating, 0 if not, -1 when there is no such sequence. */
 int g4_stepper_cancel(g4_stepper *st, int seq);
+/* As g4_stepper_cancel, keeping only the first n_keep tokens sequence seq generated (a drafting
+ * round reports several at once; a caller that stops at one of them drops the rest): the cache
+ * is rolled back to hold every kept token but the last, as if generation had stopped there. */
+int g4_stepper_cancel_at(g4_stepper *st, int seq, int n_keep);
 g4_seq_state g4_stepper_state(const g4_stepper *st, int seq);
 /* The number of sequences feeding a prompt or generating. */
 int g4_stepper_active(const g4_stepper *st);
@@ -648,6 +696,12 @@ int g4_stepper_active(const g4_stepper *st);
 int g4_stepper_result(const g4_stepper *st, int seq, g4_generate_result *r);
 const int32_t *g4_stepper_tokens(const g4_stepper *st, int seq, int *n);
 void g4_stepper_get_stats(const g4_stepper *st, g4_stepper_stats *stats);
+/* Room g4_stepper_step's `out` needs: every sequence's tokens of one step (up to draft_tokens + 1
+ * each when drafting). */
+int g4_stepper_max_tokens(const g4_stepper *st);
+/* Speculative decoding's totals over the stepper's life: rounds run, tokens drafted, drafted
+ * tokens the target accepted. */
+void g4_stepper_draft_stats(const g4_stepper *st, long *rounds, long *drafted, long *accepted);
 
 /* Called with each generated token (a stop id included); return non-zero to stop. */
 typedef int (*g4_token_fn)(void *user, int32_t token);

@@ -33,6 +33,9 @@ typedef struct {
     char levels[BENCH_MAX_LEVELS][32];
     int logits; /* LOGITS_GREEDY, LOGITS_FULL (every logit of every step) or LOGITS_TOP (what top-k sampling needs) */
     g4_options o; /* o.threads: -t, else one per online CPU (set explicitly, for the bandwidth probe too) */
+    /* --draft DIR [--draft-tokens K]: the reps alternate between decoding without the drafter
+     * (variant 0) and with it (variant 1), round after round */
+    draft_args draft;
 } bench_args;
 
 /* The bandwidth is measured just before and just after every repetition's decode, since this
@@ -104,6 +107,7 @@ typedef struct {
     double *step_s;
     int *step_level;
     double step_prof[BENCH_MAX_LEVELS][G4_PROF_COUNT];
+    long rounds, drafted, accepted; /* the drafter's rounds (--draft) */
 } bench_rep;
 
 enum { LOGITS_GREEDY, LOGITS_FULL, LOGITS_TOP };
@@ -127,18 +131,22 @@ static g4_generate_params bench_generation(const bench_args *b) {
  * rep's level (index into b->levels, or 0): with --alternate steps its decode steps cycle through
  * the levels from that one, each timed on its own. Without a prompt (-p 0) token 2 stands in for
  * one, and the prefill is not reported. */
-static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, int level, bench_rep *r) {
+static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const bw_probe *probe, int level, int drafting,
+                   bench_rep *r) {
     int V = g4_model_vocab_size(m), n_prompt = b->prompt > 0 ? b->prompt : 1;
     g4_options o = b->o;
     o.ctx = b->prompt + b->gen + 1;
     g4_session *s = g4_session_new(m, &o);
     g4_stepper *st = s ? g4_stepper_new(s, 0) : NULL;
+    g4_drafter *dr = st && drafting ? g4_drafter_new(b->draft.d, s) : NULL;
     int32_t *ids = malloc(sizeof *ids * (size_t)n_prompt);
     g4_generate_params gen = bench_generation(b);
-    g4_step_token token;
+    gen.draft = dr;
+    gen.draft_tokens = b->draft.tokens;
+    g4_step_token token[G4_MAX_DRAFT_TOKENS + 1];
     int rc = -1;
-    if (!st || !ids) {
-        if (st) g4_fail("out of memory");
+    if (!st || !ids || (drafting && !dr)) {
+        if (st && !(drafting && !dr)) g4_fail("out of memory");
         goto done;
     }
     ids[0] = 2;
@@ -147,21 +155,24 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
     g4_session_set_profiling(s, 1);
     double t0 = now_s();
     while (g4_stepper_state(st, 0) == G4_SEQ_PROMPT)
-        if (g4_stepper_step(st, &token) < 0) goto done;
+        if (g4_stepper_step(st, token) < 0) goto done;
     double t1 = now_s();
     g4_session_profile(s, r->prof_prefill);
     double bw0 = probe ? bw_probe_measure(probe) : 0;
     g4_session_set_profiling(s, 1);
     double t2 = now_s();
     double before[G4_PROF_COUNT] = {0}, after[G4_PROF_COUNT];
-    for (int i = 0; i < b->gen; i++) {
+    /* a drafting round gives several tokens a step: decode the budget's gen tokens, however many steps */
+    while (drafting && g4_stepper_state(st, 0) == G4_SEQ_GENERATING)
+        if (g4_stepper_step(st, token) < 0) goto done;
+    for (int i = 0; i < b->gen && !drafting; i++) {
         double ts = 0;
         if (r->step_s) {
             r->step_level[i] = (level + i) % b->n_levels;
             g4_session_set_kernels(s, b->levels[r->step_level[i]]);
             ts = now_s();
         }
-        if (g4_stepper_step(st, &token) < 0) goto done;
+        if (g4_stepper_step(st, token) < 0) goto done;
         if (r->step_s) {
             r->step_s[i] = now_s() - ts;
             g4_session_profile(s, after);
@@ -174,10 +185,12 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
     r->read_bw = bw0 > 0 && bw1 > 0 ? (bw0 + bw1) / 2 : 0;
     r->prefill_tok_s = b->prompt > 0 ? b->prompt / (t1 - t0) : 0;
     r->decode_tok_s = b->gen > 0 ? b->gen / (t3 - t2) : 0;
+    g4_stepper_draft_stats(st, &r->rounds, &r->drafted, &r->accepted);
     rc = 0;
 done:
     free(ids);
     g4_stepper_free(st);
+    g4_drafter_free(dr);
     g4_session_free(s);
     return rc;
 }
@@ -255,7 +268,7 @@ static int parse_bench(args_t *a, bench_args *b) {
             static const char *const alts[] = {"reps", "steps", NULL};
             if ((v = flag_value(a, "--alternate", &bad)) && parse_choice(a->cmd, "--alternate", v, alts, &b->alt_steps)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
-        else if (!engine_flag(a, &b->o, &bad)) return unknown_flag(a);
+        else if (!engine_flag(a, &b->o, &bad) && !draft_flag(a, &b->draft, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
     /* said explicitly, so the bandwidth probe measures with the threads the decode uses */
@@ -266,11 +279,17 @@ static int parse_bench(args_t *a, bench_args *b) {
     if (b->alt_steps && b->n_models > 1) return die("g4 bench: --alternate steps alternates levels, not models%s", "");
     if (b->prompt + b->gen < 1) return die("g4 bench: -p and -n are both 0%s", "");
     if (b->alt_steps && b->n_levels < 2) return die("g4 bench: --alternate steps needs --kernels with two levels or more%s", "");
+    if (b->draft.dir && (b->n_levels || b->n_models > 1))
+        return die("g4 bench: --draft compares decoding with and without the drafter on one model and level%s", "");
+    if (b->draft.tokens && !b->draft.dir) return die("g4 bench: --draft-tokens needs --draft DIR%s", "");
     return 0;
 }
 
 /* What variant l of the reps is: a --kernels level, a -m model, or nothing (one of each). */
-static const char *variant_name(const bench_args *b, int l) { return b->n_levels ? b->levels[l] : b->n_models > 1 ? b->dirs[l] : ""; }
+static const char *variant_name(const bench_args *b, int l) {
+    if (b->draft.dir) return l ? "with --draft" : "without --draft";
+    return b->n_levels ? b->levels[l] : b->n_models > 1 ? b->dirs[l] : "";
+}
 
 /* The kernel level in use, the one the dispatcher would choose unforced, G4_DISPATCH and the CPU
  * flags the choice is made from, as JSON fields (each run says what it measured) or a line. */
@@ -401,18 +420,23 @@ int cmd_bench(args_t *a) {
     }
     g4_model *m = models[0];
     double load_s = loads[0];
+    if (b.draft.dir && !(b.draft.d = g4_draft_load(b.draft.dir, m))) {
+        g4_model_free(m);
+        if (probing) bw_probe_stop(&probe);
+        return die_lib();
+    }
     /* With --kernels each round runs every level once, in turn (the order reversed every other
      * round, so a trend over a round favours none): a session takes its level from G4_DISPATCH
      * when it is made, and the pool threads never read the environment. Without it, one level:
      * the one G4_DISPATCH or the CPU gives. */
-    const int L = b.n_levels ? b.n_levels : M, total = b.reps * L;
+    const int L = b.n_levels ? b.n_levels : b.draft.dir ? 2 : M, total = b.reps * L;
     const char *outer = getenv("G4_DISPATCH");
     char *saved_env = outer ? strdup(outer) : NULL;
     bench_rep *reps = calloc((size_t)total, sizeof *reps);
     int *rep_of = calloc((size_t)total, sizeof *rep_of); /* [round][level] -> rep index */
     const char **rep_level = calloc((size_t)total, sizeof *rep_level);
     double bytes = (double)g4_model_decode_bytes(m), var_bytes[BENCH_MAX_LEVELS];
-    for (int l = 0; l < L; l++) var_bytes[l] = (double)g4_model_decode_bytes(models[b.n_levels ? 0 : l]);
+    for (int l = 0; l < L; l++) var_bytes[l] = (double)g4_model_decode_bytes(models[b.n_levels || b.draft.dir ? 0 : l]);
     int rc = reps && rep_of && rep_level ? 0 : die("g4 bench: out of memory%s", "");
     for (int i = 0; i < total && rc == 0; i++) {
         int round = i / L, l = round % 2 ? L - 1 - i % L : i % L;
@@ -424,7 +448,8 @@ int cmd_bench(args_t *a) {
             reps[i].step_level = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_level);
             if (!reps[i].step_s || !reps[i].step_level) rc = die("g4 bench: out of memory%s", "");
         }
-        if (rc == 0 && run_rep(models[b.n_levels ? 0 : l], &b, 1234u + (unsigned)round, probing ? &probe : NULL, l, &reps[i]) != 0)
+        if (rc == 0 && run_rep(models[b.n_levels || b.draft.dir ? 0 : l], &b, 1234u + (unsigned)round, probing ? &probe : NULL, l,
+                               b.draft.dir && l == 1, &reps[i]) != 0)
             rc = die_lib();
         if (!b.json && rc == 0) {
             const bench_rep *r = &reps[i];
@@ -432,6 +457,9 @@ int cmd_bench(args_t *a) {
             fprintf(stderr, "rep %d%s%s: prefill %.2f tok/s, decode %.2f tok/s", i + 1, L > 1 ? " " : "", b.n_levels ? rep_level[i] : variant_name(&b, l),
                     r->prefill_tok_s, r->decode_tok_s);
             if (r->read_bw > 0) fprintf(stderr, ", read bandwidth %.2f GB/s: decode at %.2f of its roofline", r->read_bw / 1e9, frac);
+            if (r->rounds)
+                fprintf(stderr, ", %ld rounds: %.2f of %ld drafts accepted, %.2f tokens a round", r->rounds,
+                        r->drafted ? (double)r->accepted / r->drafted : 0, r->drafted, (double)b.gen / r->rounds);
             fprintf(stderr, "\n");
         }
     }
@@ -471,15 +499,22 @@ int cmd_bench(args_t *a) {
             print_ops(stdout, "decode", last[0]->prof_decode, b.gen, 1);
             if (L > 1) {
                 /* every level's (or model's) figures, and its speed over the first one's (median over rounds) */
-                printf(b.n_levels ? ", \"by_kernels\": [" : ", \"by_model\": [");
+                printf(b.n_levels ? ", \"by_kernels\": [" : b.draft.dir ? ", \"by_draft\": [" : ", \"by_model\": [");
                 for (int l = 0; l < L; l++) {
                     const bench_summary *x = &sum[l];
                     printf("%s{\"%s\": \"%s\", \"prefill_tok_s\": %.3f, \"prefill_tok_s_min\": %.3f, \"prefill_tok_s_max\": %.3f, "
                            "\"decode_tok_s\": %.3f, \"decode_tok_s_min\": %.3f, \"decode_tok_s_max\": %.3f, \"roofline_fraction\": %.4f, "
                            "\"prefill_ratio\": %.4f, \"decode_ratio\": %.4f",
-                           l ? ", " : "", b.n_levels ? "kernels" : "model", variant_name(&b, l), x->pmed, x->pmin, x->pmax, x->dmed, x->dmin,
+                           l ? ", " : "", b.n_levels ? "kernels" : b.draft.dir ? "draft" : "model", variant_name(&b, l), x->pmed, x->pmin, x->pmax, x->dmed, x->dmin,
                            x->dmax, x->fmed, round_ratio(reps, rep_of, b.reps, L, l, 0), round_ratio(reps, rep_of, b.reps, L, l, 1));
-                    if (!b.n_levels)
+                    if (b.draft.dir) {
+                        long rounds = 0, drafted = 0, accepted = 0;
+                        for (int k = 0; k < b.reps; k++) {
+                            const bench_rep *r = &reps[rep_of[k * L + l]];
+                            rounds += r->rounds, drafted += r->drafted, accepted += r->accepted;
+                        }
+                        printf(", \"draft_rounds\": %ld, \"drafted\": %ld, \"accepted\": %ld", rounds, drafted, accepted);
+                    } else if (!b.n_levels)
                         printf(", \"load_s\": %.4f, \"decode_bytes_per_token\": %.0f, \"read_bw_bytes_s\": %.0f", loads[l], var_bytes[l], x->bw);
                     if (b.alt_steps) {
                         double m0 = step_median(reps, total, b.gen, 0), ml = step_median(reps, total, b.gen, l);
@@ -503,6 +538,17 @@ int cmd_bench(args_t *a) {
             for (int l = 0; l < L; l++) {
                 const bench_summary *x = &sum[l];
                 if (b.n_levels) printf("level %s:\n", b.levels[l]);
+                if (b.draft.dir) {
+                    long rounds = 0, drafted = 0, accepted = 0;
+                    for (int k = 0; k < b.reps; k++) {
+                        const bench_rep *r = &reps[rep_of[k * L + l]];
+                        rounds += r->rounds, drafted += r->drafted, accepted += r->accepted;
+                    }
+                    printf("%s:\n", variant_name(&b, l));
+                    if (rounds)
+                        printf("  drafting        %ld rounds, %ld drafts, %ld accepted (%.3f), %.2f tokens a round (every rep)\n", rounds,
+                               drafted, accepted, drafted ? (double)accepted / drafted : 0, (double)b.gen * b.reps / rounds);
+                }
                 if (M > 1) printf("model %s:\n  load            %.3f s (weights %s)\n", b.dirs[l], loads[l], weights_name(models[l]));
                 printf("  prefill (%4d)  %.2f tok/s median (min %.2f, max %.2f)", b.prompt, x->pmed, x->pmin, x->pmax);
                 if (l) printf("; %.3fx %s (median over rounds)", round_ratio(reps, rep_of, b.reps, L, l, 0), variant_name(&b, 0));
@@ -540,5 +586,6 @@ int cmd_bench(args_t *a) {
     free(rep_of);
     free(rep_level);
     for (int k = 0; k < M; k++) g4_model_free(models[k]);
+    g4_draft_free(b.draft.d);
     return rc;
 }

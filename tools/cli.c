@@ -267,3 +267,49 @@ const char *default_model_dir(void) {
     snprintf(path, sizeof path, "%s/models/gemma4-tiny-math", G4_SOURCE_DIR);
     return path;
 }
+
+/* ---- the MTP drafter (--draft DIR, --draft-tokens K) ---- */
+
+int draft_flag(args_t *a, draft_args *d, int *bad) {
+    if (flag_is(a, "--draft")) {
+        d->dir = flag_value(a, "--draft", bad);
+        return 1;
+    }
+    if (flag_is(a, "--draft-tokens")) {
+        const char *v = flag_value(a, "--draft-tokens", bad);
+        if (v && parse_int(a->cmd, "--draft-tokens", v, 1, G4_MAX_DRAFT_TOKENS, &d->tokens) != 0) *bad = 1;
+        return 1;
+    }
+    return 0;
+}
+
+int draft_open(draft_args *d, const g4_model *m, g4_session *s) {
+    if (!d->dir) {
+        if (d->tokens) {
+            fprintf(stderr, "g4: error: --draft-tokens needs --draft DIR\n");
+            return -1;
+        }
+        return 0;
+    }
+    if (!d->d && !(d->d = g4_draft_load(d->dir, m))) {
+        die_lib();
+        return -1;
+    }
+    if (!(d->dr = g4_drafter_new(d->d, s))) {
+        die_lib();
+        return -1;
+    }
+    return 0;
+}
+
+void draft_apply(const draft_args *d, g4_generate_params *p) {
+    p->draft = d->dr;
+    p->draft_tokens = d->tokens;
+}
+
+void draft_close(draft_args *d) {
+    g4_drafter_free(d->dr);
+    g4_draft_free(d->d);
+    d->dr = NULL;
+    d->d = NULL;
+}

@@ -42,6 +42,22 @@ int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad);
 /* Copies the fields marked in `given` from `from` into `to`. */
 void sampling_override(g4_sampling *to, const g4_sampling *from, int given);
 int unknown_flag(const args_t *a);
+/* The MTP drafter flags: --draft DIR (a gemma4_assistant folder for the model) and --draft-tokens K
+ * (the tokens a round drafts, 1..G4_MAX_DRAFT_TOKENS; default G4_DRAFT_TOKENS_DEFAULT). */
+typedef struct {
+    const char *dir;
+    int tokens;     /* 0: the default */
+    g4_draft *d;
+    g4_drafter *dr; /* over the command's session */
+} draft_args;
+/* Returns 1 if argv[i] was one of them. */
+int draft_flag(args_t *a, draft_args *d, int *bad);
+/* Loads the drafter for m and its state over s (nothing without --draft); -1 with the message
+ * printed. */
+int draft_open(draft_args *d, const g4_model *m, g4_session *s);
+/* The generation settings' drafter (none without --draft). */
+void draft_apply(const draft_args *d, g4_generate_params *p);
+void draft_close(draft_args *d);
 /* The folder `run`, `chat` and `eval` use when -m is not given: the built-in trained model. */
 const char *default_model_dir(void);
 

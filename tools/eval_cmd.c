@@ -32,6 +32,7 @@ typedef struct {
     int progress;        /* PROGRESS_*: auto is on when stderr is a terminal */
     int ctx_given;
     g4_options o;
+    draft_args draft; /* --draft: faster, the same answers (greedy); not part of the run's options */
 } eval_args;
 
 static const char *const onoff[] = {"off", "on", NULL};
@@ -60,7 +61,7 @@ static int eval_flag(args_t *a, eval_args *e, int *bad) {
         }
     } else if (flag_is(a, "--progress")) {
         if ((v = flag_value(a, "--progress", bad)) && parse_choice(a->cmd, "--progress", v, progress_modes, &e->progress)) *bad = 1;
-    } else {
+    } else if (!draft_flag(a, &e->draft, bad)) {
         e->ctx_given |= flag_is(a, "--ctx");
         return engine_flag(a, &e->o, bad);
     }
@@ -370,13 +371,21 @@ static int run_jobs(eval_run *r, g4_eval_timing *t) {
     o.n_seq = r->e->batch < r->n_jobs ? r->e->batch : r->n_jobs; /* no KV cache for slots that would stay empty */
     g4_session *s = g4_session_new(r->m, &o);
     if (!s) return -1;
-    g4_eval_params p = {.max_tokens = r->e->max_tokens, .stop_ids = r->gen.stops, .n_stop_ids = r->gen.n_stops};
+    draft_args draft = r->e->draft;
+    if (draft.dir && (!(draft.d = g4_draft_load(draft.dir, r->m)) || !(draft.dr = g4_drafter_new(draft.d, s)))) {
+        draft_close(&draft);
+        g4_session_free(s);
+        return -1;
+    }
+    g4_eval_params p = {.max_tokens = r->e->max_tokens, .stop_ids = r->gen.stops, .n_stop_ids = r->gen.n_stops,
+                        .draft = draft.dr, .draft_tokens = draft.tokens};
     r->last_draw = now_s(); /* the first line after an interval, not at once */
     int rc = g4_eval_greedy(s, r->jobs, r->n_jobs, &p, on_done, on_step, r, t);
     if (r->progress) {
         draw_progress(r, t->generated); /* the final state, not the last throttled one */
         if (r->tty) fputc('\n', stderr);
     }
+    draft_close(&draft);
     g4_session_free(s);
     return rc;
 }

@@ -44,6 +44,7 @@ typedef struct {
     g4_options o;
     g4_sampling sampling;
     int sampling_given;
+    draft_args draft;
 } run_args;
 
 static int parse_run(args_t *a, run_args *r) {
@@ -59,7 +60,9 @@ static int parse_run(args_t *a, run_args *r) {
             if (v && parse_int(a->cmd, "-n", v, 0, 1 << 20, &r->n_new)) bad = 1;
         } else if (flag_is(a, "--logits-npy")) r->logits_npy = flag_value(a, "--logits-npy", &bad);
         else if (flag_is(a, "--dump-dir")) r->dump_dir = flag_value(a, "--dump-dir", &bad);
-        else if (!engine_flag(a, &r->o, &bad) && !sampling_flag(a, &r->sampling, &r->sampling_given, &bad)) return unknown_flag(a);
+        else if (!engine_flag(a, &r->o, &bad) && !sampling_flag(a, &r->sampling, &r->sampling_given, &bad) &&
+                 !draft_flag(a, &r->draft, &bad))
+            return unknown_flag(a);
     }
     if (bad) return 1;
     if (!r->dir) return die("g4 run needs -m DIR%s", "");
@@ -110,6 +113,13 @@ static int cmd_run(args_t *a) {
     g4_session *s = m ? g4_session_new(m, &r.o) : NULL;
     int rc = 1, printed = 0;
     if (!s) goto done;
+    if (draft_open(&r.draft, m, s) != 0) {
+        rc = 1;
+        free(ids);
+        g4_session_free(s);
+        g4_model_free(m);
+        return 1;
+    }
     if ((r.logits_npy || r.dump_dir) && write_prefill_outputs(s, &r, ids, n_ids) != 0) goto done;
     if (r.n_new > 0) {
         /* token ids in and out: greedy unless sampling flags are given, and no stop ids, so the
@@ -117,6 +127,7 @@ static int cmd_run(args_t *a) {
         g4_generate_params gp = {.max_tokens = r.n_new, .sampling = r.sampling, .stop_ids = NULL, .n_stop_ids = 0};
         static const int none[1] = {-1};
         gp.stop_ids = none;
+        draft_apply(&r.draft, &gp);
         g4_generate_result res;
         if (g4_generate(s, ids, n_ids, &gp, print_id, &printed, &res) != 0) goto done;
         printf("\n");
@@ -128,6 +139,7 @@ static int cmd_run(args_t *a) {
 done:
     if (rc) die_lib();
     free(ids);
+    draft_close(&r.draft);
     g4_session_free(s);
     g4_model_free(m);
     return rc;
@@ -171,6 +183,8 @@ static void usage(FILE *f) {
 
             "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
             "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
+            "multi-token prediction (run, chat, eval, bench, serve): --draft DIR  a gemma4_assistant drafter made for the model;\n"
+            "  greedy decoding verifies its drafts and gives the same tokens, faster; --draft-tokens K (1-16, default 4)\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
             "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
             G4_VERSION);

@@ -35,6 +35,7 @@ typedef struct {
     size_t max_body, max_unread;
     serve_limits lim;
     g4_options o;
+    draft_args draft;
 } serve_args;
 
 /* ---------------------------------------------------------------- what was answered (/metrics) */
@@ -490,10 +491,11 @@ static int parse_serve_args(args_t *a, serve_args *s) {
         else if (flag_is(a, "--max-unread")) bad = !(v = flag_value(a, "--max-unread", &bad)) || parse_size(a->cmd, "--max-unread", v, 1024, 1u << 30, &s->max_unread);
         else if (flag_is(a, "--max-messages")) bad = !(v = flag_value(a, "--max-messages", &bad)) || parse_int(a->cmd, "--max-messages", v, 1, 1 << 20, &s->lim.max_messages);
         else if (flag_is(a, "--max-tools")) bad = !(v = flag_value(a, "--max-tools", &bad)) || parse_int(a->cmd, "--max-tools", v, 0, 1 << 16, &s->lim.max_tools);
-        else if (!engine_flag(a, &s->o, &bad)) return unknown_flag(a);
+        else if (!engine_flag(a, &s->o, &bad) && !draft_flag(a, &s->draft, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
     if (!s->dir) s->dir = default_model_dir();
+    if (s->draft.tokens && !s->draft.dir) return die("g4 serve: --draft-tokens needs --draft DIR%s", "");
     if (s->queue < 0) s->queue = 4 * s->parallel;
     s->prompt_cache = cache;
     s->o.n_seq = s->parallel;
@@ -507,6 +509,8 @@ static int open_model(server *sv) {
     sv->m = load_model(sv->a.dir, &sv->a.o);
     if (!sv->m || g4_path_join(path, sizeof path, sv->a.dir, "tokenizer.json") || !(sv->tok = g4_tokenizer_load(path))) return -1;
     if (g4_model_chat_form(sv->m, &sv->form) || !(sv->s = g4_session_new(sv->m, &sv->a.o))) return -1;
+    draft_args *d = &sv->a.draft;
+    if (d->dir && (!(d->d = g4_draft_load(d->dir, sv->m)) || !(d->dr = g4_drafter_new(d->d, sv->s)))) return -1;
     sv->vocab = g4_model_vocab_size(sv->m);
     return 0;
 }
@@ -563,6 +567,8 @@ int cmd_serve(args_t *a) {
     struct MHD_Daemon *d = NULL;
     int rc = 1;
     if (open_model(&sv) || (sv.a.test_replies && load_script(sv.a.test_replies, sv.tok, &ec))) goto done;
+    ec.draft = sv.a.draft.dr;
+    ec.draft_tokens = sv.a.draft.tokens;
     if (!(sv.engine = serve_engine_new(sv.s, sv.tok, &ec))) {
         g4_fail("cannot start the engine (out of memory)");
         goto done;
@@ -585,6 +591,7 @@ done:
     serve_engine_free(sv.engine, 0);
     for (int i = 0; i < ec.n_script; i++) free(ec.script[i]);
     free(ec.script), free(ec.script_len);
+    draft_close(&sv.a.draft);
     g4_session_free(sv.s);
     g4_tokenizer_free(sv.tok);
     g4_model_free(sv.m);

@@ -40,6 +40,7 @@ typedef struct {
     g4_options o;
     g4_sampling sampling;
     int sampling_given;
+    draft_args draft;
 } text_args;
 
 static const char *const onoff[] = {"off", "on", NULL};
@@ -64,7 +65,8 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
             *bad = 1;
     } else if (flag_is(a, "-n") || flag_is(a, "--max-tokens")) {
         if ((v = flag_value(a, "-n", bad)) && parse_int(a->cmd, "--max-tokens", v, 1, 1 << 24, &t->max_tokens)) *bad = 1;
-    } else if (!engine_flag(a, &t->o, bad) && !sampling_flag(a, &t->sampling, &t->sampling_given, bad)) {
+    } else if (!engine_flag(a, &t->o, bad) && !sampling_flag(a, &t->sampling, &t->sampling_given, bad) &&
+               !draft_flag(a, &t->draft, bad)) {
         return 0;
     }
     return 1;
@@ -86,10 +88,12 @@ typedef struct {
     g4_conversation *conv;
     g4_chat_options chat;
     int show_thinking, verbose;
+    draft_args draft;
 } text_model;
 
 static void text_model_free(text_model *t) {
     g4_conversation_free(t->conv);
+    draft_close(&t->draft);
     g4_tokenizer_free(t->tok);
     g4_session_free(t->s);
     g4_model_free(t->m);
@@ -105,6 +109,11 @@ static int text_model_open(text_model *t, const text_args *a) {
         g4_warn("%s: the tokenizer has %zu tokens, the model %d", path, g4_tokenizer_vocab_size(t->tok), g4_model_vocab_size(t->m));
     g4_conversation_options co;
     if (!(t->s = g4_session_new(t->m, &a->o)) || g4_conversation_default_options(t->s, &co) != 0) return -1;
+    t->draft = a->draft;
+    if (t->draft.dir && (!(t->draft.d = g4_draft_load(t->draft.dir, t->m)) || !(t->draft.dr = g4_drafter_new(t->draft.d, t->s))))
+        return -1;
+    if (t->draft.tokens && !t->draft.dir) return g4_fail("--draft-tokens needs --draft DIR");
+    draft_apply(&t->draft, &co.gen);
     if (a->form_given) co.chat.form = a->form ? G4_CHAT_FORM_26B : G4_CHAT_FORM_E2B;
     co.chat.thinking = a->think;
     sampling_override(&co.gen.sampling, &a->sampling, a->sampling_given);

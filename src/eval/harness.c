@@ -349,11 +349,12 @@ int g4_eval_greedy(g4_session *s, const g4_eval_job *jobs, int n_jobs, const g4_
     if (p->max_tokens < 1) return g4_fail("the generation budget must be at least 1 token");
     int n_seq = g4_session_n_seq(s);
     eval_runner r = {.s = s, .jobs = jobs, .n_jobs = n_jobs, .done = done, .user = user,
-                     .gen = {.max_tokens = p->max_tokens, .stop_ids = p->stop_ids, .n_stop_ids = p->n_stop_ids}};
+                     .gen = {.max_tokens = p->max_tokens, .stop_ids = p->stop_ids, .n_stop_ids = p->n_stop_ids,
+                             .draft = p->draft, .draft_tokens = p->draft_tokens}};
     g4_sampling_default(&r.gen.sampling); /* greedy */
     r.st = g4_stepper_new(s, 0);
     r.job_of = malloc(sizeof *r.job_of * (size_t)n_seq);
-    g4_step_token *tokens = malloc(sizeof *tokens * (size_t)n_seq);
+    g4_step_token *tokens = r.st ? malloc(sizeof *tokens * (size_t)g4_stepper_max_tokens(r.st)) : NULL;
     int rc = r.st && r.job_of && tokens ? 0 : g4_fail("out of memory for %d sequences", n_seq);
     for (int q = 0; rc == 0 && q < n_seq; q++) r.job_of[q] = -1;
     while (rc == 0) {

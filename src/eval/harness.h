@@ -95,6 +95,8 @@ typedef struct {
     int max_tokens;        /* >= 1 */
     const int *stop_ids;
     int n_stop_ids;
+    g4_drafter *draft;     /* speculative decoding (g4_generate_params): the same answers, faster; NULL: none */
+    int draft_tokens;
 } g4_eval_params;
 
 typedef struct {

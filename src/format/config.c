@@ -323,9 +323,9 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         need_int(&c, tc, "intermediate_size", 1, &cfg->intermediate) ||
         opt_bool(&c, tc, "use_double_wide_mlp", 0, &cfg->double_wide_mlp) ||
         opt_int(&c, tc, "num_kv_shared_layers", 0, 0, &cfg->n_kv_shared) ||
-        need_int(&c, tc, "hidden_size_per_layer_input", 1, &cfg->ple_dim) ||
+        need_int(&c, tc, "hidden_size_per_layer_input", cfg->assistant ? 0 : 1, &cfg->ple_dim) ||
         need_int(&c, tc, "vocab_size", 1, &cfg->vocab) ||
-        opt_int(&c, tc, "vocab_size_per_layer_input", 1, cfg->vocab, &cfg->vocab_ple) ||
+        opt_int(&c, tc, "vocab_size_per_layer_input", cfg->assistant ? 0 : 1, cfg->vocab, &cfg->vocab_ple) ||
         opt_int(&c, tc, "max_position_embeddings", 1, 131072, &cfg->max_positions) ||
         need_num(&c, tc, "rms_norm_eps", &cfg->rms_eps) ||
         opt_bool(&c, tc, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) ||
@@ -335,7 +335,15 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         return g4_fail("%s: %shidden_size, num_hidden_layers or vocab_size is implausibly large", path, where);
     if (cfg->n_heads % cfg->n_kv_heads || cfg->n_heads % cfg->n_global_kv_heads)
         return g4_fail("%s: %snum_attention_heads must be a multiple of num_key_value_heads", path, where);
-    if (cfg->n_kv_shared >= cfg->n_layers) return g4_fail("%s: %snum_kv_shared_layers must be below num_hidden_layers", path, where);
+    if (cfg->assistant) {
+        /* transformers' Gemma4AssistantConfig: every layer shares the target's K/V (0 means all) */
+        if (cfg->n_kv_shared == 0) cfg->n_kv_shared = cfg->n_layers;
+        if (cfg->n_kv_shared != cfg->n_layers)
+            return g4_fail("%s: %snum_kv_shared_layers must equal num_hidden_layers in a gemma4_assistant", path, where);
+        if (cfg->ple_dim != 0) return g4_fail("%s: %shidden_size_per_layer_input must be 0 in a gemma4_assistant", path, where);
+    } else if (cfg->n_kv_shared >= cfg->n_layers) {
+        return g4_fail("%s: %snum_kv_shared_layers must be below num_hidden_layers", path, where);
+    }
     if (!(cfg->rms_eps > 0)) return g4_fail("%s: %srms_norm_eps must be positive", path, where);
     const cJSON *sc = cJSON_GetObjectItemCaseSensitive(tc, "final_logit_softcapping");
     if (sc && !cJSON_IsNull(sc) && need_num(&c, tc, "final_logit_softcapping", &cfg->final_softcap) != 0) return -1;
@@ -360,6 +368,20 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
     return 0;
 }
 
+/* The top level of a gemma4_assistant config (transformers' Gemma4AssistantConfig and its defaults). */
+static int parse_assistant(g4_config *cfg, const cJSON *root, const cJSON *tc, const char *path) {
+    ctx_t c = {path, ""};
+    if (!cJSON_IsObject(tc)) return g4_fail("%s: a gemma4_assistant needs its text_config object", path);
+    if (opt_int(&c, root, "backbone_hidden_size", 1, 1536, &cfg->backbone_hidden) ||
+        opt_bool(&c, root, "use_ordered_embeddings", 0, &cfg->ordered_embeddings) ||
+        opt_int(&c, root, "num_centroids", 1, 2048, &cfg->n_centroids) ||
+        opt_int(&c, root, "centroid_intermediate_top_k", 1, 32, &cfg->centroid_top_k))
+        return -1;
+    if (cfg->centroid_top_k > cfg->n_centroids)
+        return g4_fail("%s: centroid_intermediate_top_k %d exceeds num_centroids %d", path, cfg->centroid_top_k, cfg->n_centroids);
+    return 0;
+}
+
 int g4_config_parse(g4_config *cfg, const char *text, const char *path) {
     memset(cfg, 0, sizeof *cfg);
     cJSON *root = cJSON_Parse(text);
@@ -367,8 +389,14 @@ int g4_config_parse(g4_config *cfg, const char *text, const char *path) {
         cJSON_Delete(root);
         return g4_fail("%s: not a JSON object", path);
     }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    cfg->assistant = cJSON_IsString(mt) && strcmp(mt->valuestring, "gemma4_assistant") == 0;
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
-    int rc;
+    int rc = cfg->assistant ? parse_assistant(cfg, root, tc, path) : 0;
+    if (rc != 0) {
+        cJSON_Delete(root);
+        return -1;
+    }
     if (tc) rc = cJSON_IsObject(tc) ? parse_text_config(cfg, tc, path, "text_config.") : g4_fail("%s: text_config must be an object", path);
     else rc = parse_text_config(cfg, root, path, "");
     if (rc == 0) rc = parse_quant_config(cfg, root, path);

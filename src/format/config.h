@@ -71,6 +71,13 @@ typedef struct {
     double temperature, top_p;
     int top_k;
     g4_quant_config quant;
+    /* A gemma4_assistant (MTP drafter) config: the top level's fields (text_config is its decoder,
+     * whose every layer reads the target's K/V, with no per-layer inputs). */
+    int assistant;         /* model_type "gemma4_assistant" */
+    int backbone_hidden;   /* backbone_hidden_size: the target's hidden size */
+    int ordered_embeddings; /* use_ordered_embeddings: logits through the centroid-selected tokens */
+    int n_centroids;       /* num_centroids */
+    int centroid_top_k;    /* centroid_intermediate_top_k */
 } g4_config;
 
 /* Parses dir/config.json (and dir/generation_config.json for stop ids when present). */

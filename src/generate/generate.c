@@ -30,15 +30,19 @@ int g4_generate_seq(g4_session *s, int seq, const int32_t *prompt, int n_prompt,
     result->n_prompt = n_prompt;
     g4_stepper *st = g4_stepper_new(s, 0);
     if (!st) return -1;
-    int rc = g4_stepper_add(st, seq, prompt, n_prompt, params), stopped = 0;
-    while (rc == 0 && g4_stepper_active(st) > 0) {
-        g4_step_token t; /* only this sequence runs: at most one token a step */
-        int n = g4_stepper_step(st, &t);
+    int rc = g4_stepper_add(st, seq, prompt, n_prompt, params), stopped = 0, seen = 0;
+    while (rc == 0 && !stopped && g4_stepper_active(st) > 0) {
+        g4_step_token t[G4_MAX_DRAFT_TOKENS + 1]; /* only this sequence runs: one token a step, or a drafting round's */
+        int n = g4_stepper_step(st, t);
         if (n < 0) rc = -1;
-        /* the callback sees a stop id too, and stopping there makes it the caller's stop */
-        else if (n == 1 && t.token >= 0 && on_token && on_token(user, t.token)) {
-            g4_stepper_cancel(st, seq);
-            stopped = 1;
+        /* the callback sees a stop id too, and stopping there makes it the caller's stop; a
+         * drafting round's later tokens are dropped, the cache rolled back over them */
+        for (int i = 0; i < n && !stopped; i++) {
+            seen += t[i].token >= 0;
+            if (t[i].token >= 0 && on_token && on_token(user, t[i].token)) {
+                if (g4_stepper_cancel_at(st, seq, seen) < 0) rc = -1;
+                stopped = 1;
+            }
         }
     }
     if (g4_stepper_state(st, seq) != G4_SEQ_IDLE) g4_stepper_result(st, seq, result);

@@ -41,6 +41,13 @@ typedef struct {
     int32_t stop_id;
     long added;           /* when g4_stepper_add started it: prompts are fed first come, first served */
     double t_start, t_first, t_end;
+    /* Speculative decoding: the tokens a round drafts at most (0: none), the target's final-normed
+     * hidden state of the row that gave the last token (what the next round drafts from), and this
+     * round's drafts. */
+    int draft_k, has_hidden;
+    float *hidden;
+    int32_t draft[G4_MAX_DRAFT_TOKENS];
+    int n_draft, row0, pos0; /* drafts this round; the sequence's first row in the call and its position before it */
 } generation;
 
 struct g4_stepper {
@@ -48,11 +55,16 @@ struct g4_stepper {
     int n_seq, vocab, ctx, prompt_chunk;
     generation *seq;      /* [n_seq] */
     g4_sampler *buffers;  /* owns the working buffers every sequence's sampler borrows */
-    float *logits;        /* [n_seq][vocab]: a call's G4_OUTPUT_LOGITS rows, allocated on first need */
+    float *logits;        /* [cap_logits][vocab]: a call's G4_OUTPUT_LOGITS rows, allocated on first need */
+    int cap_logits;
     float *fallback;      /* [vocab]: a top row's logits when its candidates cannot decide */
-    g4_batch_row *rows;   /* [max(n_seq, prompt_chunk)] */
+    g4_batch_row *rows;   /* [max(n_seq x (G4_MAX_DRAFT_TOKENS + 1), prompt_chunk)] */
     long added;
     g4_stepper_stats stats;
+    g4_drafter *dr;       /* the drafter of the generations that draft (one per stepper) */
+    int hidden_size;
+    float *draft_hidden;  /* [n_seq][hidden_size]: a round's drafting state */
+    long rounds, drafted, accepted;
 };
 
 g4_stepper *g4_stepper_new(g4_session *s, int prompt_chunk) {
@@ -69,7 +81,9 @@ g4_stepper *g4_stepper_new(g4_session *s, int prompt_chunk) {
     g4_sampling greedy;
     g4_sampling_default(&greedy);
     st->seq = calloc((size_t)st->n_seq, sizeof *st->seq);
-    st->rows = malloc(sizeof *st->rows * (size_t)(st->n_seq > st->prompt_chunk ? st->n_seq : st->prompt_chunk));
+    int max_rows = st->n_seq * (G4_MAX_DRAFT_TOKENS + 1);
+    st->rows = malloc(sizeof *st->rows * (size_t)(max_rows > st->prompt_chunk ? max_rows : st->prompt_chunk));
+    st->hidden_size = g4_model_hidden_size(g4_session_model(s));
     st->buffers = g4_sampler_new(&greedy, st->vocab);
     if (!st->seq || !st->rows || !st->buffers) {
         g4_stepper_free(st);
@@ -89,8 +103,10 @@ void g4_stepper_free(g4_stepper *st) {
         free(g->penalized);
         free(g->cand);
         free(g->vals);
+        free(g->hidden);
     }
     free(st->seq);
+    free(st->draft_hidden);
     g4_sampler_free(st->buffers);
     free(st->logits);
     free(st->fallback);
@@ -119,6 +135,16 @@ static int choose_output(const g4_generate_params *p, int vocab, g4_output *out,
     return 0;
 }
 
+/* Room for `rows` rows of logits. */
+static int ensure_logits(g4_stepper *st, int rows) {
+    if (rows <= st->cap_logits) return 0;
+    float *l = realloc(st->logits, sizeof *l * (size_t)st->vocab * (size_t)rows);
+    if (!l) return g4_fail("out of memory for %d rows of logits", rows);
+    st->logits = l;
+    st->cap_logits = rows;
+    return 0;
+}
+
 static int grow_i32(int32_t **p, size_t n) {
     int32_t *q = realloc(*p, sizeof *q * (n ? n : 1));
     if (q) *p = q;
@@ -134,9 +160,31 @@ static int alloc_generation(g4_stepper *st, generation *g, int cap) {
         if (!g->vals && !(g->vals = malloc(sizeof *g->vals * MAX_CANDIDATES))) return g4_fail("out of memory for generation");
         if (!st->fallback && !(st->fallback = malloc(sizeof *st->fallback * V))) return g4_fail("out of memory for generation");
     }
-    if (g->output == G4_OUTPUT_LOGITS && !st->logits && !(st->logits = malloc(sizeof *st->logits * V * (size_t)st->n_seq)))
-        return g4_fail("out of memory for %d rows of logits", st->n_seq);
+    if (g->output == G4_OUTPUT_LOGITS && ensure_logits(st, st->n_seq) != 0) return -1;
     g->cap = cap;
+    return 0;
+}
+
+/* Whether sequence q's rounds draft: greedy picks (the argmax, or every logit with temperature 0
+ * and no penalty: the drafts cannot change the pick's rule) from a form whose rows do not share
+ * buffers (each G4_OUTPUT_TOP row would need its own candidates). */
+static int can_draft(const generation *g) {
+    return g4_sampling_is_argmax(&g->sampling) && (g->output == G4_OUTPUT_ARGMAX || g->output == G4_OUTPUT_LOGITS);
+}
+
+/* The drafting settings of a new generation: its drafter becomes the stepper's. */
+static int set_draft(g4_stepper *st, generation *g, const g4_generate_params *p) {
+    g->draft_k = 0;
+    g->has_hidden = 0;
+    if (!p->draft) return 0;
+    if (p->draft_tokens < 0 || p->draft_tokens > G4_MAX_DRAFT_TOKENS)
+        return g4_fail("draft_tokens %d: expected 0 (the default, %d) to %d", p->draft_tokens, G4_DRAFT_TOKENS_DEFAULT, G4_MAX_DRAFT_TOKENS);
+    if (st->dr && st->dr != p->draft) return g4_fail("one stepper takes one drafter: another is in use");
+    if (!g->hidden && !(g->hidden = malloc(sizeof *g->hidden * (size_t)st->hidden_size))) return g4_fail("out of memory for generation");
+    if (!st->draft_hidden && !(st->draft_hidden = malloc(sizeof *st->draft_hidden * (size_t)st->n_seq * (size_t)st->hidden_size)))
+        return g4_fail("out of memory for generation");
+    st->dr = p->draft;
+    g->draft_k = can_draft(g) ? (p->draft_tokens ? p->draft_tokens : G4_DRAFT_TOKENS_DEFAULT) : 0;
     return 0;
 }
 
@@ -175,7 +223,7 @@ int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt,
     const int *stops = p->stop_ids;
     int n_stops = p->n_stop_ids;
     if (!stops) n_stops = g4_model_stop_ids(g4_session_model(st->s), &stops);
-    if (copy_stops(g, stops, n_stops) != 0) return -1;
+    if (copy_stops(g, stops, n_stops) != 0 || set_draft(st, g, p) != 0) return -1;
     memcpy(g->history, prompt, sizeof *prompt * (size_t)n_prompt);
     g->n_prompt = g->n_hist = n_prompt;
     g->n_fed = 0;
@@ -242,8 +290,8 @@ static int is_stop(const generation *g, int32_t t) {
 }
 
 /* Takes token t for sequence q, then the stop checks in their order: a stop id, the budget, the
- * context (the token would need a place the cache does not have). */
-static void accept(g4_stepper *st, int q, int32_t t, double now, g4_step_token *ev) {
+ * context (the token would need a place the cache does not have: `held` tokens are in it). */
+static void accept(g4_stepper *st, int q, int32_t t, int held, double now, g4_step_token *ev) {
     generation *g = &st->seq[q];
     g->history[g->n_hist++] = t;
     st->stats.generated++;
@@ -254,38 +302,136 @@ static void accept(g4_stepper *st, int q, int32_t t, double now, g4_step_token *
         g->stop_id = t;
     } else if (g->n_hist - g->n_prompt >= g->max_tokens) {
         finish(g, G4_STOP_BUDGET, now);
-    } else if (g4_session_seq_pos(st->s, q) >= st->ctx) {
+    } else if (held >= st->ctx) {
         finish(g, G4_STOP_CONTEXT, now);
     }
     *ev = (g4_step_token){.seq = q, .token = t, .finished = g->state == G4_SEQ_FINISHED, .stop = g->stop};
 }
 
-/* Picks and accepts the token of every row of the last call that asked for one. */
+/* Keeps the target's hidden state of row i of the last call for sequence q's next round. */
+static int keep_hidden(g4_stepper *st, int q, int i) {
+    generation *g = &st->seq[q];
+    if (!g->draft_k) return 0;
+    g->has_hidden = 1;
+    return g4_decode_hidden(st->s, i, g->hidden);
+}
+
+/* Picks and accepts the token of every row of the last call that asked for one, except the rows
+ * of a drafting round (settle_round). */
 static int take_tokens(g4_stepper *st, int n, g4_step_token *out) {
     int k = 0;
     for (int i = 0; i < n; i++) {
         const g4_batch_row *row = &st->rows[i];
         if (row->output == G4_OUTPUT_NONE) continue;
+        int q = row->seq;
         int32_t t;
-        if (pick(st, row->seq, row, i, &t) != 0) return -1;
-        accept(st, row->seq, t, now_s(), &out[k++]);
+        if (pick(st, q, row, i, &t) != 0 || keep_hidden(st, q, i) != 0) return -1;
+        accept(st, q, t, g4_session_seq_pos(st->s, q), now_s(), &out[k++]);
     }
     return k;
 }
 
-/* One token of every generating sequence, in one call. */
-static int decode_step(g4_stepper *st, g4_step_token *out) {
-    int n = 0;
-    for (int q = 0; q < st->n_seq; q++) {
-        const generation *g = &st->seq[q];
-        if (g->state != G4_SEQ_GENERATING) continue;
-        st->rows[n] = (g4_batch_row){.seq = q, .token = g->history[g->n_hist - 1]};
-        ask(st, q, &st->rows[n], n);
-        n++;
+/* ---- speculative decoding ---- */
+
+/* Up to 64 rounds' drafts, all their steps batched (one drafter pass per step); at: the
+ * sequences, whose hidden states are rows of st->draft_hidden. */
+static int draft_group(g4_stepper *st, int *at, int n) {
+    int seqs[64], longest = 0;
+    int32_t tokens[64], next[64];
+    for (int i = 0; i < n; i++) {
+        const generation *g = &st->seq[at[i]];
+        memcpy(st->draft_hidden + (size_t)i * st->hidden_size, g->hidden, sizeof *g->hidden * (size_t)st->hidden_size);
+        seqs[i] = at[i];
+        tokens[i] = g->history[g->n_hist - 1];
+        if (g->n_draft > longest) longest = g->n_draft;
     }
-    if (n == 0) return 0;
+    for (int j = 0; j < longest; j++) {
+        /* the rounds still drafting at step j, packed to the front */
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            if (st->seq[at[i]].n_draft <= j) continue;
+            if (m != i) {
+                seqs[m] = seqs[i], tokens[m] = tokens[i], at[m] = at[i];
+                memmove(st->draft_hidden + (size_t)m * st->hidden_size, st->draft_hidden + (size_t)i * st->hidden_size,
+                        sizeof *st->draft_hidden * (size_t)st->hidden_size);
+            }
+            m++;
+        }
+        n = m;
+        if (g4_drafter_step(st->dr, n, seqs, tokens, st->draft_hidden, next, NULL) != 0) return -1;
+        for (int i = 0; i < n; i++) st->seq[at[i]].draft[j] = tokens[i] = next[i];
+        st->drafted += n;
+    }
+    return 0;
+}
+
+/* The drafts of this step's rounds: up to draft_k tokens for every generating sequence that
+ * drafts, as many as its budget and the context leave room to verify. */
+static int draft_rounds(g4_stepper *st) {
+    int at[64], n = 0;
+    for (int q = 0; q < st->n_seq; q++) {
+        generation *g = &st->seq[q];
+        g->n_draft = 0;
+        if (g->state != G4_SEQ_GENERATING || !g->draft_k || !g->has_hidden) continue;
+        int pos = g4_session_seq_pos(st->s, q), left = g->max_tokens - (g->n_hist - g->n_prompt), k = g->draft_k;
+        if (k > left - 1) k = left - 1;                   /* the round yields up to k + 1 tokens */
+        if (k > st->ctx - pos - 1) k = st->ctx - pos - 1; /* its k + 1 rows must fit the cache */
+        if (k <= 0) continue;
+        g->n_draft = k;
+        at[n++] = q;
+        if (n == 64) {
+            if (draft_group(st, at, n) != 0) return -1;
+            n = 0;
+        }
+    }
+    return n > 0 ? draft_group(st, at, n) : 0;
+}
+
+/* Sequence q's round after the call: row r0 + i holds token i of [last, draft_0, ...]; its pick
+ * t_i is taken while the target agrees with the drafts (t_i == draft_i) and the generation goes
+ * on; the cache keeps the rows whose tokens were taken, the rest are rolled back. */
+static int settle_round(g4_stepper *st, int q, g4_step_token *out) {
+    generation *g = &st->seq[q];
+    int r0 = g->row0, pos0 = g->pos0;
+    int k = 0, i = 0;
+    for (;; i++) {
+        int32_t t;
+        if (pick(st, q, &st->rows[r0 + i], r0 + i, &t) != 0 || keep_hidden(st, q, r0 + i) != 0) return -1;
+        accept(st, q, t, pos0 + i + 1, now_s(), &out[k++]);
+        if (g->state == G4_SEQ_FINISHED || i == g->n_draft || t != g->draft[i]) break;
+        st->accepted++;
+    }
+    if (g->n_draft == 0) return k;
+    st->rounds++;
+    return g4_session_truncate_seq(st->s, q, pos0 + i + 1) == 0 ? k : -1;
+}
+
+/* One token of every generating sequence, or a drafting round's 1 to k + 1, in one call. */
+static int decode_step(g4_stepper *st, g4_step_token *out) {
     double t0 = now_s();
-    int k = g4_decode(st->s, st->rows, n) == 0 ? take_tokens(st, n, out) : -1;
+    if (st->dr && draft_rounds(st) != 0) return -1;
+    int n = 0;
+    for (int q = 0; q < st->n_seq; q++)
+        if (st->seq[q].state == G4_SEQ_GENERATING) n += 1 + st->seq[q].n_draft;
+    if (n == 0) return 0;
+    if (ensure_logits(st, n) != 0) return -1; /* before ask() points rows into it */
+    n = 0;
+    for (int q = 0; q < st->n_seq; q++) {
+        generation *g = &st->seq[q];
+        if (g->state != G4_SEQ_GENERATING) continue;
+        g->row0 = n;
+        g->pos0 = g4_session_seq_pos(st->s, q);
+        for (int i = 0; i <= g->n_draft; i++, n++) {
+            st->rows[n] = (g4_batch_row){.seq = q, .token = i == 0 ? g->history[g->n_hist - 1] : g->draft[i - 1]};
+            ask(st, q, &st->rows[n], n);
+        }
+    }
+    int k = g4_decode(st->s, st->rows, n) == 0 ? 0 : -1;
+    for (int q = 0; q < st->n_seq && k >= 0; q++) {
+        if (st->seq[q].state != G4_SEQ_GENERATING) continue;
+        int got = settle_round(st, q, out + k);
+        k = got < 0 ? -1 : k + got;
+    }
     st->stats.decode_s += now_s() - t0;
     return k;
 }
@@ -345,6 +491,25 @@ int g4_stepper_cancel(g4_stepper *st, int seq) {
     return 1;
 }
 
+int g4_stepper_cancel_at(g4_stepper *st, int seq, int n_keep) {
+    if (seq < 0 || seq >= st->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, st->n_seq);
+    generation *g = &st->seq[seq];
+    int n_gen = g->n_hist - g->n_prompt;
+    if (g->state == G4_SEQ_IDLE) return g4_fail("sequence %d has no generation", seq);
+    if (n_keep < 1 || n_keep > n_gen) return g4_fail("sequence %d generated %d tokens: it cannot keep %d", seq, n_gen, n_keep);
+    /* the cache holds every history token but the last: drop the ones after the kept */
+    int pos = g4_session_seq_pos(st->s, seq) - (n_gen - n_keep);
+    if (pos < 0 || g4_session_truncate_seq(st->s, seq, pos) != 0) return -1;
+    g->n_hist = g->n_prompt + n_keep;
+    int was_running = g->state == G4_SEQ_PROMPT || g->state == G4_SEQ_GENERATING;
+    if (was_running || n_keep < n_gen) {
+        double end = g->t_end;
+        finish(g, G4_STOP_USER, now_s());
+        if (!was_running) g->t_end = end;
+    }
+    return 1;
+}
+
 g4_seq_state g4_stepper_state(const g4_stepper *st, int seq) {
     return seq >= 0 && seq < st->n_seq ? st->seq[seq].state : G4_SEQ_IDLE;
 }
@@ -374,3 +539,11 @@ const int32_t *g4_stepper_tokens(const g4_stepper *st, int seq, int *n) {
 }
 
 void g4_stepper_get_stats(const g4_stepper *st, g4_stepper_stats *stats) { *stats = st->stats; }
+
+int g4_stepper_max_tokens(const g4_stepper *st) { return st->n_seq * (G4_MAX_DRAFT_TOKENS + 1); }
+
+void g4_stepper_draft_stats(const g4_stepper *st, long *rounds, long *drafted, long *accepted) {
+    *rounds = st->rounds;
+    *drafted = st->drafted;
+    *accepted = st->accepted;
+}

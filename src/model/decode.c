@@ -82,7 +82,7 @@ static int check_batch(g4_session *s, const g4_batch_row *rows, int n) {
             return g4_fail("batch row %d asks for candidates and gives no room for them", i);
         if (r->output < G4_OUTPUT_NONE || r->output > G4_OUTPUT_TOP) return g4_fail("batch row %d: unknown output %d", i, (int)r->output);
         greedy |= r->output == G4_OUTPUT_ARGMAX;
-        kept += r->output == G4_OUTPUT_ARGMAX || r->output == G4_OUTPUT_TOP;
+        kept += r->output != G4_OUTPUT_NONE;
         s->seq_rank[r->seq] = 0;
     }
     for (int i = 0; i < n; i++) {

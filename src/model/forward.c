@@ -564,5 +564,12 @@ void g4_forward_chunk(g4_session *s, const chunk_plan *p) {
     if (s->profiling) s->prof_total += g4_prof_clock() - t0;
 }
 
+/* The steps a drafter's layers share with the target's (draft.c): the same functions, the same bits. */
+void g4_forward_rmsnorm(float *y, const float *x, const float *w, int n, float eps) { rmsnorm(y, x, w, n, eps); }
+void g4_forward_rope(float *x, const float *cs, const float *sn, int hd) { rope_apply(x, cs, sn, hd); }
+void g4_forward_embedding(g4_session *s, int32_t id, float *out) {
+    embedding_row(s->m, &s->m->embed, id, s->m->embed_scale, s->row_buf, out);
+}
+
 /* One linear by itself, for the probes (session.c, g4_session_run_linear). */
 void g4_forward_linear(g4_session *s, const g4_linear *L, const float *x, int n, float *y) { linear(s, L, x, n, y); }

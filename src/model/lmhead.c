@@ -130,11 +130,11 @@ static void top_rows(g4_session *s, const chunk_plan *p, int shift) {
     }
 }
 
-/* Keeps the final-normed rows of the greedy and top groups, which come last, for
- * g4_decode_logits (decode.c, check_batch, made room for them). */
+/* Keeps the final-normed rows of every output group (they come last), for g4_decode_logits and
+ * g4_decode_hidden (decode.c, check_batch, made room for them). */
 static void keep_hidden(g4_session *s, const chunk_plan *p, int shift) {
     size_t H = (size_t)s->m->cfg.hidden;
-    for (int t = p->start[GROUP_ARGMAX_1]; t < p->start[N_GROUPS]; t++) {
+    for (int t = p->start[GROUP_LOGITS]; t < p->start[N_GROUPS]; t++) {
         memcpy(s->kept + (size_t)s->n_kept * H, s->xn + (size_t)(t - shift) * H, sizeof *s->kept * H);
         s->kept_row[s->n_kept++] = p->at[t];
     }
@@ -155,13 +155,25 @@ void g4_lm_head_kept_logits(g4_session *s, int k, float *logits) {
     g4_forward_lm_head_logits(s, 1, 0, logits);
 }
 
-int g4_decode_logits(g4_session *s, int row, float *logits) {
+static int kept_index(const g4_session *s, int row) {
     for (int k = 0; k < s->n_kept; k++)
-        if (s->kept_row[k] == row) {
-            g4_lm_head_kept_logits(s, k, logits);
-            return 0;
-        }
-    return g4_fail("row %d of the last g4_decode call asked for no greedy token or candidates", row);
+        if (s->kept_row[k] == row) return k;
+    return -1;
+}
+
+int g4_decode_logits(g4_session *s, int row, float *logits) {
+    int k = kept_index(s, row);
+    if (k < 0) return g4_fail("row %d of the last g4_decode call asked for no output", row);
+    g4_lm_head_kept_logits(s, k, logits);
+    return 0;
+}
+
+int g4_decode_hidden(const g4_session *s, int row, float *hidden) {
+    int k = kept_index(s, row);
+    if (k < 0) return g4_fail("row %d of the last g4_decode call asked for no output", row);
+    size_t H = (size_t)s->m->cfg.hidden;
+    memcpy(hidden, s->kept + (size_t)k * H, sizeof *hidden * H);
+    return 0;
 }
 
 /* The first index of the largest value, NaNs never winning, except that a NaN at index 0 wins

@@ -172,7 +172,7 @@ static int bind_block_scales(g4_model *m, g4_linear *lin, const char *module, in
 }
 
 /* Binds the linear `module` ([out, in]); its bit width comes from the quantization config. */
-static int bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, int out) {
+int g4_model_bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, int out) {
     char name[192];
     snprintf(lin->name, sizeof lin->name, "%s", module);
     lin->id = m->n_linears++;
@@ -267,7 +267,8 @@ static int assign_kv_sources(g4_model *m) {
     for (int l = 0; l < c->n_layers; l++) {
         g4_layer *L = &m->layers[l];
         L->kv_source = l;
-        if (l < first_shared) continue;
+        if (c->assistant) L->kv_source = G4_KV_FROM_TARGET; /* a drafter's layers read the target's (draft.c) */
+        if (l < first_shared || c->assistant) continue;
         L->kv_source = -1;
         for (int j = first_shared - 1; j >= 0; j--)
             if (c->layer_types[j] == c->layer_types[l]) {
@@ -305,24 +306,27 @@ static int bind_layer(g4_model *m, int l) {
     const char *p = m->prefix;
 #define MOD(suffix) (snprintf(mod, sizeof mod, "%slayers.%d.%s", p, l, suffix), mod)
 #define NAME(suffix) (snprintf(name, sizeof name, "%slayers.%d.%s", p, l, suffix), name)
-    if (bind_linear(m, &L->q, MOD("self_attn.q_proj"), H, c->n_heads * hd) ||
-        bind_linear(m, &L->o, MOD("self_attn.o_proj"), c->n_heads * hd, H) ||
-        bind_linear(m, &L->gate, MOD("mlp.gate_proj"), H, L->mlp_dim) ||
-        bind_linear(m, &L->up, MOD("mlp.up_proj"), H, L->mlp_dim) ||
-        bind_linear(m, &L->down, MOD("mlp.down_proj"), L->mlp_dim, H) ||
-        bind_linear(m, &L->pl_gate, MOD("per_layer_input_gate"), H, c->ple_dim) ||
-        bind_linear(m, &L->pl_proj, MOD("per_layer_projection"), c->ple_dim, H))
+    if (g4_model_bind_linear(m, &L->q, MOD("self_attn.q_proj"), H, c->n_heads * hd) ||
+        g4_model_bind_linear(m, &L->o, MOD("self_attn.o_proj"), c->n_heads * hd, H) ||
+        g4_model_bind_linear(m, &L->gate, MOD("mlp.gate_proj"), H, L->mlp_dim) ||
+        g4_model_bind_linear(m, &L->up, MOD("mlp.up_proj"), H, L->mlp_dim) ||
+        g4_model_bind_linear(m, &L->down, MOD("mlp.down_proj"), L->mlp_dim, H))
+        return -1;
+    /* the per-layer-input block (absent in a drafter: hidden_size_per_layer_input 0) */
+    if (c->ple_dim > 0 &&
+        (g4_model_bind_linear(m, &L->pl_gate, MOD("per_layer_input_gate"), H, c->ple_dim) ||
+         g4_model_bind_linear(m, &L->pl_proj, MOD("per_layer_projection"), c->ple_dim, H) ||
+         !(L->ln_post_pli = load_vector(m, NAME("post_per_layer_input_norm.weight"), H))))
         return -1;
     if (!(L->ln_in = load_vector(m, NAME("input_layernorm.weight"), H)) ||
         !(L->ln_post_attn = load_vector(m, NAME("post_attention_layernorm.weight"), H)) ||
         !(L->ln_pre_ffw = load_vector(m, NAME("pre_feedforward_layernorm.weight"), H)) ||
         !(L->ln_post_ffw = load_vector(m, NAME("post_feedforward_layernorm.weight"), H)) ||
-        !(L->ln_post_pli = load_vector(m, NAME("post_per_layer_input_norm.weight"), H)) ||
         !(L->q_norm = load_vector(m, NAME("self_attn.q_norm.weight"), hd)) || load_scalar(m, NAME("layer_scalar"), &L->layer_scalar))
         return -1;
     if (producer) {
-        if (bind_linear(m, &L->k, MOD("self_attn.k_proj"), H, L->n_kv_heads * hd) ||
-            bind_linear(m, &L->v, MOD("self_attn.v_proj"), H, L->n_kv_heads * hd) ||
+        if (g4_model_bind_linear(m, &L->k, MOD("self_attn.k_proj"), H, L->n_kv_heads * hd) ||
+            g4_model_bind_linear(m, &L->v, MOD("self_attn.v_proj"), H, L->n_kv_heads * hd) ||
             !(L->k_norm = load_vector(m, NAME("self_attn.k_norm.weight"), hd)) ||
             load_cache_scale(m, NAME("self_attn.k_cache_scale"), &L->k_cache_scale) ||
             load_cache_scale(m, NAME("self_attn.v_cache_scale"), &L->v_cache_scale))
@@ -344,7 +348,7 @@ static int bind_lm_head(g4_model *m) {
     const g4_config *c = &m->cfg;
     const g4_qembedding *e = &m->embed;
     if (g4_st_find(&m->st, "lm_head.weight") || !c->tie_word_embeddings) {
-        if (bind_linear(m, &m->lm_head, "lm_head", c->hidden, c->vocab) != 0) return -1;
+        if (g4_model_bind_linear(m, &m->lm_head, "lm_head", c->hidden, c->vocab) != 0) return -1;
         if (m->lm_head.s_in != 0 || m->lm_head.s_out != 0)
             /* defined as for every linear (activation-quant.md §2, G3/G4: transformers' QuantizedLinear
              * applies them); the published checkpoint has 0, so this is unusual enough to say */
@@ -414,21 +418,32 @@ static int has_static_activation_scales(const g4_model *m) {
     return any;
 }
 
+static int bind_decoder(g4_model *m);
+
 static int bind_all(g4_model *m) {
     const g4_config *c = &m->cfg;
     char mod[160], name[192];
-    m->prefix = "model.language_model.";
+    /* a drafter (Gemma4AssistantForCausalLM) keeps its decoder under model. */
+    m->prefix = c->assistant ? "model." : "model.language_model.";
     int LP = c->n_layers * c->ple_dim;
     snprintf(mod, sizeof mod, "%sembed_tokens", m->prefix);
     if (bind_embedding(m, &m->embed, mod, c->vocab, c->hidden, 0) != 0) return -1;
+    if (c->ple_dim == 0) return bind_decoder(m);
     snprintf(mod, sizeof mod, "%sembed_tokens_per_layer", m->prefix);
     if (bind_embedding(m, &m->embed_ple, mod, c->vocab_ple, LP, 0) != 0) return -1;
     snprintf(mod, sizeof mod, "%sper_layer_model_projection", m->prefix);
-    if (bind_linear(m, &m->pmp, mod, c->hidden, LP) != 0) return -1;
+    if (g4_model_bind_linear(m, &m->pmp, mod, c->hidden, LP) != 0) return -1;
     if (m->pmp.w.bits != 16)
         return g4_fail("%s: %s is expected to stay float (modules_to_not_convert)", m->dir, mod);
     snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", m->prefix);
     if (!(m->ple_norm = load_vector(m, name, c->ple_dim))) return -1;
+    return bind_decoder(m);
+}
+
+/* The final norm, the layers and the lm_head. */
+static int bind_decoder(g4_model *m) {
+    const g4_config *c = &m->cfg;
+    char name[192];
     snprintf(name, sizeof name, "%snorm.weight", m->prefix);
     if (!(m->final_norm = load_vector(m, name, c->hidden))) return -1;
     m->layers = own(m, sizeof *m->layers * (size_t)c->n_layers);
@@ -515,14 +530,19 @@ static void make_weights_resident(g4_model *m) {
     free(lins);
 }
 
-static g4_model *load(const char *dir, int mapped) {
+/* A target (assistant 0) or a drafter's decoder (assistant 1); each refuses the other kind. */
+static g4_model *load(const char *dir, int mapped, int assistant) {
     g4_model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) {
         free(m);
         g4_fail("%s: out of memory", dir);
         return NULL;
     }
-    if (g4_config_load(&m->cfg, dir) != 0 || g4_st_open_dir(&m->st, dir) != 0 || bind_all(m) != 0) {
+    int rc = g4_config_load(&m->cfg, dir);
+    if (rc == 0 && m->cfg.assistant != assistant)
+        rc = assistant ? g4_fail("%s/config.json: model_type is not gemma4_assistant: not a drafter (--draft takes one)", dir)
+                       : g4_fail("%s/config.json: a gemma4_assistant is a drafter: load it with --draft beside its target model", dir);
+    if (rc != 0 || g4_st_open_dir(&m->st, dir) != 0 || bind_all(m) != 0) {
         g4_model_free(m);
         return NULL;
     }
@@ -530,8 +550,10 @@ static g4_model *load(const char *dir, int mapped) {
     return m;
 }
 
-g4_model *g4_model_load(const char *dir) { return load(dir, 0); }
-g4_model *g4_model_load_mapped(const char *dir) { return load(dir, 1); }
+g4_model *g4_model_load_drafter(const char *dir) { return load(dir, 1, 1); }
+
+g4_model *g4_model_load(const char *dir) { return load(dir, 0, 0); }
+g4_model *g4_model_load_mapped(const char *dir) { return load(dir, 1, 0); }
 int g4_model_weights_resident(const g4_model *m) { return m->resident != NULL; }
 
 void g4_model_free(g4_model *m) {

@@ -28,7 +28,7 @@ typedef struct {
     int type;       /* G4_LAYER_SLIDING / G4_LAYER_FULL */
     int head_dim;
     int n_kv_heads;
-    int kv_source;  /* layer whose K/V this layer attends to (itself for producers) */
+    int kv_source;  /* layer whose K/V this layer attends to (itself for producers; G4_KV_FROM_TARGET in a drafter) */
     int mlp_dim;
     g4_linear q, k, v, o, gate, up, down, pl_gate, pl_proj; /* k, v unbound on consumers */
     float *ln_in, *ln_post_attn, *ln_pre_ffw, *ln_post_ffw, *ln_post_pli, *q_norm, *k_norm;
@@ -80,5 +80,15 @@ static inline int g4_layer_linears(const g4_layer *L, int producer, const g4_lin
 }
 
 static inline int g4_layer_is_producer(const g4_model *m, int l) { return m->layers[l].kv_source == l; }
+
+/* A drafter's layers attend to the target's K/V (draft.c picks the target layer per attention type). */
+#define G4_KV_FROM_TARGET (-2)
+
+/* Binds the linear `module` ([out, in]) of m's checkpoint; its bit width comes from the
+ * quantization config (model.c, for the drafter's own linears too). */
+int g4_model_bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, int out);
+/* The decoder of a gemma4_assistant folder (draft.c adds its projections and embedder); the
+ * weights stay mapped. Fails on any other model_type. */
+g4_model *g4_model_load_drafter(const char *dir);
 
 #endif

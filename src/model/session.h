@@ -131,6 +131,11 @@ void g4_forward_chunk(g4_session *s, const chunk_plan *p);
 /* forward.c: y = Q(W Q(x; s_in); s_out) for n rows of x: the linear step every layer linear takes
  * (float, fake-quant or true integer, per the session). */
 void g4_forward_linear(g4_session *s, const g4_linear *L, const float *x, int n, float *y);
+/* forward.c: rmsnorm of n values (w NULL: no weight), rotate-half RoPE of one head, and the
+ * target's scaled input embedding of a token (embed_tokens x sqrt(hidden)): what draft.c shares. */
+void g4_forward_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+void g4_forward_rope(float *x, const float *cs, const float *sn, int hd);
+void g4_forward_embedding(g4_session *s, int32_t id, float *out);
 /* forward.c: the lm_head of rows [first, n) of xn into logits, softcapped. */
 void g4_forward_lm_head_logits(g4_session *s, int n, int first, float *logits);
 

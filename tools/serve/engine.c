@@ -275,6 +275,8 @@ static g4_generate_params job_params(const serve_engine *e, const serve_job *j, 
     g4_generate_params p = {.max_tokens = j->max_tokens, .sampling = e->defaults};
     sampling_override(&p.sampling, &j->req.sampling, j->req.sampling_given);
     p.sampling.seed = j->seed;
+    p.draft = e->c.draft; /* the stepper drafts for greedy requests only */
+    p.draft_tokens = e->c.draft_tokens;
     /* the scripted reply decides where it ends; a benchmark's replies all run to their budget */
     if (j->script >= 0 || e->c.ignore_eos) p.stop_ids = no_stops, p.n_stop_ids = 1;
     return p;
@@ -446,8 +448,9 @@ serve_engine *serve_engine_new(g4_session *s, const g4_tokenizer *tok, const ser
     e->ctx = g4_session_ctx(s);
     g4_model_sampling_defaults(g4_session_model(s), &e->defaults);
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
-    e->events = calloc((size_t)e->n_slots, sizeof *e->events);
-    int ok = e->slots && e->events && (e->st = g4_stepper_new(s, c->prompt_chunk)) && !pthread_mutex_init(&e->mu, NULL) && !cond_init(&e->work);
+    e->st = g4_stepper_new(s, c->prompt_chunk);
+    e->events = e->st ? calloc((size_t)g4_stepper_max_tokens(e->st), sizeof *e->events) : NULL;
+    int ok = e->slots && e->events && e->st && !pthread_mutex_init(&e->mu, NULL) && !cond_init(&e->work);
     for (int q = 0; ok && q < e->n_slots; q++) ok = (e->slots[q].held = malloc(sizeof *e->slots[q].held * (size_t)(e->ctx + 1))) != NULL;
     e->stats.slots = e->n_slots;
     if (ok && pthread_create(&e->thread, NULL, engine_main, e) == 0) {

@@ -29,6 +29,9 @@ typedef struct {
     int step_ms;
     /* Benchmark hook (--test-ignore-eos): no stop ids, every reply runs to its budget. */
     int ignore_eos;
+    /* --draft: speculative decoding of every greedy request (g4_generate_params); NULL: none. */
+    g4_drafter *draft;
+    int draft_tokens;
 } serve_engine_config;
 
 /* Every counter since the start, and the state now (for /metrics and /health). */
