@@ -130,6 +130,8 @@ class GenerateParams(Structure):
         ("n_stop_ids", c_int),
         ("output", c_int),
         ("output_k", c_int),
+        ("draft", c_void_p),
+        ("draft_tokens", c_int),
     ]
 
 
