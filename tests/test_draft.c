@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli_util.h"
+#include "generate/sampler.h"
 #include "testutil.h"
 
 #define ASSIST_A "tests/fixtures/tiny-assistant"   /* for ../shared/fixtures/tiny-mobile, ordered embeddings */
@@ -228,8 +229,8 @@ static void test_invariant(const char *target_dir, const char *draft_dir, const 
     g4_model_free(m);
 }
 
-/* Several sequences in one stepper, every one drafting (one sampling, which ignores the drafter),
- * each giving the tokens it gives alone without the drafter; and a context that ends mid-round. */
+/* Several sequences in one stepper, every one drafting (two greedy, one sampling), each giving the
+ * tokens it gives alone (greedy: alone without the drafter); and a context that ends mid-round. */
 static void test_batched(const char *target_dir, const char *draft_dir) {
     enum { N_SEQ = 3, BUDGET = 40 };
     g4_model *m = g4_model_load(target_dir);
@@ -246,13 +247,17 @@ static void test_batched(const char *target_dir, const char *draft_dir) {
     g4_options o = opts_for("int", NULL);
     for (int q = 0; q < N_SEQ; q++) {
         g4_session *s = g4_session_new(m, &o);
-        g4_generate_params p = {.max_tokens = BUDGET, .stop_ids = none, .n_stop_ids = 1};
+        /* greedy ones alone without the drafter (the invariant); the sampling one alone with it
+         * (speculative sampling draws other tokens than plain sampling, from the same distribution) */
+        g4_drafter *alone_dr = q == 2 && s ? g4_drafter_new(d, s) : NULL;
+        g4_generate_params p = {.max_tokens = BUDGET, .stop_ids = none, .n_stop_ids = 1, .draft = alone_dr, .draft_tokens = 2 + q};
         g4_sampling_default(&p.sampling);
         if (q == 2) p.sampling.temperature = 0.8f, p.sampling.seed = 5;
         collected c = {0};
         g4_generate_result r;
         CHECK(s && g4_generate(s, prompts[q], lens[q], &p, collect, &c, &r) == 0 && c.n == BUDGET, "%s", g4_last_error());
         memcpy(alone[q], c.ids, sizeof alone[q]);
+        g4_drafter_free(alone_dr);
         g4_session_free(s);
     }
     o.n_seq = N_SEQ;
@@ -344,6 +349,93 @@ static void test_acceptance(void) {
     free(text);
     g4_tokenizer_free(tok);
     g4_stepper_free(st);
+    g4_drafter_free(dr);
+    g4_session_free(s);
+    g4_draft_free(d);
+    g4_model_free(m);
+}
+
+/* ---- speculative sampling ---- */
+
+/* Speculative sampling keeps the target's distribution: over many seeds, the second generated
+ * token (the first that a round's drafts decide) is distributed as the exact marginal
+ * sum_t0 p(t0) p(t1 | t0), computed from the target's logits, within a total-variation distance
+ * of 0.05 (N = 4000 draws over at most 16 outcomes: top-k 4 at both positions; sampling noise alone
+ * gives about 0.02-0.03); plain sampling is held to the same bound; and the drafter's distribution
+ * itself is far from it (so the bound can tell). Deterministic: seeds 1..N, exact arithmetic. */
+static void test_spec_sampling(const char *target_dir, const char *draft_dir, const int32_t *prompt, int n_prompt) {
+    enum { N = 4000 };
+    g4_model *m = g4_model_load(target_dir);
+    g4_draft *d = m ? g4_draft_load(draft_dir, m) : NULL;
+    CHECK(d != NULL, "%s", g4_last_error());
+    if (!d) {
+        g4_model_free(m);
+        return;
+    }
+    int V = g4_model_vocab_size(m);
+    g4_options o = opts_for("int", NULL);
+    g4_session *s = g4_session_new(m, &o);
+    g4_drafter *dr = s ? g4_drafter_new(d, s) : NULL;
+    g4_sampling sp;
+    g4_sampling_default(&sp);
+    sp.temperature = 1.0f, sp.top_k = 4;
+    /* the exact marginal of the second token */
+    g4_sampler *smp = g4_sampler_new(&sp, V);
+    double *p0 = calloc((size_t)V, sizeof *p0), *p1 = calloc((size_t)V, sizeof *p1), *marg = calloc((size_t)V, sizeof *marg);
+    double *cnt_spec = calloc((size_t)V, sizeof *cnt_spec), *cnt_plain = calloc((size_t)V, sizeof *cnt_plain), *qd = calloc((size_t)V, sizeof *qd);
+    float *logits = malloc(sizeof *logits * (size_t)V), *h = malloc(sizeof *h * (size_t)g4_model_hidden_size(m));
+    CHECK(dr && smp && logits, "%s", g4_last_error());
+    if (!dr || !smp) goto done;
+    g4_session_reset(s);
+    CHECK(g4_session_eval(s, prompt, n_prompt, logits, 0) == 0, "%s", g4_last_error());
+    g4_sampler_distribution(smp, logits, prompt, n_prompt, p0);
+    for (int32_t t0 = 0; t0 < V; t0++) {
+        if (p0[t0] == 0) continue;
+        g4_session_truncate_seq(s, 0, n_prompt);
+        CHECK(g4_session_eval(s, &t0, 1, logits, 0) == 0, "%s", g4_last_error());
+        g4_sampler_distribution(smp, logits, prompt, n_prompt, p1);
+        for (int v = 0; v < V; v++) marg[v] += p0[t0] * p1[v];
+        /* the drafter's own distribution of that token, for the control */
+        g4_batch_row rows[64];
+        g4_session_truncate_seq(s, 0, n_prompt - 1);
+        rows[0] = (g4_batch_row){.seq = 0, .token = prompt[n_prompt - 1], .output = G4_OUTPUT_ARGMAX};
+        CHECK(g4_decode(s, rows, 1) == 0 && g4_decode_hidden(s, 0, h) == 0, "%s", g4_last_error());
+        int seq = 0;
+        int32_t next;
+        CHECK(g4_drafter_step(dr, 1, &seq, &t0, h, &next, logits) == 0, "%s", g4_last_error());
+        g4_sampler_distribution(smp, logits, prompt, n_prompt, p1);
+        for (int v = 0; v < V; v++) qd[v] += p0[t0] * p1[v];
+    }
+    static const int none[1] = {-1};
+    for (int with = 0; with < 2; with++)
+        for (int seed = 1; seed <= N; seed++) {
+            /* a budget of 3: the prompt's row gives the first token, a round of one draft the second */
+            g4_generate_params p = {.max_tokens = 3, .stop_ids = none, .n_stop_ids = 1, .sampling = sp, .draft = with ? dr : NULL,
+                                    .draft_tokens = 3};
+            p.sampling.seed = (uint64_t)seed;
+            collected c = {0};
+            g4_generate_result r;
+            g4_session_reset(s);
+            CHECK(g4_generate(s, prompt, n_prompt, &p, collect, &c, &r) == 0 && c.n == 3, "%s", g4_last_error());
+            if (c.n == 3) (with ? cnt_spec : cnt_plain)[c.ids[1]] += 1.0 / N;
+        }
+    long rounds, drafted, accepted;
+    (void)rounds, (void)drafted, (void)accepted;
+    double tv_spec = 0, tv_plain = 0, tv_draft = 0;
+    for (int v = 0; v < V; v++) {
+        tv_spec += fabs(cnt_spec[v] - marg[v]) / 2;
+        tv_plain += fabs(cnt_plain[v] - marg[v]) / 2;
+        tv_draft += fabs(qd[v] - marg[v]) / 2;
+    }
+    printf("speculative sampling on %s with %s: total variation from the exact marginal %.4f (plain sampling %.4f, the drafter's "
+           "own distribution %.4f), %d draws each\n",
+           target_dir, draft_dir, tv_spec, tv_plain, tv_draft, N);
+    CHECK(tv_spec <= 0.05, "%s: speculative sampling's second token is %.4f from the target's distribution", target_dir, tv_spec);
+    CHECK(tv_plain <= 0.05, "%s: plain sampling's second token is %.4f from the exact marginal", target_dir, tv_plain);
+    CHECK(tv_draft > 0.1, "%s: the drafter's distribution is only %.4f from the target's: the control cannot tell", target_dir, tv_draft);
+done:
+    free(p0), free(p1), free(marg), free(cnt_spec), free(cnt_plain), free(qd), free(logits), free(h);
+    g4_sampler_free(smp);
     g4_drafter_free(dr);
     g4_session_free(s);
     g4_draft_free(d);
@@ -519,6 +611,7 @@ int main(void) {
     test_batched(tiny_dir(), ASSIST_A);
     test_batched(BUILTIN, BUILTIN_DRAFT);
     test_acceptance();
+    test_spec_sampling(tiny_dir(), ASSIST_A, pa, 12);
     test_bad_input();
     test_cli();
     return check_report("draft");

@@ -122,8 +122,9 @@ static void select_top(candidate *c, int n, int k) {
 
 int g4_sampling_is_argmax(const g4_sampling *p) { return p->temperature == 0 && p->repeat_penalty == 1; }
 
-/* Draws from the n best candidates, sorted in s->cand: softmax, top-p, min-p. */
-static int32_t draw(g4_sampler *s, int n) {
+/* The candidates a draw keeps of the n best, sorted in s->cand (softmax, top-p, min-p): their
+ * unnormalised probabilities into s->prob, their number returned, their total into *sum. */
+static int kept(g4_sampler *s, int n, double *sum) {
     /* probabilities over the survivors, in double */
     double max = s->cand[0].logit, total = 0, *prob = s->prob;
     for (int i = 0; i < n; i++) total += prob[i] = exp((double)s->cand[i].logit - max);
@@ -142,6 +143,14 @@ static int32_t draw(g4_sampler *s, int n) {
     }
     total = 0;
     for (int i = 0; i < n; i++) total += prob[i];
+    *sum = total;
+    return n;
+}
+
+/* Draws from the n best candidates, sorted in s->cand. */
+static int32_t draw(g4_sampler *s, int n) {
+    double total, *prob = s->prob;
+    n = kept(s, n, &total);
     double r = next_unit(&s->rng) * total, acc = 0;
     int32_t pick = s->cand[n - 1].id;
     for (int i = 0; i < n; i++) {
@@ -163,6 +172,45 @@ int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *his
     int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
     select_top(s->cand, n, k);
     return draw(s, k);
+}
+
+/* s->cand sorted by the processors, the top-k's first; their count. */
+static int ranked(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
+    memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
+    apply_repeat_penalty(s, s->work, history, n_history);
+    int n = s->vocab;
+    for (int i = 0; i < n; i++) s->cand[i] = (candidate){i, s->work[i] / s->p.temperature};
+    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    select_top(s->cand, n, k);
+    return k;
+}
+
+void g4_sampler_distribution(g4_sampler *s, const float *logits, const int32_t *history, int n_history, double *probs) {
+    for (int i = 0; i < s->vocab; i++) probs[i] = 0;
+    if (s->p.temperature == 0) {
+        probs[g4_sampler_sample(s, logits, history, n_history)] = 1;
+        return;
+    }
+    double total;
+    int n = kept(s, ranked(s, logits, history, n_history), &total);
+    for (int i = 0; i < n; i++) probs[s->cand[i].id] = s->prob[i] / total;
+}
+
+double g4_sampler_uniform(g4_sampler *s) { return next_unit(&s->rng); }
+
+int32_t g4_sampler_draw_from(g4_sampler *s, const double *w) {
+    double total = 0, acc = 0;
+    int32_t last = -1;
+    for (int i = 0; i < s->vocab; i++)
+        if (w[i] > 0) total += w[i], last = i;
+    if (last < 0) return -1;
+    double r = next_unit(&s->rng) * total;
+    for (int i = 0; i < s->vocab; i++) {
+        if (!(w[i] > 0)) continue;
+        acc += w[i];
+        if (r < acc) return i;
+    }
+    return last;
 }
 
 int g4_sampling_top_needed(const g4_sampling *p, int vocab) {

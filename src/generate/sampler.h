@@ -36,4 +36,12 @@ int32_t g4_sampler_sample_top(g4_sampler *s, const int32_t *ids, const float *lo
  * without a repetition penalty): a caller may then ask the session for the argmax alone. */
 int g4_sampling_is_argmax(const g4_sampling *p);
 
+/* Speculative sampling's pieces (stepper.c): the distribution g4_sampler_sample draws from, over
+ * the whole vocabulary (probs[vocab], 0 outside the tokens it keeps, summing to 1; the generator
+ * does not move); a uniform draw in [0, 1) from the generator; and a token drawn from the
+ * unnormalised weights w[vocab] (-1 when none is positive). */
+void g4_sampler_distribution(g4_sampler *s, const float *logits, const int32_t *history, int n_history, double *probs);
+double g4_sampler_uniform(g4_sampler *s);
+int32_t g4_sampler_draw_from(g4_sampler *s, const double *w);
+
 #endif

@@ -45,6 +45,8 @@ typedef struct {
      * hidden state of the row that gave the last token (what the next round drafts from), and this
      * round's drafts. */
     int draft_k, has_hidden;
+    int sampled;          /* its rounds sample (speculative sampling): q holds each draft's distribution */
+    double *q;            /* [draft_k][vocab] */
     float *hidden;
     int32_t draft[G4_MAX_DRAFT_TOKENS];
     int n_draft, row0, pos0; /* drafts this round; the sequence's first row in the call and its position before it */
@@ -64,6 +66,8 @@ struct g4_stepper {
     g4_drafter *dr;       /* the drafter of the generations that draft (one per stepper) */
     int hidden_size;
     float *draft_hidden;  /* [n_seq][hidden_size]: a round's drafting state */
+    float *draft_logits;  /* [64][vocab]: a sampling group's drafter logits, allocated on first need */
+    double *p;            /* [vocab]: a verified row's distribution (speculative sampling) */
     long rounds, drafted, accepted;
 };
 
@@ -104,9 +108,12 @@ void g4_stepper_free(g4_stepper *st) {
         free(g->cand);
         free(g->vals);
         free(g->hidden);
+        free(g->q);
     }
     free(st->seq);
     free(st->draft_hidden);
+    free(st->draft_logits);
+    free(st->p);
     g4_sampler_free(st->buffers);
     free(st->logits);
     free(st->fallback);
@@ -166,10 +173,13 @@ static int alloc_generation(g4_stepper *st, generation *g, int cap) {
 }
 
 /* Whether sequence q's rounds draft: greedy picks (the argmax, or every logit with temperature 0
- * and no penalty: the drafts cannot change the pick's rule) from a form whose rows do not share
- * buffers (each G4_OUTPUT_TOP row would need its own candidates). */
+ * and no penalty) from a form whose rows do not share buffers (each G4_OUTPUT_TOP row would need
+ * its own candidates); or sampling without a repetition penalty (speculative sampling: its rounds'
+ * rows ask for every logit). A penalty would make each drafted token change the next one's
+ * distribution, drafter's and target's alike: such generations decode a token a step. */
 static int can_draft(const generation *g) {
-    return g4_sampling_is_argmax(&g->sampling) && (g->output == G4_OUTPUT_ARGMAX || g->output == G4_OUTPUT_LOGITS);
+    if (g4_sampling_is_argmax(&g->sampling)) return g->output == G4_OUTPUT_ARGMAX || g->output == G4_OUTPUT_LOGITS;
+    return g->sampling.repeat_penalty == 1;
 }
 
 /* The drafting settings of a new generation: its drafter becomes the stepper's. */
@@ -185,6 +195,15 @@ static int set_draft(g4_stepper *st, generation *g, const g4_generate_params *p)
         return g4_fail("out of memory for generation");
     st->dr = p->draft;
     g->draft_k = can_draft(g) ? (p->draft_tokens ? p->draft_tokens : G4_DRAFT_TOKENS_DEFAULT) : 0;
+    g->sampled = g->draft_k && !g4_sampling_is_argmax(&g->sampling);
+    if (g->sampled) {
+        double *q = realloc(g->q, sizeof *q * (size_t)g->draft_k * (size_t)st->vocab);
+        if (!q || (!st->p && !(st->p = malloc(sizeof *st->p * (size_t)st->vocab))) ||
+            (!st->draft_logits && !(st->draft_logits = malloc(sizeof *st->draft_logits * (size_t)(st->n_seq < 64 ? st->n_seq : 64) *
+                                                              (size_t)st->vocab))))
+            return g4_fail("out of memory for speculative sampling");
+        g->q = q;
+    }
     return 0;
 }
 
@@ -358,19 +377,40 @@ static int draft_group(g4_stepper *st, int *at, int n) {
             m++;
         }
         n = m;
-        if (g4_drafter_step(st->dr, n, seqs, tokens, st->draft_hidden, next, NULL) != 0) return -1;
-        for (int i = 0; i < n; i++) st->seq[at[i]].draft[j] = tokens[i] = next[i];
+        int sampled = st->seq[at[0]].sampled; /* a group is all greedy or all sampling */
+        if (g4_drafter_step(st->dr, n, seqs, tokens, st->draft_hidden, next, sampled ? st->draft_logits : NULL) != 0) return -1;
+        for (int i = 0; i < n; i++) {
+            generation *g = &st->seq[at[i]];
+            if (sampled) {
+                /* the draft is sampled from the drafter's distribution, as the target's sampler
+                 * would shape it; settle_round weighs it against the target's */
+                double *q = g->q + (size_t)j * st->vocab;
+                g4_sampler_distribution(g->sampler, st->draft_logits + (size_t)i * st->vocab, g->history, g->n_hist, q);
+                next[i] = g4_sampler_draw_from(g->sampler, q);
+            }
+            g->draft[j] = tokens[i] = next[i];
+        }
         st->drafted += n;
     }
     return 0;
 }
 
+static int draft_kind(g4_stepper *st, int sampled);
+
 /* The drafts of this step's rounds: up to draft_k tokens for every generating sequence that
  * drafts, as many as its budget and the context leave room to verify. */
 static int draft_rounds(g4_stepper *st) {
+    for (int sampled = 0; sampled < 2; sampled++)
+        if (draft_kind(st, sampled) != 0) return -1;
+    return 0;
+}
+
+/* The rounds of the greedy generations (sampled 0) or of the sampling ones, in groups of 64. */
+static int draft_kind(g4_stepper *st, int sampled) {
     int at[64], n = 0;
     for (int q = 0; q < st->n_seq; q++) {
         generation *g = &st->seq[q];
+        if (g->sampled != sampled) continue;
         g->n_draft = 0;
         if (g->state != G4_SEQ_GENERATING || !g->draft_k || !g->has_hidden) continue;
         int pos = g4_session_seq_pos(st->s, q), left = g->max_tokens - (g->n_hist - g->n_prompt), k = g->draft_k;
@@ -390,13 +430,36 @@ static int draft_rounds(g4_stepper *st) {
 /* Sequence q's round after the call: row r0 + i holds token i of [last, draft_0, ...]; its pick
  * t_i is taken while the target agrees with the drafts (t_i == draft_i) and the generation goes
  * on; the cache keeps the rows whose tokens were taken, the rest are rolled back. */
+/* Speculative sampling's token for row i of sequence q's round (Leviathan et al. 2023, Chen et al.
+ * 2023): draft i is taken with probability min(1, p(d) / q(d)), p the target's distribution at
+ * the row and q the drafter's it was drawn from; else a token is drawn from max(0, p - q),
+ * normalised. After the last draft, the target's own pick. Each position's token is then
+ * distributed as the target's sampler would draw it, whatever the drafter. */
+static int spec_pick(g4_stepper *st, int q, int i, int32_t *t) {
+    generation *g = &st->seq[q];
+    const g4_batch_row *row = &st->rows[g->row0 + i];
+    if (i == g->n_draft) return pick(st, q, row, g->row0 + i, t);
+    g4_sampler_distribution(g->sampler, row->logits, g->history, g->n_hist, st->p);
+    int32_t d = g->draft[i];
+    const double *qd = g->q + (size_t)i * st->vocab;
+    if (g4_sampler_uniform(g->sampler) * qd[d] < st->p[d]) {
+        *t = d;
+        return 0;
+    }
+    for (int v = 0; v < st->vocab; v++) st->p[v] = st->p[v] > qd[v] ? st->p[v] - qd[v] : 0;
+    *t = g4_sampler_draw_from(g->sampler, st->p);
+    if (*t < 0 || *t == d) return pick(st, q, row, g->row0 + i, t); /* p == q to the last bit: p itself */
+    return 0;
+}
+
 static int settle_round(g4_stepper *st, int q, g4_step_token *out) {
     generation *g = &st->seq[q];
     int r0 = g->row0, pos0 = g->pos0;
     int k = 0, i = 0;
     for (;; i++) {
         int32_t t;
-        if (pick(st, q, &st->rows[r0 + i], r0 + i, &t) != 0 || keep_hidden(st, q, r0 + i) != 0) return -1;
+        int rc = g->sampled && g->n_draft ? spec_pick(st, q, i, &t) : pick(st, q, &st->rows[r0 + i], r0 + i, &t);
+        if (rc != 0 || keep_hidden(st, q, r0 + i) != 0) return -1;
         accept(st, q, t, pos0 + i + 1, now_s(), &out[k++]);
         if (g->state == G4_SEQ_FINISHED || i == g->n_draft || t != g->draft[i]) break;
         st->accepted++;
@@ -423,7 +486,10 @@ static int decode_step(g4_stepper *st, g4_step_token *out) {
         g->pos0 = g4_session_seq_pos(st->s, q);
         for (int i = 0; i <= g->n_draft; i++, n++) {
             st->rows[n] = (g4_batch_row){.seq = q, .token = i == 0 ? g->history[g->n_hist - 1] : g->draft[i - 1]};
-            ask(st, q, &st->rows[n], n);
+            if (g->sampled && g->n_draft) /* speculative sampling weighs whole distributions */
+                st->rows[n].output = G4_OUTPUT_LOGITS, st->rows[n].logits = st->logits + (size_t)n * st->vocab;
+            else
+                ask(st, q, &st->rows[n], n);
         }
     }
     int k = g4_decode(st->s, st->rows, n) == 0 ? 0 : -1;
