@@ -636,9 +636,10 @@ typedef struct {
  *
  * A stepper runs generations in the sequences of a session. g4_stepper_add starts one in a
  * sequence, with its own settings (sampling and its generator, repetition window, stop ids,
- * budget). Each g4_stepper_step advances every sequence that is generating by one token, all of
- * them in one g4_decode call, then feeds up to prompt_chunk tokens of the prompts still waiting
- * (first added, first fed; several sequences' in one call): a sequence can be added at any time
+ * budget). Each g4_stepper_step advances every sequence that is generating by one token (a
+ * drafting round's 1 to draft_tokens + 1: g4_generate_params.draft), all of them in one
+ * g4_decode call, then feeds up to prompt_chunk tokens of the prompts still waiting (first
+ * added, first fed; several sequences' in one call): a sequence can be added at any time
  * between steps and joins the others once its prompt is in, and any one can be cancelled. A
  * sequence gives exactly the tokens it gives alone with the same settings, whatever runs beside
  * it, sampled ones included. A stepper drives the session it is given (one stepper per session at

@@ -352,6 +352,44 @@ def test_concurrent(sv, n=16):
     check(not bad, "%d concurrent clients each get exactly its own greedy answer (%.2f s)" % (n, wall), [(i, got[i], wants[i]) for i in bad[:2]])
 
 
+def test_draft(common):
+    """--draft (the built-in model's trained MTP drafter): 8 concurrent greedy clients, half
+    streaming, each get exactly the answer g4 run gives without a drafter; stop strings cut a
+    drafting round's tokens where the text asks."""
+    draft = os.path.join(os.path.dirname(MODEL), "gemma4-tiny-math-drafter")
+    sv = Server(*common, "--draft", draft, "--draft-tokens", "4")
+    try:
+        c = sv.client()
+        n = 8
+        wants = [g4_run(problem(40 + i), extra=["--temp", "0"]) for i in range(n)]
+        got = [None] * n
+
+        def one(i):
+            try:
+                r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(40 + i)}],
+                                              stream=(i % 2 == 1))
+                got[i] = "".join(ch.choices[0].delta.content or "" for ch in r if ch.choices) if i % 2 else r.choices[0].message.content
+            except Exception as e:  # noqa: BLE001 (reported as a failed check)
+                got[i] = e
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bad = [i for i in range(n) if got[i] != wants[i]]
+        check(not bad, "--draft: %d concurrent greedy clients each get the answer g4 run gives without a drafter" % n,
+              [(i, got[i], wants[i]) for i in bad[:2]])
+        want = wants[0]
+        cut = want[: max(1, len(want) // 2)][-3:]
+        r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(40)}], stop=[cut])
+        got0 = r.choices[0].message.content
+        check(r.choices[0].finish_reason == "stop" and got0 == want[: want.find(cut)], "--draft: a stop string ends the reply where it starts",
+              "%r (stop %r)" % (got0, cut))
+    finally:
+        check(sv.stop() == 0, "the --draft server stops cleanly on SIGTERM", "".join(sv.log[-5:]))
+
+
 def test_errors(sv):
     # a greedy stream runs beside the bad requests and must be unaffected
     want = g4_run(problem(12), extra=["--temp", "0"])
@@ -800,6 +838,7 @@ def main():
     test_cancel()
     test_drain()
     test_metrics(common)
+    test_draft(common)
     test_nginx()
     test_load(int(os.environ.get("SERVE_LOAD_N", "500")))
     print("serve: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
