@@ -15,6 +15,11 @@ Subcommands:
   check  --drafter DIR re-run the transformers check and the acceptance evaluation of an exported drafter
                        (CPU is fine: --n 50)
 
+Reproduce models/gemma4-tiny-math-drafter (one H200, ~450 s; the chosen variant h128_SF lands in OUT):
+  python3 tools/train/train_drafter.py train --out OUT --n-train 80000 --gen-bs 2048 --gen-budget 100 \
+      --bs 256 --steps 4000 --time-steps 50 --train-budget 320 --deadline 545 --reserve 55 --K 6 --export-all --hf-n 3
+  python3 tools/train/train_drafter.py check --drafter OUT --n 40 --ref-out OUT/reference_drafts.json   # CPU
+
 Semantics (transformers' SinglePositionMultiTokenCandidateGenerator, as g4 implements it): a draft round starts
 after the target has fed tokens 0..p-1 and predicted token x_p at position p (not fed yet). Drafter step 1 input =
 concat(target's scaled input embedding of x_p, target's post-final-norm hidden state of row p-1) ->
@@ -300,9 +305,10 @@ def acceptance_stats(corr, K):
             while p < len(c):
                 a = int(cc[p])
                 rounds += 1
-                toks += a + 1
+                toks += min(a + 1, len(c) - p)  # an accepted stop token ends the reply: no bonus token after it
                 p += a + 1
-        sim[str(k)] = {"rounds": rounds, "tokens": toks, "tokens_per_round": toks / max(1, rounds)}
+        sim[str(k)] = {"rounds": rounds, "tokens": toks, "tokens_per_round": toks / max(1, rounds),
+                       "target_forwards_saved_ratio": (toks + len(corr)) / max(1, rounds + len(corr))}
     stats["simulated_decode"] = sim
     return stats
 
@@ -523,7 +529,7 @@ def cmd_train(args):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
             opt.step()
-            row[variants[vi]["name"]] = {"loss": float(loss), "acc": accs}
+            row[variants[vi]["name"]] = {"loss": float(loss.detach()), "acc": accs}
         if step % args.log_every == 0:
             hist.append(row)
             el = time.time() - t_train0
@@ -608,6 +614,39 @@ def cmd_train(args):
     log(f"done in {time.time() - t_start:.1f}s")
 
 
+@torch.no_grad()
+def reference_drafts(hf, target, tok_emb, seqs, items, offsets, K):
+    """Free-running drafts through transformers' own forward, as SinglePositionMultiTokenCandidateGenerator
+    drafts them (each step's token input = the previous step's argmax), at round positions P0 + offset of
+    held-out replies: for g4's C drafter to compare with. Target: full fake-quant (g4 --act fake)."""
+    out = []
+    for it in items:
+        prompt, gen = seqs[it]
+        ids, lens, P0 = make_batch([(prompt, gen)], torch.device("cpu"))
+        h, logits, kv = target_forward(target, ids)
+        n = int(lens[0])
+        for off in offsets:
+            p = int(P0[0]) + off
+            if p > n - 2:
+                continue
+            shared = {t: (kv[t][0][:, :, :p], kv[t][1][:, :, :p]) for t in kv}
+            hprev = h[:, p - 1:p]
+            tok = ids[:, p:p + 1]
+            drafts, top = [], []
+            for _ in range(K):
+                inp = torch.cat([tok_emb[tok], hprev], dim=-1)
+                o = hf(inputs_embeds=inp, position_ids=torch.tensor([[p]]), shared_kv_states=shared)
+                lg = o.logits[0, 0]
+                tok = lg.argmax()[None, None]
+                drafts.append(int(tok))
+                top.append(round(float(lg.max()), 4))
+                hprev = o.last_hidden_state
+            out.append({"item": it, "ids": ids[0, :n].tolist(), "prompt_len": int(P0[0]), "p": p,
+                        "token_at_p": int(ids[0, p]), "drafts": drafts, "draft_max_logit": top,
+                        "target_greedy_next": ids[0, p + 1:p + 1 + K].tolist()})
+    return out
+
+
 def cmd_check(args):
     from transformers import Gemma4AssistantForCausalLM
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -623,6 +662,12 @@ def cmd_check(args):
     corr, agree = correctness(d, target, tok_emb, seqs, dev, args.K, bs=16)
     st = acceptance_stats(corr, args.K)
     log(fmt_stats("check", st, args.K))
+    if args.ref_out:
+        ref = reference_drafts(d, target, tok_emb, seqs, range(min(5, len(seqs))), (0, 7, 23, 41), args.K)
+        with open(args.ref_out, "w") as f:
+            json.dump({"about": reference_drafts.__doc__.strip(), "K": args.K, "rounds": ref}, f)
+            f.write("\n")
+        log(f"wrote {len(ref)} reference rounds to {args.ref_out}")
     print(json.dumps({"hfcheck": res, "acceptance": st}))
 
 
@@ -667,6 +712,7 @@ def main():
     a.add_argument("--hf-n", type=int, default=3)
     a.add_argument("--K", type=int, default=6)
     a.add_argument("--max-new", type=int, default=192)
+    a.add_argument("--ref-out", help="write free-running reference drafts (transformers' forward) to this JSON file")
     args = ap.parse_args()
     {"train": cmd_train, "check": cmd_check}[args.cmd](args)
 
