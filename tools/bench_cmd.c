@@ -19,6 +19,10 @@
 
 /* --kernels: the levels compared, at most this many; and the models (-m given several times) */
 #define BENCH_MAX_LEVELS 5
+/* --draft-costs: the most drafts a verification it times holds (0: a plain decode step) */
+#define COST_MAX_K 8
+#define G4_STR_(x) #x
+#define G4_STR(x) G4_STR_(x)
 
 typedef struct {
     const char *dir;
@@ -36,6 +40,8 @@ typedef struct {
     /* --draft DIR [--draft-tokens K]: the reps alternate between decoding without the drafter
      * (variant 0) and with it (variant 1), round after round */
     draft_args draft;
+    /* --draft-costs: the costs of a drafting round's parts instead (draft_costs); gen_set: -n given */
+    int draft_costs, gen_set;
 } bench_args;
 
 /* The bandwidth is measured just before and just after every repetition's decode, since this
@@ -256,6 +262,7 @@ static int parse_bench(args_t *a, bench_args *b) {
             if ((v = flag_value(a, "-p", &bad)) && parse_int(a->cmd, "-p", v, 0, 1 << 20, &b->prompt)) bad = 1;
         } else if (flag_is(a, "-n") || flag_is(a, "--gen-tokens")) {
             if ((v = flag_value(a, "-n", &bad)) && parse_int(a->cmd, "-n", v, 0, 1 << 20, &b->gen)) bad = 1;
+            b->gen_set = 1;
         } else if (flag_is(a, "-r") || flag_is(a, "--reps")) {
             if ((v = flag_value(a, "-r", &bad)) && parse_int(a->cmd, "-r", v, 1, 1000, &b->reps)) bad = 1;
         } else if (flag_is(a, "--bandwidth")) {
@@ -268,6 +275,7 @@ static int parse_bench(args_t *a, bench_args *b) {
             static const char *const alts[] = {"reps", "steps", NULL};
             if ((v = flag_value(a, "--alternate", &bad)) && parse_choice(a->cmd, "--alternate", v, alts, &b->alt_steps)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
+        else if (flag_is(a, "--draft-costs")) b->draft_costs = 1;
         else if (!engine_flag(a, &b->o, &bad) && !draft_flag(a, &b->draft, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
@@ -282,6 +290,10 @@ static int parse_bench(args_t *a, bench_args *b) {
     if (b->draft.dir && (b->n_levels || b->n_models > 1))
         return die("g4 bench: --draft compares decoding with and without the drafter on one model and level%s", "");
     if (b->draft.tokens && !b->draft.dir) return die("g4 bench: --draft-tokens needs --draft DIR%s", "");
+    if (b->draft_costs && !b->draft.dir) return die("g4 bench: --draft-costs needs --draft DIR%s", "");
+    if (b->draft_costs && (b->draft.tokens || b->gen_set || b->logits != LOGITS_GREEDY || b->alt_steps || b->prompt < 1))
+        return die("g4 bench: --draft-costs times K = 0..%s greedy drafts after a prompt of -p (at least 1) tokens: no -n, --draft-tokens, "
+                   "--logits or --alternate", G4_STR(COST_MAX_K));
     return 0;
 }
 
@@ -401,11 +413,165 @@ static double step_median(const bench_rep *reps, int total, int gen, int l) {
     return m;
 }
 
+/* ---- --draft-costs: a drafting round's parts, each in decode steps ----
+ *
+ * After a prompt of -p tokens, each round times (in an order reversed every other round, so a
+ * trend over a round favours none; one untimed round first) the verification of K drafts, one
+ * g4_decode of K + 1 rows of sequence 0 asking their greedy tokens as the stepper does (K = 0: a
+ * plain decode step), each followed by an untimed rollback to the prompt; and one draft step for
+ * one row from the prompt's last hidden state, reading the prompt's K/V (every draft step of a
+ * round drafts at the same position, so each costs the same). */
+
+/* The speedup over plain greedy decoding that a round of k drafts implies when each draft is
+ * accepted with probability alpha, independently: the round costs k draft steps and one
+ * verification of k + 1 rows (draft, verify: in decode steps) and yields E = 1 + alpha + ... +
+ * alpha^k = (1 - alpha^(k+1)) / (1 - alpha) tokens, where plain decoding yields one a step. */
+static double draft_speedup(double alpha, int k, double verify, double draft) {
+    double e = 0, p = 1;
+    for (int i = 0; i <= k; i++) e += p, p *= alpha;
+    return e / (k * draft + verify);
+}
+
+static const double cost_alphas[] = {0.5, 0.6, 0.7, 0.8};
+#define N_ALPHAS (int)(sizeof cost_alphas / sizeof *cost_alphas)
+
+typedef struct {
+    double verify_s[COST_MAX_K + 1], draft_s; /* verify_s[k]: k + 1 rows */
+} cost_round;
+
+static int run_costs(const g4_model *m, const bench_args *b, cost_round *rounds) {
+    int V = g4_model_vocab_size(m), H = g4_model_hidden_size(m), P = b->prompt, seq = 0;
+    unsigned seed = 1234u;
+    g4_options o = b->o;
+    o.ctx = P + COST_MAX_K + 1;
+    g4_session *s = g4_session_new(m, &o);
+    g4_drafter *dr = s ? g4_drafter_new(b->draft.d, s) : NULL;
+    int32_t *ids = malloc(sizeof *ids * (size_t)P), token, next;
+    float *h0 = malloc(sizeof *h0 * (size_t)H), *h = malloc(sizeof *h * (size_t)H);
+    g4_batch_row rows[COST_MAX_K + 1];
+    int rc = -1;
+    if (!dr || !ids || !h0 || !h) {
+        if (dr) g4_fail("out of memory");
+        goto done;
+    }
+    ids[0] = 2;
+    for (int i = 1; i < P; i++) ids[i] = (int32_t)(3 + (seed = seed * 1103515245u + 12345u) % (unsigned)(V - 3));
+    rows[0] = (g4_batch_row){.seq = 0, .token = ids[P - 1], .output = G4_OUTPUT_ARGMAX};
+    if ((P > 1 && g4_session_eval(s, ids, P - 1, NULL, 0) != 0) || g4_decode(s, rows, 1) != 0 || g4_decode_hidden(s, 0, h0) != 0) goto done;
+    token = rows[0].argmax; /* the next token: what the first row of a round feeds, and the drafter drafts from */
+    for (int r = -1; r < b->reps; r++) {
+        for (int j = 0; j <= COST_MAX_K + 1; j++) {
+            int k = r % 2 ? COST_MAX_K + 1 - j : j; /* COST_MAX_K + 1: the draft step */
+            double t0;
+            if (k == COST_MAX_K + 1) {
+                memcpy(h, h0, sizeof *h * (size_t)H);
+                t0 = now_s();
+                if (g4_drafter_step(dr, 1, &seq, &token, h, &next, NULL) != 0) goto done;
+                if (r >= 0) rounds[r].draft_s = now_s() - t0;
+                continue;
+            }
+            for (int i = 0; i <= k; i++)
+                rows[i] = (g4_batch_row){.seq = 0, .token = i ? (int32_t)((seed = seed * 1103515245u + 12345u) % (unsigned)V) : token,
+                                         .output = G4_OUTPUT_ARGMAX};
+            t0 = now_s();
+            if (g4_decode(s, rows, k + 1) != 0) goto done;
+            if (r >= 0) rounds[r].verify_s[k] = now_s() - t0;
+            if (g4_session_truncate_seq(s, 0, P) != 0) goto done;
+        }
+        if (!b->json && r >= 0) {
+            const cost_round *c = &rounds[r];
+            fprintf(stderr, "round %d: decode step %.2f ms, draft step %.3f of it, verifying 2..%d rows", r + 1, 1e3 * c->verify_s[0],
+                    c->draft_s / c->verify_s[0], COST_MAX_K + 1);
+            for (int k = 1; k <= COST_MAX_K; k++) fprintf(stderr, " %.2f", c->verify_s[k] / c->verify_s[0]);
+            fprintf(stderr, " of it\n");
+        }
+    }
+    rc = 0;
+done:
+    free(ids);
+    free(h0);
+    free(h);
+    g4_drafter_free(dr);
+    g4_session_free(s);
+    return rc;
+}
+
+/* Runs the rounds and reports: the median seconds of each part, its cost in decode steps (the
+ * median over rounds of its time over the same round's decode step) and the speedups
+ * (draft_speedup) of every K at each alpha of cost_alphas, with the best K. */
+static int draft_costs(const g4_model *m, const bench_args *b, double load_s) {
+    cost_round *rounds = calloc((size_t)b->reps, sizeof *rounds);
+    double *t = calloc((size_t)b->reps, sizeof *t), *q = calloc((size_t)b->reps, sizeof *q);
+    double sec[COST_MAX_K + 2], ratio[COST_MAX_K + 2]; /* [k]: k + 1 rows verified; [COST_MAX_K + 1]: the draft step */
+    if (!rounds || !t || !q || run_costs(m, b, rounds) != 0) {
+        int rc = rounds && t && q ? die_lib() : die("g4 bench: out of memory%s", "");
+        free(rounds), free(t), free(q);
+        return rc;
+    }
+    for (int k = 0; k <= COST_MAX_K + 1; k++) {
+        for (int r = 0; r < b->reps; r++) {
+            t[r] = k <= COST_MAX_K ? rounds[r].verify_s[k] : rounds[r].draft_s;
+            q[r] = t[r] / rounds[r].verify_s[0];
+        }
+        sec[k] = median(t, b->reps), ratio[k] = median(q, b->reps);
+    }
+    free(rounds), free(t), free(q);
+    double d = ratio[COST_MAX_K + 1], speed[N_ALPHAS][COST_MAX_K + 1];
+    int best[N_ALPHAS];
+    for (int a = 0; a < N_ALPHAS; a++) {
+        best[a] = 0;
+        for (int k = 0; k <= COST_MAX_K; k++) {
+            speed[a][k] = draft_speedup(cost_alphas[a], k, ratio[k], d);
+            if (speed[a][k] > speed[a][best[a]]) best[a] = k;
+        }
+    }
+    if (b->json) {
+        printf("{\"model\": \"%s\", \"draft\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"prompt_tokens\": %d, "
+               "\"reps\": %d, \"load_s\": %.4f, \"weights\": \"%s\"",
+               b->dir, b->draft.dir, g4_kernels_get()->name, b->o.threads, act_name(&b->o), b->prompt, b->reps, load_s, weights_name(m));
+        print_kernels(stdout, 1, b);
+        printf(", \"decode_step_s\": %.6f, \"draft_step_s\": %.6f, \"draft_ratio\": %.4f, \"verify\": [", sec[0], sec[COST_MAX_K + 1], d);
+        for (int k = 0; k <= COST_MAX_K; k++)
+            printf("%s{\"k\": %d, \"rows\": %d, \"s\": %.6f, \"ratio\": %.4f}", k ? ", " : "", k, k + 1, sec[k], ratio[k]);
+        printf("], \"speedup\": [");
+        for (int a = 0; a < N_ALPHAS; a++) {
+            printf("%s{\"alpha\": %.2f, \"best_k\": %d, \"best_speedup\": %.4f, \"by_k\": [", a ? ", " : "", cost_alphas[a], best[a],
+                   speed[a][best[a]]);
+            for (int k = 0; k <= COST_MAX_K; k++) printf("%s%.4f", k ? ", " : "", speed[a][k]);
+            printf("]}");
+        }
+        printf("]}\n");
+        return 0;
+    }
+    printf("model %s, drafter %s, kernels %s, %d thread(s), --act %s, prompt %d tokens, %d rounds\n", b->dir, b->draft.dir,
+           g4_kernels_get()->name, b->o.threads, act_name(&b->o), b->prompt, b->reps);
+    print_kernels(stdout, 0, b);
+    printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
+    printf("  decode step     %.2f ms median (1 row)\n", 1e3 * sec[0]);
+    printf("  draft step      %.2f ms median (1 row): %.4f decode steps (median over rounds)\n", 1e3 * sec[COST_MAX_K + 1], d);
+    printf("verifying K drafts (K + 1 rows), in decode steps (median over rounds):\n  K     ");
+    for (int k = 1; k <= COST_MAX_K; k++) printf("%8d", k);
+    printf("\n  ms    ");
+    for (int k = 1; k <= COST_MAX_K; k++) printf("%8.2f", 1e3 * sec[k]);
+    printf("\n  steps ");
+    for (int k = 1; k <= COST_MAX_K; k++) printf("%8.4f", ratio[k]);
+    printf("\nimplied speedup over plain decoding, each draft accepted with probability alpha:\n"
+           "  S(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha) / (K x draft step + verify(K + 1 rows)), both in decode steps\n  alpha ");
+    for (int k = 1; k <= COST_MAX_K; k++) printf("%8d", k);
+    printf("   best\n");
+    for (int a = 0; a < N_ALPHAS; a++) {
+        printf("  %.2f  ", cost_alphas[a]);
+        for (int k = 1; k <= COST_MAX_K; k++) printf("%8.3f", speed[a][k]);
+        printf("   K=%d: %.3fx\n", best[a], speed[a][best[a]]);
+    }
+    return 0;
+}
+
 int cmd_bench(args_t *a) {
     bench_args b;
     if (parse_bench(a, &b) != 0) return 1;
     bw_probe probe;
-    int probing = b.bandwidth && bw_probe_start(&probe, b.o.threads) == 0;
+    int probing = b.bandwidth && !b.draft_costs && bw_probe_start(&probe, b.o.threads) == 0;
     g4_model *models[BENCH_MAX_LEVELS] = {NULL};
     double loads[BENCH_MAX_LEVELS] = {0};
     const int M = b.n_models > 1 ? b.n_models : 1;
@@ -424,6 +590,12 @@ int cmd_bench(args_t *a) {
         g4_model_free(m);
         if (probing) bw_probe_stop(&probe);
         return die_lib();
+    }
+    if (b.draft_costs) {
+        int rc = draft_costs(m, &b, load_s);
+        g4_draft_free(b.draft.d);
+        g4_model_free(m);
+        return rc;
     }
     /* With --kernels each round runs every level once, in turn (the order reversed every other
      * round, so a trend over a round favours none): a session takes its level from G4_DISPATCH

@@ -176,6 +176,8 @@ static void usage(FILE *f) {
             "  g4 bench -m DIR [-t N] [-p 512] [-n 128] [-r 3] [--json] [--bandwidth on|off] [--logits greedy|full|top]\n"
             "           [--kernels LEVEL,LEVEL... [--alternate reps|steps]]  reps (and decode steps) alternate between kernel\n"
             "           levels; each level's speed over the first's\n"
+            "           [--draft DIR [--draft-costs]]  reps alternate with and without the drafter; --draft-costs instead\n"
+            "           times verifying K+1 rows (K = 0..8) and one draft step after a -p prompt, and the speedups they imply\n"
             "           [engine options]\n"
             "                                         load, prefill and decode speed, memory, per-operation time;\n"
             "                                         --logits full computes every logit (sampling without top-k),\n"
