@@ -621,7 +621,7 @@ typedef struct {
     int draft_tokens;
 } g4_generate_params;
 
-#define G4_DRAFT_TOKENS_DEFAULT 4
+#define G4_DRAFT_TOKENS_DEFAULT 3
 #define G4_MAX_DRAFT_TOKENS 16
 
 typedef struct {

@@ -310,6 +310,23 @@ static void test_batched(const char *target_dir, const char *draft_dir) {
     g4_model_free(m);
 }
 
+/* The built-in model's example prompt through its chat template (caller frees). */
+static int32_t *builtin_prompt(int *n) {
+    char *text = slurp(BUILTIN "/example_prompt.txt");
+    g4_tokenizer *tok = g4_tokenizer_load(BUILTIN "/tokenizer.json");
+    int32_t *ids = NULL;
+    size_t len = 0;
+    g4_chat_message msg = {.role = G4_CHAT_USER, .content = text};
+    g4_chat_options co = g4_chat_default_options();
+    co.add_bos = 1;
+    co.add_generation_prompt = 1;
+    CHECK(*text && tok && g4_chat_encode(tok, &msg, 1, &co, &ids, &len) == 0, "%s", g4_last_error());
+    g4_tokenizer_free(tok);
+    free(text);
+    *n = (int)len;
+    return ids;
+}
+
 /* The built-in model's trained drafter drafts what the target says most of the time. */
 static void test_acceptance(void) {
     g4_model *m = g4_model_load(BUILTIN);
@@ -320,16 +337,8 @@ static void test_acceptance(void) {
     g4_session *s = d ? g4_session_new(m, &o) : NULL;
     g4_drafter *dr = s ? g4_drafter_new(d, s) : NULL;
     g4_stepper *st = dr ? g4_stepper_new(s, 0) : NULL;
-    /* a held-out problem's prompt as g4 eval renders it is long; a plain one suffices here */
-    char *text = slurp(BUILTIN "/example_prompt.txt");
-    g4_tokenizer *tok = g4_tokenizer_load(BUILTIN "/tokenizer.json");
-    int32_t *ids = NULL;
-    size_t n = 0;
-    g4_chat_message msg = {.role = G4_CHAT_USER, .content = text};
-    g4_chat_options co = g4_chat_default_options();
-    co.add_bos = 1;
-    co.add_generation_prompt = 1;
-    CHECK(tok && g4_chat_encode(tok, &msg, 1, &co, &ids, &n) == 0, "%s", g4_last_error());
+    int n = 0;
+    int32_t *ids = builtin_prompt(&n);
     if (st && ids) {
         g4_generate_params p = {.max_tokens = 200, .draft = dr};
         g4_sampling_default(&p.sampling);
@@ -346,8 +355,6 @@ static void test_acceptance(void) {
         CHECK(rate >= 0.5, "the trained drafter's acceptance %.3f is below 0.5", rate);
     }
     free(ids);
-    free(text);
-    g4_tokenizer_free(tok);
     g4_stepper_free(st);
     g4_drafter_free(dr);
     g4_session_free(s);
@@ -363,7 +370,7 @@ static void test_acceptance(void) {
  * of 0.05 (N = 4000 draws over at most 16 outcomes: top-k 4 at both positions; sampling noise alone
  * gives about 0.02-0.03); plain sampling is held to the same bound; and the drafter's distribution
  * itself is far from it (so the bound can tell). Deterministic: seeds 1..N, exact arithmetic. */
-static void test_spec_sampling(const char *target_dir, const char *draft_dir, const int32_t *prompt, int n_prompt) {
+static void test_spec_sampling(const char *target_dir, const char *draft_dir, const int32_t *prompt, int n_prompt, float temp, int control) {
     enum { N = 4000 };
     g4_model *m = g4_model_load(target_dir);
     g4_draft *d = m ? g4_draft_load(draft_dir, m) : NULL;
@@ -378,7 +385,7 @@ static void test_spec_sampling(const char *target_dir, const char *draft_dir, co
     g4_drafter *dr = s ? g4_drafter_new(d, s) : NULL;
     g4_sampling sp;
     g4_sampling_default(&sp);
-    sp.temperature = 1.0f, sp.top_k = 4;
+    sp.temperature = temp, sp.top_k = 4;
     /* the exact marginal of the second token */
     g4_sampler *smp = g4_sampler_new(&sp, V);
     double *p0 = calloc((size_t)V, sizeof *p0), *p1 = calloc((size_t)V, sizeof *p1), *marg = calloc((size_t)V, sizeof *marg);
@@ -427,12 +434,12 @@ static void test_spec_sampling(const char *target_dir, const char *draft_dir, co
         tv_plain += fabs(cnt_plain[v] - marg[v]) / 2;
         tv_draft += fabs(qd[v] - marg[v]) / 2;
     }
-    printf("speculative sampling on %s with %s: total variation from the exact marginal %.4f (plain sampling %.4f, the drafter's "
+    printf("speculative sampling on %s with %s (temperature %.1f, top-k 4): total variation from the exact marginal %.4f (plain sampling %.4f, the drafter's "
            "own distribution %.4f), %d draws each\n",
-           target_dir, draft_dir, tv_spec, tv_plain, tv_draft, N);
+           target_dir, draft_dir, temp, tv_spec, tv_plain, tv_draft, N);
     CHECK(tv_spec <= 0.05, "%s: speculative sampling's second token is %.4f from the target's distribution", target_dir, tv_spec);
     CHECK(tv_plain <= 0.05, "%s: plain sampling's second token is %.4f from the exact marginal", target_dir, tv_plain);
-    CHECK(tv_draft > 0.1, "%s: the drafter's distribution is only %.4f from the target's: the control cannot tell", target_dir, tv_draft);
+    if (control) CHECK(tv_draft > 0.1, "%s: the drafter's distribution is only %.4f from the target's: the control cannot tell", target_dir, tv_draft);
 done:
     free(p0), free(p1), free(marg), free(cnt_spec), free(cnt_plain), free(qd), free(logits), free(h);
     g4_sampler_free(smp);
@@ -611,7 +618,13 @@ int main(void) {
     test_batched(tiny_dir(), ASSIST_A);
     test_batched(BUILTIN, BUILTIN_DRAFT);
     test_acceptance();
-    test_spec_sampling(tiny_dir(), ASSIST_A, pa, 12);
+    /* a random drafter (nearly every draft rejected: the residual max(0, p - q) decides) and the
+     * trained one (most accepted) */
+    test_spec_sampling(tiny_dir(), ASSIST_A, pa, 12, 1.0f, 1);
+    int n_ex;
+    int32_t *ex = builtin_prompt(&n_ex);
+    if (ex) test_spec_sampling(BUILTIN, BUILTIN_DRAFT, ex, n_ex, 4.0f, 0); /* hot enough that its top 4 all count */
+    free(ex);
     test_bad_input();
     test_cli();
     return check_report("draft");

@@ -186,7 +186,7 @@ static void usage(FILE *f) {
             "      --logits-npy FILE   write the prefill logits [prompt_len, vocab] as .npy\n"
             "      --dump-dir DIR      write intermediate prefill tensors as .npy (golden names)\n"
             "multi-token prediction (run, chat, eval, bench, serve): --draft DIR  a gemma4_assistant drafter made for the model;\n"
-            "  greedy decoding verifies its drafts and gives the same tokens, faster; --draft-tokens K (1-16, default 4)\n"
+            "  greedy decoding verifies its drafts and gives the same tokens, faster; --draft-tokens K (1-16, default 3)\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
             "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
             G4_VERSION);
