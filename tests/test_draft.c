@@ -352,7 +352,7 @@ static void test_acceptance(void) {
         g4_stepper_tokens(st, 0, &n_gen);
         printf("acceptance on the built-in model's example prompt: %ld of %ld drafts (%.3f), %d tokens in %ld rounds\n", accepted, drafted,
                rate, n_gen, rounds);
-        CHECK(rate >= 0.5, "the trained drafter's acceptance %.3f is below 0.5", rate);
+        CHECK(rate >= 0.8, "the trained drafter's acceptance %.3f is below 0.8 (0.933 measured; drafting from a stale hidden state gives 0.57)", rate);
     }
     free(ids);
     g4_stepper_free(st);
