@@ -399,6 +399,9 @@ static void print_summary(const g4_eval_score *sc, const g4_eval_timing *t, int 
             e->max_tokens, sc->budget, sc->context, sc->no_number, sc->thought_unclosed);
     fprintf(stderr, "g4 eval: this run: %d questions, %ld tokens in %.1f s of decoding = %.1f tokens/s (prefill %.1f s), wall %.1f s, batch %d\n",
             evaluated, t->generated, t->decode_s, t->decode_s > 0 ? t->generated / t->decode_s : 0.0, t->prefill_s, wall, e->batch);
+    if (t->drafted)
+        fprintf(stderr, "g4 eval: drafting: %ld rounds, %ld of %ld drafts accepted (%.3f), %.2f tokens a round\n", t->draft_rounds, t->accepted,
+                t->drafted, (double)t->accepted / t->drafted, t->draft_rounds ? (double)(t->accepted + t->draft_rounds) / t->draft_rounds : 0.0);
     if (sc->n && sc->budget * 100 > sc->n)
         g4_warn("%d of %d replies (more than 1%%) hit the --max-tokens budget: raise it and rerun (protocol section 4)", sc->budget, sc->n);
 }

@@ -340,6 +340,7 @@ static void copy_timing(const g4_stepper *st, g4_eval_timing *t) {
     t->generated = stats.generated;
     t->prefill_s = stats.prefill_s;
     t->decode_s = stats.decode_s;
+    g4_stepper_draft_stats(st, &t->draft_rounds, &t->drafted, &t->accepted);
 }
 
 int g4_eval_greedy(g4_session *s, const g4_eval_job *jobs, int n_jobs, const g4_eval_params *p, g4_eval_done_fn done,

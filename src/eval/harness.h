@@ -102,6 +102,7 @@ typedef struct {
 typedef struct {
     long generated;        /* tokens generated (stop ids included) */
     double prefill_s, decode_s;
+    long draft_rounds, drafted, accepted; /* speculative decoding (--draft): rounds, drafts, drafts accepted */
 } g4_eval_timing;
 
 /* Returns non-zero to abort the run (g4_eval_greedy then fails with the error it set). */
