@@ -477,10 +477,6 @@ static void patched_copy2(const char *src, const char *dst, const char *key, con
     cJSON_Delete(cfg);
 }
 
-static void patched_copy(const char *src, const char *dst, const char *key, const char *value) {
-    patched_copy2(src, dst, key, value, NULL, NULL);
-}
-
 static void expect_load_error(const g4_model *m, const char *dir, const char *needle) {
     g4_draft *d = g4_draft_load(dir, m);
     CHECK(!d && strstr(g4_last_error(), needle), "%s: expected an error naming \"%s\", got %s", dir, needle, d ? "a drafter" : g4_last_error());
@@ -503,26 +499,28 @@ static void test_bad_input(void) {
     expect_load_error(b, ASSIST_A, "backbone_hidden_size 64 does not match the target's hidden_size");
     expect_load_error(a, "/nonexistent-drafter", "/nonexistent-drafter");
     const char *tmp = "build/test_draft_tmp";
-    patched_copy(ASSIST_A, tmp, "text_config.vocab_size", "1024");
-    expect_load_error(a, tmp, "tensor model.embed_tokens.weight: expected BF16 [1024, 32], found BF16 [512, 32]");
-    patched_copy(ASSIST_A, tmp, "text_config.head_dim", "8");
-    expect_load_error(a, tmp, "tensor model.layers.0.self_attn.q_proj.weight: expected BF16 [16, 32], found BF16 [32, 32]");
-    patched_copy(ASSIST_A, tmp, "text_config.num_key_value_heads", "2");
-    expect_load_error(a, tmp, "layer 0 (sliding_attention) has head_dim 16 with 2 K/V heads; the target's layer 5 it reads has 16 with 1");
-    patched_copy(ASSIST_A, tmp, "text_config.num_kv_shared_layers", "1");
-    expect_load_error(a, tmp, "num_kv_shared_layers must equal num_hidden_layers");
-    patched_copy(ASSIST_A, tmp, "text_config.hidden_size_per_layer_input", "16");
-    expect_load_error(a, tmp, "hidden_size_per_layer_input must be 0");
-    patched_copy(ASSIST_A, tmp, "num_centroids", "3");
-    expect_load_error(a, tmp, "centroid_intermediate_top_k 4 exceeds num_centroids 3");
-    patched_copy(ASSIST_A, tmp, "num_centroids", "24");
-    expect_load_error(a, tmp, "vocab_size 512 is not a multiple of num_centroids 24");
-    patched_copy(ASSIST_A, tmp, "centroid_intermediate_top_k", "40");
-    expect_load_error(a, tmp, "centroid_intermediate_top_k 40 exceeds num_centroids 16");
-    patched_copy(ASSIST_A, tmp, "text_config.layer_types", "[\"full_attention\", \"full_attention\"]");
-    expect_load_error(a, tmp, "q_proj"); /* layer 0 as a full layer: its q_proj has the sliding head size */
-    patched_copy2(ASSIST_B, tmp, "use_ordered_embeddings", "true", "num_centroids", "48");
-    expect_load_error(b, tmp, "masked_embedding.centroids.weight missing");
+    /* drafter configs patched one field (or two) at a time, each refused naming what is wrong */
+    static const struct {
+        int b; /* the drafter for tiny-b (ASSIST_B), else for tiny-mobile */
+        const char *key, *value, *key2, *value2, *needle;
+    } patched[] = {
+        {0, "text_config.vocab_size", "1024", NULL, NULL, "tensor model.embed_tokens.weight: expected BF16 [1024, 32], found BF16 [512, 32]"},
+        {0, "text_config.head_dim", "8", NULL, NULL, "tensor model.layers.0.self_attn.q_proj.weight: expected BF16 [16, 32], found BF16 [32, 32]"},
+        {0, "text_config.num_key_value_heads", "2", NULL, NULL,
+         "layer 0 (sliding_attention) has head_dim 16 with 2 K/V heads; the target's layer 5 it reads has 16 with 1"},
+        {0, "text_config.num_kv_shared_layers", "1", NULL, NULL, "num_kv_shared_layers must equal num_hidden_layers"},
+        {0, "text_config.hidden_size_per_layer_input", "16", NULL, NULL, "hidden_size_per_layer_input must be 0"},
+        {0, "num_centroids", "3", NULL, NULL, "centroid_intermediate_top_k 4 exceeds num_centroids 3"},
+        {0, "num_centroids", "24", NULL, NULL, "vocab_size 512 is not a multiple of num_centroids 24"},
+        {0, "centroid_intermediate_top_k", "40", NULL, NULL, "centroid_intermediate_top_k 40 exceeds num_centroids 16"},
+        /* layer 0 as a full layer: its q_proj has the sliding head size */
+        {0, "text_config.layer_types", "[\"full_attention\", \"full_attention\"]", NULL, NULL, "q_proj"},
+        {1, "use_ordered_embeddings", "true", "num_centroids", "48", "masked_embedding.centroids.weight missing"},
+    };
+    for (size_t i = 0; i < sizeof patched / sizeof *patched; i++) {
+        patched_copy2(patched[i].b ? ASSIST_B : ASSIST_A, tmp, patched[i].key, patched[i].value, patched[i].key2, patched[i].value2);
+        expect_load_error(patched[i].b ? b : a, tmp, patched[i].needle);
+    }
     /* a token_ordering entry outside the vocabulary */
     char cmd[8192];
     snprintf(cmd, sizeof cmd,

@@ -328,14 +328,16 @@ def test_continued_conversation(sv):
     check(cached > len(g4_tokens(q1)), "the second turn reuses the first turn's KV (cached_tokens %d)" % cached, r.usage)
 
 
-def test_concurrent(sv, n=16):
+def concurrent_greedy(sv, first, n):
+    """n clients at once, half streaming, each asking problem(first + i) greedily: the indices
+    whose answer differs from g4 run --temp 0's (with what they got), the answers, the wall time."""
     c = sv.client()
-    wants = [g4_run(problem(20 + i), extra=["--temp", "0"]) for i in range(n)]
+    wants = [g4_run(problem(first + i), extra=["--temp", "0"]) for i in range(n)]
     got = [None] * n
 
     def one(i):
         try:
-            r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(20 + i)}],
+            r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(first + i)}],
                                           stream=(i % 2 == 1))
             got[i] = "".join(ch.choices[0].delta.content or "" for ch in r if ch.choices) if i % 2 else r.choices[0].message.content
         except Exception as e:  # noqa: BLE001 (reported as a failed check)
@@ -347,9 +349,13 @@ def test_concurrent(sv, n=16):
         t.start()
     for t in threads:
         t.join()
-    wall = time.time() - t0
-    bad = [i for i in range(n) if got[i] != wants[i]]
-    check(not bad, "%d concurrent clients each get exactly its own greedy answer (%.2f s)" % (n, wall), [(i, got[i], wants[i]) for i in bad[:2]])
+    bad = [(i, got[i], wants[i]) for i in range(n) if got[i] != wants[i]]
+    return bad, wants, time.time() - t0
+
+
+def test_concurrent(sv, n=16):
+    bad, _, wall = concurrent_greedy(sv, 20, n)
+    check(not bad, "%d concurrent clients each get exactly its own greedy answer (%.2f s)" % (n, wall), bad[:2])
 
 
 def test_draft(common):
@@ -359,27 +365,10 @@ def test_draft(common):
     draft = os.path.join(os.path.dirname(MODEL), "gemma4-tiny-math-drafter")
     sv = Server(*common, "--draft", draft, "--draft-tokens", "4")
     try:
-        c = sv.client()
         n = 8
-        wants = [g4_run(problem(40 + i), extra=["--temp", "0"]) for i in range(n)]
-        got = [None] * n
-
-        def one(i):
-            try:
-                r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(40 + i)}],
-                                              stream=(i % 2 == 1))
-                got[i] = "".join(ch.choices[0].delta.content or "" for ch in r if ch.choices) if i % 2 else r.choices[0].message.content
-            except Exception as e:  # noqa: BLE001 (reported as a failed check)
-                got[i] = e
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        bad = [i for i in range(n) if got[i] != wants[i]]
-        check(not bad, "--draft: %d concurrent greedy clients each get the answer g4 run gives without a drafter" % n,
-              [(i, got[i], wants[i]) for i in bad[:2]])
+        bad, wants, _ = concurrent_greedy(sv, 40, n)
+        check(not bad, "--draft: %d concurrent greedy clients each get the answer g4 run gives without a drafter" % n, bad[:2])
+        c = sv.client()
         want = wants[0]
         cut = want[: max(1, len(want) // 2)][-3:]
         r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(40)}], stop=[cut])
