@@ -538,11 +538,22 @@ class _Session:
     """A g4_session of a model (one sequence, a KV cache of ctx tokens), leased to one thread at a time."""
 
     def __init__(self, model: "Model") -> None:
+        self.drafter = None
+        self.draft_tokens = model._draft_tokens
         self.handle = lib.g4_session_new(model._m, byref(model._opts))
         if not self.handle:
             raise _fail(Error, f"{model.path}: cannot open a session: ")
+        if model._d:
+            self.drafter = lib.g4_drafter_new(model._d, self.handle)
+            if not self.drafter:
+                err = _fail(Error, f"{model.path}: cannot open a session: ")
+                self.free()
+                raise err
 
     def free(self) -> None:
+        if self.drafter:
+            lib.g4_drafter_free(self.drafter)
+            self.drafter = None
         if self.handle:
             lib.g4_session_free(self.handle)
             self.handle = None
@@ -611,11 +622,13 @@ class _Settings:
             )
         self.tools = [t.encode() for t in tools]
 
-    def conversation_options(self, session: int) -> Tuple[C.ConversationOptions, Any]:
+    def conversation_options(self, session: "_Session") -> Tuple[C.ConversationOptions, Any]:
         """The options, and what must outlive the conversation (the tools' array)."""
         co = C.ConversationOptions()
-        if lib.g4_conversation_default_options(session, byref(co)) != 0:
+        if lib.g4_conversation_default_options(session.handle, byref(co)) != 0:
             raise _fail(Error)
+        co.gen.draft = session.drafter
+        co.gen.draft_tokens = session.draft_tokens
         co.chat.thinking = int(self.thinking)
         keep = None
         if self.tools:
@@ -641,10 +654,18 @@ class Model:
     A model may be used from several threads at once: each generation runs in a session of its own
     (a KV cache of ctx tokens, kept for the next generation of the model), and sessions compute in
     parallel, each giving what it gives alone. Close it with close() or a `with` block.
+
+    draft=DIR loads a Gemma 4 MTP drafter (a gemma4_assistant folder made for this model) for
+    speculative decoding: greedy generations give exactly the text they give without it, sampled
+    ones the same distribution (g4 run --draft); draft_tokens=K drafts per round (1-16, default 3).
     """
 
-    def __init__(self, path: PathLike, **engine_options: Any) -> None:
+    def __init__(self, path: PathLike, draft: Optional[PathLike] = None, draft_tokens: Optional[int] = None, **engine_options: Any) -> None:
         self._m: Optional[int] = None
+        self._d: Optional[int] = None
+        if draft_tokens is not None and draft is None:
+            raise OptionError("draft_tokens needs draft=DIR")
+        self._draft_tokens = 0 if draft_tokens is None else _int_arg("draft_tokens", draft_tokens, 1, 16)
         self._tok: Optional[int] = None
         self._idle: List[_Session] = []
         self._busy = 0
@@ -659,6 +680,12 @@ class Model:
         if not self._m:
             _flush_warnings()
             raise _fail(LoadError)
+        if draft is not None:
+            self._d = lib.g4_draft_load(os.fsencode(os.fspath(draft)), self._m)
+            if not self._d:
+                err = _fail(LoadError)
+                self.close()
+                raise err
         self._tok = lib.g4_tokenizer_load(os.path.join(bpath, b"tokenizer.json"))
         if not self._tok:
             err = _fail(LoadError)
@@ -1074,7 +1101,7 @@ class Model:
         cancel: Optional[threading.Event],
     ) -> _Turn:
         """A new conversation over the session (its sequence emptied), the prompt added, one reply."""
-        co, keep = settings.conversation_options(s.handle)
+        co, keep = settings.conversation_options(s)
         conv = lib.g4_conversation_new(s.handle, self._tok, byref(co))
         if not conv:
             raise _fail(Error)
@@ -1111,10 +1138,14 @@ class Model:
             idle, self._idle = self._idle, []
             tok, self._tok = self._tok, None
             m, self._m = self._m, None
+        with self._cond:
+            d, self._d = self._d, None
         for s in idle:
             s.free()
         if tok:
             lib.g4_tokenizer_free(tok)
+        if d:
+            lib.g4_draft_free(d)
         if m:
             lib.g4_model_free(m)
 
@@ -1240,7 +1271,7 @@ class Conversation:
         self._session: Optional[_Session] = model._acquire()
         self._conv: Optional[int] = None
         try:
-            co, self._keep = settings.conversation_options(self._session.handle)
+            co, self._keep = settings.conversation_options(self._session)
             self._conv = lib.g4_conversation_new(self._session.handle, model._tok, byref(co))
             if not self._conv:
                 raise _fail(Error)

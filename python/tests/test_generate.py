@@ -165,3 +165,34 @@ def test_exception_in_the_middle_of_a_generation(model: g4.Model, greedy) -> Non
         signal.signal(signal.SIGALRM, old)
     assert raised > 0
     assert model.generate(PROMPT, temperature=0) == text
+
+
+DRAFT = MODEL.parent / "gemma4-tiny-math-drafter"
+
+
+def test_draft_gives_the_same_greedy_text(greedy) -> None:
+    """Model(path, draft=DIR): speculative decoding with the trained MTP drafter, greedy, is the
+    text of plain greedy decoding, for several questions and draft lengths; chat too."""
+    text, ids = greedy
+    with g4.Model(MODEL, draft=DRAFT) as m:
+        assert m.generate(PROMPT, temperature=0) == text
+        c = m.complete(PROMPT, temperature=0)
+        assert (c.text, c.tokens) == (text, ids)
+        for q in questions(3):
+            assert m.generate(q, temperature=0) == cli_answer("--temp", "0", "-p", q)
+    with g4.Model(MODEL, draft=DRAFT, draft_tokens=7) as m:
+        assert m.generate(PROMPT, temperature=0) == text
+        assert m.chat([{"role": "user", "content": PROMPT}], temperature=0).text == text
+
+
+def test_draft_errors(tmp_path) -> None:
+    with pytest.raises(g4.LoadError, match="not gemma4_assistant"):
+        g4.Model(MODEL, draft=MODEL)
+    with pytest.raises(g4.LoadError, match="nonexistent"):
+        g4.Model(MODEL, draft=tmp_path / "nonexistent")
+    with pytest.raises(g4.OptionError, match="draft_tokens 0: expected an integer in"):
+        g4.Model(MODEL, draft=DRAFT, draft_tokens=0)
+    with pytest.raises(g4.OptionError, match="draft_tokens needs draft"):
+        g4.Model(MODEL, draft_tokens=3)
+    with pytest.raises(g4.LoadError, match="gemma4_assistant is a drafter"):
+        g4.Model(DRAFT)
