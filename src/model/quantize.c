@@ -47,14 +47,24 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-static int is_linear(const char *name) {
-    if (strncmp(name, "model.language_model.layers.", 28) != 0) return 0;
+/* An MTP drafter (gemma4_assistant) keeps its decoder under model. and has three linears of its own. */
+static const char *const drafter_linears[] = {"pre_projection.weight", "post_projection.weight", "masked_embedding.centroids.weight"};
+
+static int is_linear(const char *name, int assistant) {
+    const char *layers = assistant ? "model.layers." : "model.language_model.layers.";
+    for (size_t i = 0; assistant && i < sizeof drafter_linears / sizeof *drafter_linears; i++)
+        if (strcmp(name, drafter_linears[i]) == 0) return 1;
+    if (strncmp(name, layers, strlen(layers)) != 0) return 0;
     for (size_t i = 0; i < sizeof linear_suffixes / sizeof *linear_suffixes; i++)
         if (ends_with(name, linear_suffixes[i])) return 1;
     return 0;
 }
 
-static int is_embedding(const char *name) { return strcmp(name, embeddings[0]) == 0 || strcmp(name, embeddings[1]) == 0; }
+/* A drafter's embedding is its tied lm_head, model.embed_tokens. */
+static int is_embedding(const char *name, int assistant) {
+    if (assistant) return strcmp(name, "model.embed_tokens.weight") == 0;
+    return strcmp(name, embeddings[0]) == 0 || strcmp(name, embeddings[1]) == 0;
+}
 
 static int plan_add(plan_t *p, const char *name, g4_dtype dt, int ndim, const int64_t *shape, out_item item) {
     if (p->w.n == p->cap) {
@@ -97,17 +107,17 @@ static void derived_name(char *buf, size_t cap, const char *name, const char *su
     snprintf(buf, cap, "%.*s%s", (int)n, name, suffix);
 }
 
-static int build_plan(plan_t *p, g4_embed_quant embed) {
+static int build_plan(plan_t *p, g4_embed_quant embed, int assistant) {
     const g4_safetensors *st = p->st;
     int embed_bits = embed == G4_EMBED_Q8_0 ? 8 : 4;
     for (int i = 0; i < st->n_tensors; i++) {
         const g4_tensor *t = &st->tensors[i];
         char a[512], b[512];
         int rc;
-        if (is_linear(t->name)) {
+        if (is_linear(t->name, assistant)) {
             derived_name(b, sizeof b, t->name, ".weight_scale");
             rc = add_quantized(p, t, 4, t->name, b);
-        } else if (is_embedding(t->name) && embed != G4_EMBED_BF16) {
+        } else if (is_embedding(t->name, assistant) && embed != G4_EMBED_BF16) {
             derived_name(a, sizeof a, t->name, ".embedding_quantized");
             derived_name(b, sizeof b, t->name, ".embedding_scale");
             rc = add_quantized(p, t, embed_bits, a, b);
@@ -186,7 +196,7 @@ static cJSON *bits_entry(int bits) {
     return o;
 }
 
-void *g4_quantize_config_json(g4_embed_quant embed) {
+void *g4_quantize_config_json(g4_embed_quant embed, int assistant) {
     static const char *const float_modules[] = {"model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio",
                                                 "per_layer_model_projection"};
     cJSON *q = cJSON_CreateObject(), *m = cJSON_CreateObject(), *nc = cJSON_CreateArray();
@@ -202,6 +212,7 @@ void *g4_quantize_config_json(g4_embed_quant embed) {
         cJSON_AddItemToObject(m, "^lm_head$", bits_entry(bits));
         cJSON_AddItemToObject(m, "language_model\\.embed_tokens$", bits_entry(bits));
         cJSON_AddItemToObject(m, "language_model\\.embed_tokens_per_layer$", bits_entry(bits));
+        if (assistant) cJSON_AddItemToObject(m, "^model\\.embed_tokens$", bits_entry(bits)); /* a drafter's (g4_draft_load) */
     }
     cJSON_AddItemToObject(q, "module_quant_configs", m);
     for (size_t i = 0; i < sizeof float_modules / sizeof *float_modules; i++) cJSON_AddItemToArray(nc, cJSON_CreateString(float_modules[i]));
@@ -214,8 +225,9 @@ void *g4_quantize_config_json(g4_embed_quant embed) {
 }
 
 /* in_dir/config.json with the quantization_config added (malloc'd text), after checking that the
- * input is a Gemma 4 text config g4 runs and carries no quantization yet. */
-static char *output_config(const char *in_dir, g4_embed_quant embed) {
+ * input is a Gemma 4 text config g4 runs (a target, or a drafter: *assistant) and carries no
+ * quantization yet. */
+static char *output_config(const char *in_dir, g4_embed_quant embed, int *assistant) {
     char path[4096];
     char *text;
     if (g4_path_join(path, sizeof path, in_dir, "config.json") != 0 || g4_read_file(path, &text, NULL) != 0) return NULL;
@@ -226,12 +238,13 @@ static char *output_config(const char *in_dir, g4_embed_quant embed) {
             rc = g4_fail("%s: the checkpoint is quantized already (quantization_config); g4 quantize reads checkpoints without one "
                          "(BF16)",
                          path);
+        *assistant = cfg.assistant;
         g4_config_free(&cfg);
     }
     cJSON *root = rc == 0 ? cJSON_Parse(text) : NULL;
     free(text);
     if (rc != 0) return NULL;
-    cJSON *q = g4_quantize_config_json(embed);
+    cJSON *q = g4_quantize_config_json(embed, *assistant);
     if (!root || !q) {
         cJSON_Delete(root);
         cJSON_Delete(q);
@@ -279,7 +292,8 @@ static int check_folders(const char *in_dir, const char *out_dir) {
 int g4_quantize_q4_0(const char *in_dir, const char *out_dir, g4_embed_quant embed, g4_quantize_stats *stats) {
     if (embed != G4_EMBED_Q8_0 && embed != G4_EMBED_Q4_0 && embed != G4_EMBED_BF16) return g4_fail("unknown embedding type %d", (int)embed);
     if (check_folders(in_dir, out_dir) != 0) return -1;
-    char *cfg_text = output_config(in_dir, embed);
+    int assistant = 0;
+    char *cfg_text = output_config(in_dir, embed, &assistant);
     if (!cfg_text) return -1;
     g4_safetensors st;
     if (g4_st_open_dir(&st, in_dir) != 0) {
@@ -292,7 +306,7 @@ int g4_quantize_q4_0(const char *in_dir, const char *out_dir, g4_embed_quant emb
     uint64_t file_bytes = 0;
     int rc = g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") || g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors");
     if (rc == 0) rc = g4_make_dirs(out_dir);
-    if (rc == 0) rc = build_plan(&plan, embed);
+    if (rc == 0) rc = build_plan(&plan, embed, assistant);
     if (rc == 0 && (rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes)) != 0 && plan.err[0]) g4_fail("%s", plan.err);
     if (rc == 0) rc = g4_write_text(cfg_path, cfg_text);
     if (rc == 0) rc = copy_companions(in_dir, out_dir);

@@ -29,8 +29,9 @@ typedef struct {
 } g4_quantize_stats;
 
 /* The quantization_config object the output says it has (a cJSON *, which the caller frees), or
- * NULL when out of memory; `g4 synth --preset e2b-q4_0` writes the same. */
-void *g4_quantize_config_json(g4_embed_quant embed);
+ * NULL when out of memory; `g4 synth --preset e2b-q4_0` writes the same. assistant: for an MTP
+ * drafter (gemma4_assistant), whose decoder and tied embedding sit under model. */
+void *g4_quantize_config_json(g4_embed_quant embed, int assistant);
 
 /* Writes out_dir (created if needed; not in_dir) from the checkpoint folder in_dir. Returns 0, or
  * -1 with a one-line message in g4_last_error() naming the file, tensor or field; nothing is left

@@ -133,7 +133,7 @@ static cJSON *bits_entry(int bits) {
  * the preset table's source): keys in sorted order, which is the order HF writes and the order
  * that decides regex precedence; or g4 quantize's, for the Q4_0 layout. */
 static cJSON *quant_config(const preset_t *p) {
-    if (p->layout == LAYOUT_Q4_0) return g4_quantize_config_json(G4_EMBED_Q8_0);
+    if (p->layout == LAYOUT_Q4_0) return g4_quantize_config_json(G4_EMBED_Q8_0, 0);
     int e4b = p->layout == LAYOUT_MOBILE_E4B;
     const struct {
         const char *pattern;
