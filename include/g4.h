@@ -281,6 +281,8 @@ int g4_model_hidden_size(const g4_model *m);
  * sequence drafted at once. The session and the drafter must outlive it. */
 g4_drafter *g4_drafter_new(const g4_draft *d, g4_session *target);
 void g4_drafter_free(g4_drafter *dr);
+/* The session it drafts over. */
+const g4_session *g4_drafter_session(const g4_drafter *dr);
 /* One draft step for n rows: row i drafts in sequence seqs[i] from tokens[i] (the token at the
  * sequence's next position, not fed yet) with hidden[i] (g4_model_hidden_size floats: the target's
  * final-normed hidden state of the row that gave tokens[i], or the last step's output), reading the
@@ -678,8 +680,9 @@ void g4_stepper_free(g4_stepper *st);
  * prompt, one that does not fit the context, a token outside the vocabulary or invalid sampling
  * parameters. The prompt and the stop ids are copied. */
 int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p);
-/* One step (above). out: room for a token of every sequence feeding a prompt or generating;
- * returns how many it wrote (a sequence whose prompt is not in yet writes none), or -1. */
+/* One step (above). out: room for g4_stepper_max_tokens entries (a token of every sequence feeding
+ * a prompt or generating; a drafting round's tokens, in order); returns how many it wrote (a
+ * sequence whose prompt is not in yet writes none), or -1. */
 int g4_stepper_step(g4_stepper *st, g4_step_token *out);
 /* Stops sequence seq where it stands, with G4_STOP_USER; its cache keeps what was fed. 1 if it
  * was feeding a prompt or generating, 0 if not, -1 when there is no such sequence. */

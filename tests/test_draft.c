@@ -554,6 +554,13 @@ static void test_bad_input(void) {
         g4_sampling_default(&p.sampling);
         CHECK(st && g4_stepper_add(st, 0, prompt, 2, &p) == -1 && strstr(g4_last_error(), "draft_tokens 17"), "%s", g4_last_error());
         g4_stepper_free(st);
+        /* a stepper over another session of the same model */
+        g4_session *other = g4_session_new(a, &o);
+        st = other ? g4_stepper_new(other, 0) : NULL;
+        p.draft_tokens = 2;
+        CHECK(st && g4_stepper_add(st, 0, prompt, 2, &p) == -1 && strstr(g4_last_error(), "another session"), "%s", g4_last_error());
+        g4_stepper_free(st);
+        g4_session_free(other);
     }
     g4_drafter_free(dr);
     g4_session_free(sa);

@@ -190,6 +190,7 @@ static int set_draft(g4_stepper *st, generation *g, const g4_generate_params *p)
     if (p->draft_tokens < 0 || p->draft_tokens > G4_MAX_DRAFT_TOKENS)
         return g4_fail("draft_tokens %d: expected 0 (the default, %d) to %d", p->draft_tokens, G4_DRAFT_TOKENS_DEFAULT, G4_MAX_DRAFT_TOKENS);
     if (st->dr && st->dr != p->draft) return g4_fail("one stepper takes one drafter: another is in use");
+    if (g4_drafter_session(p->draft) != st->s) return g4_fail("the drafter drafts over another session than the stepper's");
     if (!g->hidden && !(g->hidden = malloc(sizeof *g->hidden * (size_t)st->hidden_size))) return g4_fail("out of memory for generation");
     if (!st->draft_hidden && !(st->draft_hidden = malloc(sizeof *st->draft_hidden * (size_t)st->n_seq * (size_t)st->hidden_size)))
         return g4_fail("out of memory for generation");

@@ -214,6 +214,8 @@ void g4_drafter_free(g4_drafter *dr) {
     free(dr);
 }
 
+const g4_session *g4_drafter_session(const g4_drafter *dr) { return dr->s; }
+
 /* ---- one step ---- */
 
 static void matmul(const g4_drafter *dr, const g4_linear *L, const float *x, int n, float *y) {
