@@ -227,6 +227,12 @@ static enum MHD_Result get_metrics(request_ctx *rc, struct MHD_Connection *c) {
     addf(&t, "g4_prefill_seconds_total %.6f\n", st.prefill_s);
     metric(&t, "g4_decode_tokens_per_second", "gauge", "Generated tokens per second of decode steps, since the start.");
     addf(&t, "g4_decode_tokens_per_second %.3f\n", st.decode_s > 0 ? (double)st.generated_tokens / st.decode_s : 0.0);
+    metric(&t, "g4_draft_rounds_total", "counter", "Speculative decoding rounds (--draft).");
+    addf(&t, "g4_draft_rounds_total %ld\n", st.draft_rounds);
+    metric(&t, "g4_draft_tokens_total", "counter", "Tokens the drafter drafted.");
+    addf(&t, "g4_draft_tokens_total %ld\n", st.drafted);
+    metric(&t, "g4_draft_accepted_tokens_total", "counter", "Drafted tokens the model accepted.");
+    addf(&t, "g4_draft_accepted_tokens_total %ld\n", st.draft_accepted);
     metric(&t, "g4_time_to_first_token_seconds", "summary", "From admission to the first generated token.");
     addf(&t, "g4_time_to_first_token_seconds_sum %.6f\ng4_time_to_first_token_seconds_count %ld\n", st.ttft_sum, st.ttft_count);
     enum MHD_Result ok = t.p ? send_text(rc, c, 200, "text/plain; version=0.0.4; charset=utf-8", t.p) : MHD_NO;

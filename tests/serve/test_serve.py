@@ -375,6 +375,9 @@ def test_draft(common):
         got0 = r.choices[0].message.content
         check(r.choices[0].finish_reason == "stop" and got0 == want[: want.find(cut)], "--draft: a stop string ends the reply where it starts",
               "%r (stop %r)" % (got0, cut))
+        m = sv.metrics()
+        check(m.get("g4_draft_rounds_total", 0) > 0 and 0.5 * m["g4_draft_tokens_total"] < m.get("g4_draft_accepted_tokens_total", 0) <=
+              m["g4_draft_tokens_total"], "--draft: /metrics counts the rounds, drafts and accepted drafts", m)
     finally:
         check(sv.stop() == 0, "the --draft server stops cleanly on SIGTERM", "".join(sv.log[-5:]))
 

@@ -425,6 +425,7 @@ static void *engine_main(void *arg) {
         g4_stepper_stats ss;
         g4_stepper_get_stats(e->st, &ss);
         e->stats.decode_s = ss.decode_s, e->stats.prefill_s = ss.prefill_s;
+        g4_stepper_draft_stats(e->st, &e->stats.draft_rounds, &e->stats.drafted, &e->stats.draft_accepted);
         for (int i = 0; i < n; i++) deliver(e, &e->events[i]);
         if (n < 0)
             for (int q = 0; q < e->n_slots; q++)

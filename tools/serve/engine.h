@@ -40,6 +40,7 @@ typedef struct {
     long admitted, finished, rejected_busy, cancelled;
     long prompt_tokens, cached_tokens, generated_tokens;
     double decode_s, prefill_s;  /* the stepper's decode and prompt calls */
+    long draft_rounds, drafted, draft_accepted; /* --draft: the stepper's drafting totals */
     double ttft_sum;             /* time to first token, summed over finished requests */
     long ttft_count;
 } serve_stats;
