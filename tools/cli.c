@@ -284,22 +284,9 @@ int draft_flag(args_t *a, draft_args *d, int *bad) {
 }
 
 int draft_open(draft_args *d, const g4_model *m, g4_session *s) {
-    if (!d->dir) {
-        if (d->tokens) {
-            fprintf(stderr, "g4: error: --draft-tokens needs --draft DIR\n");
-            return -1;
-        }
-        return 0;
-    }
-    if (!d->d && !(d->d = g4_draft_load(d->dir, m))) {
-        die_lib();
-        return -1;
-    }
-    if (!(d->dr = g4_drafter_new(d->d, s))) {
-        die_lib();
-        return -1;
-    }
-    return 0;
+    if (!d->dir) return d->tokens ? g4_fail("--draft-tokens needs --draft DIR") : 0;
+    if (!d->d && !(d->d = g4_draft_load(d->dir, m))) return -1;
+    return (d->dr = g4_drafter_new(d->d, s)) ? 0 : -1;
 }
 
 void draft_apply(const draft_args *d, g4_generate_params *p) {

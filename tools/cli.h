@@ -53,7 +53,7 @@ typedef struct {
 /* Returns 1 if argv[i] was one of them. */
 int draft_flag(args_t *a, draft_args *d, int *bad);
 /* Loads the drafter for m and its state over s (nothing without --draft); -1 with the message
- * printed. */
+ * in g4_last_error(). */
 int draft_open(draft_args *d, const g4_model *m, g4_session *s);
 /* The generation settings' drafter (none without --draft). */
 void draft_apply(const draft_args *d, g4_generate_params *p);

@@ -372,7 +372,7 @@ static int run_jobs(eval_run *r, g4_eval_timing *t) {
     g4_session *s = g4_session_new(r->m, &o);
     if (!s) return -1;
     draft_args draft = r->e->draft;
-    if (draft.dir && (!(draft.d = g4_draft_load(draft.dir, r->m)) || !(draft.dr = g4_drafter_new(draft.d, s)))) {
+    if (draft_open(&draft, r->m, s) != 0) {
         draft_close(&draft);
         g4_session_free(s);
         return -1;

@@ -113,13 +113,7 @@ static int cmd_run(args_t *a) {
     g4_session *s = m ? g4_session_new(m, &r.o) : NULL;
     int rc = 1, printed = 0;
     if (!s) goto done;
-    if (draft_open(&r.draft, m, s) != 0) {
-        rc = 1;
-        free(ids);
-        g4_session_free(s);
-        g4_model_free(m);
-        return 1;
-    }
+    if (draft_open(&r.draft, m, s) != 0) goto done;
     if ((r.logits_npy || r.dump_dir) && write_prefill_outputs(s, &r, ids, n_ids) != 0) goto done;
     if (r.n_new > 0) {
         /* token ids in and out: greedy unless sampling flags are given, and no stop ids, so the

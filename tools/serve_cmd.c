@@ -516,7 +516,7 @@ static int open_model(server *sv) {
     if (!sv->m || g4_path_join(path, sizeof path, sv->a.dir, "tokenizer.json") || !(sv->tok = g4_tokenizer_load(path))) return -1;
     if (g4_model_chat_form(sv->m, &sv->form) || !(sv->s = g4_session_new(sv->m, &sv->a.o))) return -1;
     draft_args *d = &sv->a.draft;
-    if (d->dir && (!(d->d = g4_draft_load(d->dir, sv->m)) || !(d->dr = g4_drafter_new(d->d, sv->s)))) return -1;
+    if (draft_open(d, sv->m, sv->s) != 0) return -1;
     sv->vocab = g4_model_vocab_size(sv->m);
     return 0;
 }

@@ -110,9 +110,7 @@ static int text_model_open(text_model *t, const text_args *a) {
     g4_conversation_options co;
     if (!(t->s = g4_session_new(t->m, &a->o)) || g4_conversation_default_options(t->s, &co) != 0) return -1;
     t->draft = a->draft;
-    if (t->draft.dir && (!(t->draft.d = g4_draft_load(t->draft.dir, t->m)) || !(t->draft.dr = g4_drafter_new(t->draft.d, t->s))))
-        return -1;
-    if (t->draft.tokens && !t->draft.dir) return g4_fail("--draft-tokens needs --draft DIR");
+    if (draft_open(&t->draft, t->m, t->s) != 0) return -1;
     draft_apply(&t->draft, &co.gen);
     if (a->form_given) co.chat.form = a->form ? G4_CHAT_FORM_26B : G4_CHAT_FORM_E2B;
     co.chat.thinking = a->think;

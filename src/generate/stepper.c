@@ -184,7 +184,7 @@ static int can_draft(const generation *g) {
 
 /* The drafting settings of a new generation: its drafter becomes the stepper's. */
 static int set_draft(g4_stepper *st, generation *g, const g4_generate_params *p) {
-    g->draft_k = 0;
+    g->draft_k = g->n_draft = 0;
     g->has_hidden = 0;
     if (!p->draft) return 0;
     if (p->draft_tokens < 0 || p->draft_tokens > G4_MAX_DRAFT_TOKENS)
@@ -262,9 +262,10 @@ int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt,
  * `slot` of the stepper's logits (consecutive slots for consecutive rows: one lm_head pass). */
 static void ask(g4_stepper *st, int q, g4_batch_row *row, int slot) {
     generation *g = &st->seq[q];
-    row->output = g->output;
-    if (g->output == G4_OUTPUT_LOGITS) row->logits = st->logits + (size_t)slot * st->vocab;
-    if (g->output != G4_OUTPUT_TOP) return;
+    /* a speculative-sampling round weighs whole distributions: its rows ask for every logit */
+    row->output = g->sampled && g->n_draft ? G4_OUTPUT_LOGITS : g->output;
+    if (row->output == G4_OUTPUT_LOGITS) row->logits = st->logits + (size_t)slot * st->vocab;
+    if (row->output != G4_OUTPUT_TOP) return;
     /* the penalty can demote up to n_pen tokens below the others: the top_k after it lie among the
      * top_k + n_pen before it, and the penalized tokens' own logits are needed exactly */
     int n_pen = g4_sampling_penalized(&g->sampling, g->history, g->n_hist, g->penalized);
@@ -487,10 +488,7 @@ static int decode_step(g4_stepper *st, g4_step_token *out) {
         g->pos0 = g4_session_seq_pos(st->s, q);
         for (int i = 0; i <= g->n_draft; i++, n++) {
             st->rows[n] = (g4_batch_row){.seq = q, .token = i == 0 ? g->history[g->n_hist - 1] : g->draft[i - 1]};
-            if (g->sampled && g->n_draft) /* speculative sampling weighs whole distributions */
-                st->rows[n].output = G4_OUTPUT_LOGITS, st->rows[n].logits = st->logits + (size_t)n * st->vocab;
-            else
-                ask(st, q, &st->rows[n], n);
+            ask(st, q, &st->rows[n], n);
         }
     }
     int k = g4_decode(st->s, st->rows, n) == 0 ? 0 : -1;

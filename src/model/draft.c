@@ -156,7 +156,9 @@ struct g4_drafter {
     const g4_draft *d;
     g4_session *s; /* the target's: its kernels, K/V caches and embedding reader */
     int max_q;     /* the widest query projection */
-    float *in, *x, *xn, *q, *att, *proj, *gate, *up, *cs, *sn;
+    float *in, *x, *xn, *q, *att, *proj, *gate, *up;
+    float *cs, *sn; /* [type][row][half]: each attention type's RoPE at the step's positions */
+    int half;       /* the widest head's half */
     float *cent, *sel; /* centroid logits [rows][C]; the selected tokens' logits [rows][top_k * per_centroid] */
     int *top;          /* [top_k] the selected centroids of one row */
 };
@@ -192,8 +194,9 @@ g4_drafter *g4_drafter_new(const g4_draft *d, g4_session *target) {
     dr->proj = malloc(sizeof(float) * R * Hd);
     dr->gate = malloc(sizeof(float) * R * mlp);
     dr->up = malloc(sizeof(float) * R * mlp);
-    dr->cs = malloc(sizeof(float) * R * hd / 2);
-    dr->sn = malloc(sizeof(float) * R * hd / 2);
+    dr->cs = malloc(sizeof(float) * 2 * R * hd / 2);
+    dr->sn = malloc(sizeof(float) * 2 * R * hd / 2);
+    dr->half = (int)hd / 2;
     dr->cent = c->ordered_embeddings ? malloc(sizeof(float) * R * (size_t)c->n_centroids) : NULL;
     dr->sel = c->ordered_embeddings ? malloc(sizeof(float) * R * sel) : NULL;
     dr->top = c->ordered_embeddings ? malloc(sizeof(int) * (size_t)c->centroid_top_k) : NULL;
@@ -222,16 +225,22 @@ static void matmul(const g4_drafter *dr, const g4_linear *L, const float *x, int
     dr->s->k->matmul_f32(&L->w, x, n, y);
 }
 
-static void rmsnorm_rows(float *y, const float *x, const float *w, int n, int width, float eps) {
-    for (int r = 0; r < n; r++) g4_forward_rmsnorm(y + (size_t)r * width, x + (size_t)r * width, w, width, eps);
-}
-
-/* x += rmsnorm(y) row by row. */
-static void add_normed(float *x, float *y, const float *w, int n, int width, float eps) {
-    for (int r = 0; r < n; r++) {
-        float *xr = x + (size_t)r * width, *yr = y + (size_t)r * width;
-        g4_forward_rmsnorm(yr, yr, w, width, eps);
-        for (int i = 0; i < width; i++) xr[i] += yr[i];
+/* cos/sin of position x frequency for each attention type the drafter has, once a step (every
+ * layer of a type has the same frequencies). */
+static void rope_tables(g4_drafter *dr, int n, const int *pos) {
+    const g4_model *m = dr->d->m;
+    for (int type = 0; type < 2; type++) {
+        const g4_layer *L = NULL;
+        for (int l = 0; l < m->cfg.n_layers && !L; l++)
+            if (m->layers[l].type == type) L = &m->layers[l];
+        for (int t = 0; L && t < n; t++) {
+            size_t at = ((size_t)type * ROWS + (size_t)t) * (size_t)dr->half;
+            for (int j = 0; j < L->head_dim / 2; j++) {
+                float angle = (float)pos[t] * L->inv_freq[j];
+                dr->cs[at + j] = cosf(angle);
+                dr->sn[at + j] = sinf(angle);
+            }
+        }
     }
 }
 
@@ -239,16 +248,12 @@ static void add_normed(float *x, float *y, const float *w, int n, int width, flo
 static void attend(g4_drafter *dr, int l, int n, const int *seqs, const int *pos) {
     const g4_model *m = dr->d->m;
     const g4_layer *L = &m->layers[l];
-    int hd = L->head_dim, h = hd / 2, nh = m->cfg.n_heads, width = nh * hd;
+    int hd = L->head_dim, nh = m->cfg.n_heads, width = nh * hd;
     float eps = (float)m->cfg.rms_eps;
     /* q_norm and RoPE at each row's position, as the target computes its own queries */
     for (int t = 0; t < n; t++) {
-        float *cs = dr->cs + (size_t)t * h, *sn = dr->sn + (size_t)t * h;
-        for (int j = 0; j < h; j++) {
-            float angle = (float)pos[t] * L->inv_freq[j];
-            cs[j] = cosf(angle);
-            sn[j] = sinf(angle);
-        }
+        size_t at = ((size_t)L->type * ROWS + (size_t)t) * (size_t)dr->half;
+        const float *cs = dr->cs + at, *sn = dr->sn + at;
         for (int i = 0; i < nh; i++) {
             float *q = dr->q + (size_t)t * width + (size_t)i * hd;
             g4_forward_rmsnorm(q, q, L->q_norm, hd, eps);
@@ -273,17 +278,17 @@ static void decoder_layer(g4_drafter *dr, int l, int n, const int *seqs, const i
     const g4_layer *L = &m->layers[l];
     int H = m->cfg.hidden;
     float eps = (float)m->cfg.rms_eps;
-    rmsnorm_rows(dr->xn, dr->x, L->ln_in, n, H, eps);
+    g4_forward_rmsnorm_rows(dr->xn, dr->x, L->ln_in, n, H, eps);
     matmul(dr, &L->q, dr->xn, n, dr->q);
     attend(dr, l, n, seqs, pos);
     matmul(dr, &L->o, dr->att, n, dr->proj);
-    add_normed(dr->x, dr->proj, L->ln_post_attn, n, H, eps);
-    rmsnorm_rows(dr->xn, dr->x, L->ln_pre_ffw, n, H, eps);
+    g4_forward_add_normed(dr->x, dr->proj, L->ln_post_attn, n, H, eps);
+    g4_forward_rmsnorm_rows(dr->xn, dr->x, L->ln_pre_ffw, n, H, eps);
     matmul(dr, &L->gate, dr->xn, n, dr->gate);
     matmul(dr, &L->up, dr->xn, n, dr->up);
     dr->s->k->gelu_mul(dr->gate, dr->up, (size_t)n * L->mlp_dim, 0);
     matmul(dr, &L->down, dr->gate, n, dr->proj);
-    add_normed(dr->x, dr->proj, L->ln_post_ffw, n, H, eps);
+    g4_forward_add_normed(dr->x, dr->proj, L->ln_post_ffw, n, H, eps);
     for (size_t i = 0; i < (size_t)n * H; i++) dr->x[i] *= L->layer_scalar;
 }
 
@@ -348,20 +353,23 @@ int g4_drafter_step(g4_drafter *dr, int n, const int *seqs, const int32_t *token
         memcpy(in + Hb, hidden + (size_t)t * Hb, sizeof *in * (size_t)Hb);
     }
     matmul(dr, &d->pre, dr->in, n, dr->x);
+    rope_tables(dr, n, pos);
     for (int l = 0; l < c->n_layers; l++) decoder_layer(dr, l, n, seqs, pos);
-    rmsnorm_rows(dr->xn, dr->x, m->final_norm, n, Hd, (float)c->rms_eps);
+    g4_forward_rmsnorm_rows(dr->xn, dr->x, m->final_norm, n, Hd, (float)c->rms_eps);
     matmul(dr, &d->post, dr->xn, n, hidden);
     if (c->ordered_embeddings) {
         matmul(dr, &d->centroids, dr->xn, n, dr->cent);
         for (int t = 0; t < n; t++) next[t] = masked_logits(dr, t, logits ? logits + (size_t)t * V : NULL);
         return 0;
     }
-    /* the tied embedding as the lm_head, one row at a time into the caller's room or a scratch row */
+    /* the tied embedding as the lm_head: every row in one pass into the caller's room, or one row at
+     * a time into a scratch row */
+    if (logits) matmul(dr, &m->lm_head, dr->xn, n, logits);
     for (int t = 0; t < n; t++) {
-        float *row = logits ? logits + (size_t)t * V : NULL;
-        if (!row && !(row = dr->s->logit_row) && !(row = dr->s->logit_row = malloc(sizeof *row * (size_t)dr->s->m->cfg.vocab)))
+        float *row = logits ? logits + (size_t)t * V : dr->s->logit_row;
+        if (!row && !(row = dr->s->logit_row = malloc(sizeof *row * (size_t)dr->s->m->cfg.vocab)))
             return g4_fail("out of memory for a row of logits");
-        matmul(dr, &m->lm_head, dr->xn + (size_t)t * Hd, 1, row);
+        if (!logits) matmul(dr, &m->lm_head, dr->xn + (size_t)t * Hd, 1, row);
         next[t] = g4_argmax(row, V);
     }
     return 0;

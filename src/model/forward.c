@@ -566,6 +566,10 @@ void g4_forward_chunk(g4_session *s, const chunk_plan *p) {
 
 /* The steps a drafter's layers share with the target's (draft.c): the same functions, the same bits. */
 void g4_forward_rmsnorm(float *y, const float *x, const float *w, int n, float eps) { rmsnorm(y, x, w, n, eps); }
+void g4_forward_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int width, float eps) {
+    rmsnorm_rows(y, x, w, rows, width, eps);
+}
+void g4_forward_add_normed(float *x, float *y, const float *w, int rows, int width, float eps) { add_normed(x, y, w, rows, width, eps); }
 void g4_forward_rope(float *x, const float *cs, const float *sn, int hd) { rope_apply(x, cs, sn, hd); }
 void g4_forward_embedding(g4_session *s, int32_t id, float *out) {
     embedding_row(s->m, &s->m->embed, id, s->m->embed_scale, s->row_buf, out);

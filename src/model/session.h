@@ -134,6 +134,10 @@ void g4_forward_linear(g4_session *s, const g4_linear *L, const float *x, int n,
 /* forward.c: rmsnorm of n values (w NULL: no weight), rotate-half RoPE of one head, and the
  * target's scaled input embedding of a token (embed_tokens x sqrt(hidden)): what draft.c shares. */
 void g4_forward_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* forward.c: rmsnorm over each of `rows` vectors of `width`; x += rmsnorm(y) row by row (y normed
+ * in place). */
+void g4_forward_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int width, float eps);
+void g4_forward_add_normed(float *x, float *y, const float *w, int rows, int width, float eps);
 void g4_forward_rope(float *x, const float *cs, const float *sn, int hd);
 void g4_forward_embedding(g4_session *s, int32_t id, float *out);
 /* forward.c: the lm_head of rows [first, n) of xn into logits, softcapped. */
