@@ -148,8 +148,9 @@ asan-test:
 # with the client that tests/serve/run.sh makes in build/serve-venv on first use): greedy and
 # sampled answers equal to g4 run's, streaming, 16 concurrent clients, cancellation, every error,
 # tool calls, drain, /metrics and a 500-request load test. Judged like a test program.
+# Under ASan, LeakSanitizer checks each server at its exit (test_load's leak check; a leak is a bad exit).
 serve-test: $(OUT)/g4
-	@G4_BIN=$(OUT)/g4 tests/serve/run.sh > $(OUT)/serve-test.log 2>&1; rc=$$?; grep -v '^ok ' $(OUT)/serve-test.log; \
+	@$(if $(filter asan,$(BUILD)),ASAN_OPTIONS=detect_leaks=1:$$ASAN_OPTIONS) G4_BIN=$(OUT)/g4 tests/serve/run.sh > $(OUT)/serve-test.log 2>&1; rc=$$?; grep -v '^ok ' $(OUT)/serve-test.log; \
 	set -- $$(sh tests/result.sh serve-test $(OUT)/serve-test.log $$rc); \
 	echo "$(BUILD) serve-test: $$1 passed, $$2 failed, $$3 skipped (log: $(OUT)/serve-test.log)"; [ $$2 -eq 0 ]
 
