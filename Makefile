@@ -233,18 +233,14 @@ mutation-test:
 quality: $(OUT)/g4 $(OUT)/tests/test_quality
 	@G4_BIN=$(OUT)/g4 $(OUT)/tests/test_quality
 
-# Everything CI runs, one stage after another (parallel stages would distort the quality gate's time).
+# Everything CI runs, one stage after another (parallel stages would distort the quality gate's
+# time); each stage's wall time is printed ("check: STAGE took N s"; README, "what make check runs").
+CHECK_STAGES = test serve-test example-test python-test mutation-test dispatch-test neon-test quality asan-test fuzz
 check:
-	$(MAKE) test
-	$(MAKE) serve-test
-	$(MAKE) example-test
-	$(MAKE) python-test
-	$(MAKE) mutation-test
-	$(MAKE) dispatch-test
-	$(MAKE) neon-test
-	$(MAKE) quality
-	$(MAKE) asan-test
-	$(MAKE) fuzz
+	@t0=$$(date +%s); for stage in $(CHECK_STAGES); do \
+	  t=$$(date +%s); $(MAKE) $$stage; rc=$$?; \
+	  echo "check: $$stage took $$(($$(date +%s) - t)) s$$([ $$rc -eq 0 ] || echo ', FAILED')"; [ $$rc -eq 0 ] || exit $$rc; \
+	done; echo "check: every stage passed in $$(($$(date +%s) - t0)) s"
 
 # libFuzzer targets (fuzz/README.md; clang + libclang-rt): `make fuzz` is the short smoke run CI
 # does, `make fuzz-run FUZZ_SECONDS=600` the long one.
