@@ -630,26 +630,35 @@ static void test_cli(void) {
 }
 
 int main(void) {
-    if (!check_dispatch_level()) return check_report("draft");
-    test_goldens(tiny_dir(), ASSIST_A);
-    test_goldens(TINY_B, ASSIST_B);
+    if (!check_dispatch_level() || !test_parts_known("goldens,invariant,batched,acceptance,spec_random,spec_trained,bad_input,cli"))
+        return check_report("draft");
+    if (test_part("goldens")) {
+        test_goldens(tiny_dir(), ASSIST_A);
+        test_goldens(TINY_B, ASSIST_B);
+    }
     static const int32_t pa[] = {2, 253, 44, 227, 297, 4, 20, 488, 428, 510, 227, 59};
     static const int32_t pb[] = {2, 17, 99, 201, 5, 300, 42};
     static const int32_t pc[] = {2, 106, 645, 108, 50, 41, 109, 46};
-    test_invariant(tiny_dir(), ASSIST_A, pa, 12, 40);
-    test_invariant(TINY_B, ASSIST_B, pb, 7, 40);
-    test_invariant(BUILTIN, BUILTIN_DRAFT, pc, 8, 60);
-    test_batched(tiny_dir(), ASSIST_A);
-    test_batched(BUILTIN, BUILTIN_DRAFT);
-    test_acceptance(BUILTIN_DRAFT);
+    if (test_part("invariant")) {
+        test_invariant(tiny_dir(), ASSIST_A, pa, 12, 40);
+        test_invariant(TINY_B, ASSIST_B, pb, 7, 40);
+        test_invariant(BUILTIN, BUILTIN_DRAFT, pc, 8, 60);
+    }
+    if (test_part("batched")) {
+        test_batched(tiny_dir(), ASSIST_A);
+        test_batched(BUILTIN, BUILTIN_DRAFT);
+    }
+    if (test_part("acceptance")) test_acceptance(BUILTIN_DRAFT);
     /* a random drafter (nearly every draft rejected: the residual max(0, p - q) decides) and the
      * trained one (most accepted) */
-    test_spec_sampling(tiny_dir(), ASSIST_A, pa, 12, 1.0f, 1);
-    int n_ex;
-    int32_t *ex = builtin_prompt(&n_ex);
-    if (ex) test_spec_sampling(BUILTIN, BUILTIN_DRAFT, ex, n_ex, 4.0f, 0); /* hot enough that its top 4 all count */
-    free(ex);
-    test_bad_input();
-    test_cli();
+    if (test_part("spec_random")) test_spec_sampling(tiny_dir(), ASSIST_A, pa, 12, 1.0f, 1);
+    if (test_part("spec_trained")) {
+        int n_ex;
+        int32_t *ex = builtin_prompt(&n_ex);
+        if (ex) test_spec_sampling(BUILTIN, BUILTIN_DRAFT, ex, n_ex, 4.0f, 0); /* hot enough that its top 4 all count */
+        free(ex);
+    }
+    if (test_part("bad_input")) test_bad_input();
+    if (test_part("cli")) test_cli();
     return check_report("draft");
 }

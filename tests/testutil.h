@@ -37,6 +37,34 @@ static inline int check_dispatch_level(void) {
     return 0;
 }
 
+/* G4_TEST_PARTS="a,b" runs only those named parts of a program that names its parts (each part a
+ * whole check of its own, as `make test` runs it): the mutation test's `part:` (tests/mutations.txt)
+ * runs a slow killer's part that kills the mutant before, if need be, the whole program. Unset: all. */
+static inline int in_list(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || !p[n])) return 1;
+    return 0;
+}
+
+static inline int test_part(const char *name) {
+    const char *want = getenv("G4_TEST_PARTS");
+    return !want || !*want || in_list(want, name);
+}
+
+/* 1 when G4_TEST_PARTS names only parts of `known` (comma-separated); else a failed check, so a
+ * misspelt part cannot pass for a run that checked nothing. */
+static inline int test_parts_known(const char *known) {
+    const char *want = getenv("G4_TEST_PARTS");
+    if (!want || !*want) return 1;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", want);
+    int ok = 1;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) ok = ok && in_list(known, t);
+    CHECK(ok && strlen(want) < sizeof buf, "G4_TEST_PARTS=%s: parts of this program are %s", want, known);
+    return ok;
+}
+
 static inline const char *tiny_dir(void) {
     static char buf[4096];
     snprintf(buf, sizeof buf, "%s/fixtures/tiny-mobile", check_shared_dir());
