@@ -358,7 +358,7 @@ static void check_refusals(void) {
         {1, 0, jobs[1].prompt, &jobs[1].p, "empty prompt"},
         {1, 40, long_prompt, &jobs[1].p, "prompt of 40 tokens does not fit the context: 32 of 32 tokens left"},
         {1, 5, bad.prompt, &jobs[1].p, "outside the vocabulary"},
-        {1, 5, jobs[1].prompt, &invalid, "invalid sampling parameters"},
+        {1, 5, jobs[1].prompt, &invalid, "top-p 0: expected a number in (0, 1]"},
         {1, 5, jobs[1].prompt, &greedy_only, "greedy token alone"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {

@@ -5,6 +5,7 @@
 #include "g4.h"
 #include "generate/generate.h"
 #include "model/model.h"
+#include "util/err.h"
 
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p) {
     g4_sampling_default(p);
@@ -20,6 +21,7 @@ const char *g4_stop_reason_name(g4_stop_reason r) {
     case G4_STOP_BUDGET: return "budget";
     case G4_STOP_CONTEXT: return "context";
     case G4_STOP_USER: return "user";
+    case G4_STOP_ERROR: return "error";
     }
     return "?";
 }
@@ -46,6 +48,7 @@ int g4_generate_seq(g4_session *s, int seq, const int32_t *prompt, int n_prompt,
         }
     }
     if (g4_stepper_state(st, seq) != G4_SEQ_IDLE) g4_stepper_result(st, seq, result);
+    if (rc == 0 && !stopped && result->stop == G4_STOP_ERROR) rc = g4_fail("%s", g4_stepper_error(st, seq));
     if (stopped) {
         result->stop = G4_STOP_USER;
         result->stop_id = 0;
