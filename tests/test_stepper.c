@@ -4,6 +4,10 @@
  * over every logit with the same settings and seed; sequences added mid-run, prompts fed in
  * chunks while the others go on one token a step, a cancelled sequence, every stop reason, and
  * the refusals of g4_stepper_add. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "generate/sampler.h"
 #include "testutil.h"
 
@@ -411,6 +415,103 @@ static void check_truncate(void) {
     printf("ok a sequence cut back to a prefix continues as that prefix would\n");
 }
 
+/* The tiny fixture with every row of its embedding scale set to 3e38: a checkpoint that loads
+ * (the value is a finite float) but whose embeddings overflow, so every hidden state and logit
+ * is NaN (issue 33: sampling overflowed the top-k selection's array, greedy printed <pad>). Written
+ * into dir; 0 on success. */
+static int write_overflowing_fixture(const char *dir) {
+    unsigned char *st;
+    size_t st_len;
+    char *config, path[512];
+    read_tiny_fixture(&st, &st_len, &config);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | st[i];
+    cJSON *h = cJSON_ParseWithLength((const char *)st + 8, (size_t)n);
+    const cJSON *off = cJSON_GetObjectItem(cJSON_GetObjectItem(h, "model.language_model.embed_tokens.embedding_scale"), "data_offsets");
+    int rc = -1;
+    if (cJSON_GetArraySize(off) == 2) {
+        size_t a = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble, b = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+        const float big = 3e38f;
+        for (size_t at = a; at + 4 <= b; at += 4) memcpy(st + 8 + n + at, &big, 4);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        write_file_or_exit(path, st, st_len);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        write_file_or_exit(path, config, strlen(config));
+        rc = 0;
+    }
+    cJSON_Delete(h);
+    free(st);
+    free(config);
+    return rc;
+}
+
+/* A model whose output is NaN: every form of pick (the greedy token, top-k candidates, every
+ * logit, greedy with a penalty) ends its sequence at once with G4_STOP_ERROR and no token, a
+ * message for that sequence, and nothing read or written out of bounds; g4_generate fails with
+ * the message. */
+static void check_non_finite(void) {
+    char dir[] = "/tmp/g4_test_stepper_XXXXXX", path[512];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    CHECK(write_overflowing_fixture(dir) == 0, "the fixture's embedding scale is missing");
+    g4_model *m = g4_model_load(dir);
+    CHECK(m != NULL, "the overflowing checkpoint does not load: %s", g4_last_error());
+    if (!m) return;
+    const g4_model *keep = model;
+    model = m;
+    g4_session *s = session(G4_ACT_INT, 4, 64);
+    g4_stepper *st = g4_stepper_new(s, 0);
+    int32_t prompt[5] = {2, 10, 11, 12, 13};
+    g4_generate_params p[4];
+    for (int q = 0; q < 4; q++) {
+        memset(&p[q], 0, sizeof p[q]);
+        g4_sampling_default(&p[q].sampling);
+        p[q].max_tokens = 8;
+        p[q].sampling.seed = 7;
+    }
+    p[1].sampling.temperature = 1, p[1].sampling.top_k = 5;    /* G4_OUTPUT_TOP */
+    p[2].sampling.temperature = 1;                            /* every logit */
+    p[3].sampling.repeat_penalty = 1.3f;                      /* greedy over every logit */
+    for (int q = 0; q < 4; q++) CHECK(g4_stepper_add(st, q, prompt, 5, &p[q]) == 0, "%s", g4_last_error());
+    g4_step_token out[4 * (G4_MAX_DRAFT_TOKENS + 1)];
+    int errors[4] = {0}, tokens = 0, steps = 0;
+    while (g4_stepper_active(st) > 0 && steps++ < 20) {
+        int n = g4_stepper_step(st, out);
+        CHECK(n >= 0, "%s", g4_last_error());
+        for (int i = 0; i < n; i++) {
+            tokens += out[i].token >= 0;
+            errors[out[i].seq] += out[i].finished && out[i].stop == G4_STOP_ERROR && out[i].token == -1;
+        }
+        if (n < 0) break;
+    }
+    CHECK(tokens == 0, "%d tokens from NaN logits", tokens);
+    for (int q = 0; q < 4; q++) {
+        g4_generate_result r;
+        const char *e = g4_stepper_error(st, q);
+        CHECK(errors[q] == 1 && g4_stepper_result(st, q, &r) == 0 && r.stop == G4_STOP_ERROR && r.n_generated == 0,
+              "sequence %d: %d error events, stop %d", q, errors[q], (int)r.stop);
+        CHECK(e && strstr(e, "turned non-finite (NaN or infinite) at generated token 1"), "sequence %d: %s", q, e ? e : "(none)");
+    }
+    CHECK_STREQ(g4_stop_reason_name(G4_STOP_ERROR), "error");
+    g4_stepper_free(st);
+    g4_session_free(s);
+    s = session(G4_ACT_INT, 1, 64);
+    g4_generate_result r;
+    for (int q = 0; q < 3; q++) {
+        CHECK(g4_generate(s, prompt, 5, &p[q], NULL, NULL, &r) != 0 && strstr(g4_last_error(), "non-finite") && r.stop == G4_STOP_ERROR,
+              "g4_generate (form %d) on NaN logits: stop %d, %s", q, (int)r.stop, g4_last_error());
+        g4_session_reset(s);
+    }
+    g4_session_free(s);
+    g4_model_free(m);
+    model = keep;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    remove(path);
+    rmdir(dir);
+    printf("ok non-finite logits: greedy, top-k, every-logit and penalised picks end with G4_STOP_ERROR and a message\n");
+}
+
 int main(void) {
     g4_model *m = g4_model_load(tiny_dir());
     CHECK(m != NULL, "%s", g4_last_error());
@@ -423,6 +524,7 @@ int main(void) {
     check_stops();
     check_refusals();
     check_truncate();
+    check_non_finite();
     g4_model_free(m);
     return check_report("stepper");
 }
