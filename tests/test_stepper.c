@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "generate/sampler.h"
+#include "overflow_util.h"
 #include "testutil.h"
 
 enum { MAX_GEN = 64, MAX_PROMPT = 48 };
@@ -415,47 +416,20 @@ static void check_truncate(void) {
     printf("ok a sequence cut back to a prefix continues as that prefix would\n");
 }
 
-/* The tiny fixture with every row of its embedding scale set to 3e38: a checkpoint that loads
- * (the value is a finite float) but whose embeddings overflow, so every hidden state and logit
- * is NaN (issue 33: sampling overflowed the top-k selection's array, greedy printed <pad>). Written
- * into dir; 0 on success. */
-static int write_overflowing_fixture(const char *dir) {
-    unsigned char *st;
-    size_t st_len;
-    char *config, path[512];
-    read_tiny_fixture(&st, &st_len, &config);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | st[i];
-    cJSON *h = cJSON_ParseWithLength((const char *)st + 8, (size_t)n);
-    const cJSON *off = cJSON_GetObjectItem(cJSON_GetObjectItem(h, "model.language_model.embed_tokens.embedding_scale"), "data_offsets");
-    int rc = -1;
-    if (cJSON_GetArraySize(off) == 2) {
-        size_t a = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble, b = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
-        const float big = 3e38f;
-        for (size_t at = a; at + 4 <= b; at += 4) memcpy(st + 8 + n + at, &big, 4);
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        write_file_or_exit(path, st, st_len);
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        write_file_or_exit(path, config, strlen(config));
-        rc = 0;
-    }
-    cJSON_Delete(h);
-    free(st);
-    free(config);
-    return rc;
-}
-
-/* A model whose output is NaN: every form of pick (the greedy token, top-k candidates, every
+/* A model whose output is NaN (overflow_util.h): every form of pick (the greedy token, top-k candidates, every
  * logit, greedy with a penalty) ends its sequence at once with G4_STOP_ERROR and no token, a
  * message for that sequence, and nothing read or written out of bounds; g4_generate fails with
  * the message. */
 static void check_non_finite(void) {
-    char dir[] = "/tmp/g4_test_stepper_XXXXXX", path[512];
+    char dir[] = "/tmp/g4_test_stepper_XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
-    CHECK(write_overflowing_fixture(dir) == 0, "the fixture's embedding scale is missing");
+    CHECK(write_overflowing_copy(tiny_dir(), dir) == 0, "the fixture's " OVERFLOW_TENSOR " is missing");
     g4_model *m = g4_model_load(dir);
     CHECK(m != NULL, "the overflowing checkpoint does not load: %s", g4_last_error());
-    if (!m) return;
+    if (!m) {
+        remove_overflowing_copy(dir);
+        return;
+    }
     const g4_model *keep = model;
     model = m;
     g4_session *s = session(G4_ACT_INT, 4, 64);
@@ -504,11 +478,7 @@ static void check_non_finite(void) {
     g4_session_free(s);
     g4_model_free(m);
     model = keep;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    remove(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    remove(path);
-    rmdir(dir);
+    remove_overflowing_copy(dir);
     printf("ok non-finite logits: greedy, top-k, every-logit and penalised picks end with G4_STOP_ERROR and a message\n");
 }
 

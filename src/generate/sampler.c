@@ -148,6 +148,10 @@ static int kept(g4_sampler *s, int n, double *sum) {
     /* probabilities over the survivors, in double */
     double max = s->cand[0].logit, total = 0, *prob = s->prob;
     for (int i = 0; i < n; i++) total += prob[i] = weight(s->cand[i].logit, max);
+    if (!(total > 0)) { /* every candidate NaN: the first takes the draw, the distribution still sums to 1 */
+        for (int i = 0; i < n; i++) prob[i] = i == 0;
+        total = 1;
+    }
     /* top-p: the smallest prefix whose mass reaches p (always at least one token) */
     if (s->p.top_p < 1) {
         double acc = 0;
