@@ -636,6 +636,12 @@ typedef struct {
      * stepper takes one drafter: every generation in it that drafts uses the same. */
     g4_drafter *draft;
     int draft_tokens;
+    /* Asked before each step (each prompt chunk, each token) with cancel_user: non-zero stops the
+     * generation there with G4_STOP_USER, in the middle of a long prompt too (its cache keeps the
+     * chunks fed; a conversation's reply gives them back). For a caller whose stop comes from
+     * another thread (Ctrl-C). NULL: never asked. */
+    int (*cancel)(void *cancel_user);
+    void *cancel_user;
 } g4_generate_params;
 
 #define G4_DRAFT_TOKENS_DEFAULT 3

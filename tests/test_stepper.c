@@ -416,6 +416,32 @@ static void check_truncate(void) {
     printf("ok a sequence cut back to a prefix continues as that prefix would\n");
 }
 
+static int cancel_on_poll(void *user) {
+    int *polls = user;
+    return ++*polls >= 3;
+}
+
+/* g4_generate_params.cancel is asked before each step: a stop it asks for during a long prompt
+ * ends the generation between two chunks (Ctrl-C waited for the whole prefill, issue 33), with
+ * G4_STOP_USER, no token and the two chunks fed before it in the cache. */
+static void check_cancel_callback(void) {
+    g4_session *s = session(G4_ACT_INT, 1, 512);
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = 10 + i % 100;
+    g4_generate_params p = {0};
+    g4_sampling_default(&p.sampling);
+    p.max_tokens = 4;
+    int polls = 0;
+    p.cancel = cancel_on_poll, p.cancel_user = &polls;
+    g4_generate_result r;
+    CHECK(g4_generate(s, prompt, 300, &p, NULL, NULL, &r) == 0, "%s", g4_last_error());
+    CHECK(polls == 3 && r.stop == G4_STOP_USER && r.n_generated == 0 && g4_session_seq_pos(s, 0) == 2 * 64,
+          "cancelled on the 3rd poll: %d polls, stop %d, %d tokens, %d of 300 prompt tokens fed", polls, (int)r.stop, r.n_generated,
+          g4_session_seq_pos(s, 0));
+    g4_session_free(s);
+    printf("ok a cancel asked for during a 300-token prompt stops it after 2 chunks of 64\n");
+}
+
 /* A model whose output is NaN (overflow_util.h): every form of pick (the greedy token, top-k candidates, every
  * logit, greedy with a penalty) ends its sequence at once with G4_STOP_ERROR and no token, a
  * message for that sequence, and nothing read or written out of bounds; g4_generate fails with
@@ -463,7 +489,8 @@ static void check_non_finite(void) {
         const char *e = g4_stepper_error(st, q);
         CHECK(errors[q] == 1 && g4_stepper_result(st, q, &r) == 0 && r.stop == G4_STOP_ERROR && r.n_generated == 0,
               "sequence %d: %d error events, stop %d", q, errors[q], (int)r.stop);
-        CHECK(e && strstr(e, "turned non-finite (NaN or infinite) at generated token 1"), "sequence %d: %s", q, e ? e : "(none)");
+        CHECK(e && strstr(e, "the model's hidden state turned non-finite (NaN or infinite) at generated token 1"), "sequence %d: %s", q,
+              e ? e : "(none)");
     }
     CHECK_STREQ(g4_stop_reason_name(G4_STOP_ERROR), "error");
     g4_stepper_free(st);
@@ -495,6 +522,7 @@ int main(void) {
     check_refusals();
     check_truncate();
     check_non_finite();
+    check_cancel_callback();
     g4_model_free(m);
     return check_report("stepper");
 }

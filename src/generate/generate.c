@@ -34,6 +34,11 @@ int g4_generate_seq(g4_session *s, int seq, const int32_t *prompt, int n_prompt,
     if (!st) return -1;
     int rc = g4_stepper_add(st, seq, prompt, n_prompt, params), stopped = 0, seen = 0;
     while (rc == 0 && !stopped && g4_stepper_active(st) > 0) {
+        if (params->cancel && params->cancel(params->cancel_user)) { /* between prompt chunks too */
+            g4_stepper_cancel(st, seq);
+            stopped = 1;
+            break;
+        }
         g4_step_token t[G4_MAX_DRAFT_TOKENS + 1]; /* only this sequence runs: one token a step, or a drafting round's */
         int n = g4_stepper_step(st, t);
         if (n < 0) rc = -1;

@@ -293,7 +293,7 @@ static int all_finite(const float *v, int n) {
 static int non_finite(g4_stepper *st, int q, const g4_batch_row *row, int at, const float *logits) {
     generation *g = &st->seq[q];
     const char *what = NULL;
-    if (!logits && g4_decode_hidden(st->s, at, st->check) == 0 && !all_finite(st->check, st->hidden_size)) what = "hidden state";
+    if (g4_decode_hidden(st->s, at, st->check) == 0 && !all_finite(st->check, st->hidden_size)) what = "hidden state";
     else if (logits && !all_finite(logits, st->vocab)) what = "logits";
     else if (!logits && row->output == G4_OUTPUT_TOP && row->top->n >= 0 && !all_finite(row->top->logits, row->top->n)) what = "logits";
     else if (!logits && row->output == G4_OUTPUT_ARGMAX && (row->argmax < 0 || row->argmax >= st->vocab)) what = "greedy token";

@@ -53,7 +53,7 @@ def test_non_finite(root):
 
 
 def test_temperature_and_context():
-    sv = Server("--parallel", "2", "--ctx", "64")
+    sv = Server("--parallel", "2", "--ctx", "256")
     try:
         want = g4_run(problem(2), extra=["--temp", "0"])
         for t in (1e-40, 9e-6):
@@ -63,10 +63,10 @@ def test_temperature_and_context():
         status, body = sv.http("POST", "/v1/chat/completions", '{"model": "%s", "temperature": 1e999, "messages": '
                                '[{"role": "user", "content": "hi"}]}' % MODEL_ID)
         check(status == 400 and is_error_shape(body, 400, param="temperature"), "temperature 1e999 (inf) is refused", (status, body))
-        long = " ".join(["seven"] * 200)
+        long = " ".join(["seven"] * 400)
         status, body = sv.http("POST", "/v1/chat/completions", chat_body(long))
         msg = body["error"]["message"] if is_error_shape(body, 400, "context_length_exceeded") else ""
-        check(status == 400 and "maximum context length is 64 tokens" in msg and "-" not in msg and "resulted in" in msg,
+        check(status == 400 and "maximum context length is 256 tokens" in msg and "-" not in msg and "resulted in" in msg,
               "a prompt past the context without max_tokens: the error counts no negative completion", (status, body))
         status, body = sv.http("POST", "/v1/chat/completions", chat_body(long, max_tokens=10))
         msg = body["error"]["message"] if is_error_shape(body, 400, "context_length_exceeded") else ""
