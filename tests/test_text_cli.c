@@ -353,6 +353,37 @@ static void test_run_prompt_sources(void) {
     free(err);
 }
 
+/* The greedy line on the command line (issue 33, defect 9): --temp 1e-40 (which strtof flags as an
+ * underflow) and 9e-6 print --temp 0's answer; inf, nan and 1e39 are refused with one line. */
+static void test_temperature_flag(void) {
+    char a[700], b[700], err[700], args[1024];
+    snprintf(a, sizeof a, "%s/t0.out", tmp);
+    snprintf(b, sizeof b, "%s/t.out", tmp);
+    snprintf(err, sizeof err, "%s/t.err", tmp);
+    snprintf(args, sizeof args, "run -m %s -p 'What is 2+2?' -n 12 --temp 0", model);
+    CHECK(run_into(bin, args, a, err) == 0, "--temp 0 failed");
+    char *want = slurp(a);
+    const char *tiny[] = {"1e-40", "9e-6"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "run -m %s -p 'What is 2+2?' -n 12 --temp %s --seed 3", model, tiny[i]);
+        int rc = run_into(bin, args, b, err);
+        char *got = slurp(b);
+        CHECK(rc == 0 && *want && strcmp(got, want) == 0, "--temp %s: status %d, \"%s\" vs --temp 0's \"%s\"", tiny[i], rc, got, want);
+        free(got);
+    }
+    free(want);
+    const char *bad[] = {"inf", "nan", "1e39"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "run -m %s -p hi --temp %s", model, bad[i]);
+        int rc = run_into(bin, args, b, err);
+        char *e = slurp(err), line[128];
+        snprintf(line, sizeof line, "g4 run: error: --temp %s: expected a finite number >= 0\n", bad[i]);
+        CHECK(rc == 1 && strcmp(e, line) == 0, "--temp %s: status %d, stderr \"%s\"", bad[i], rc, e);
+        free(e);
+    }
+    printf("ok --temp below 1e-5 is greedy, non-finite values are refused\n");
+}
+
 /* A checkpoint whose output is NaN (overflow_util.h): `g4 run` (greedy, top-k, every logit) and
  * `g4 chat` exit 1 with one line naming it, instead of crashing (sampling overflowed the top-k
  * selection's array) or printing <pad> forever (greedy). */
@@ -398,6 +429,7 @@ int main(void) {
     test_run_interrupt();
     test_run_prompt_sources();
     test_non_finite();
+    test_temperature_flag();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
     return check_report("text_cli");
