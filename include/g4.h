@@ -737,7 +737,8 @@ typedef int (*g4_token_fn)(void *user, int32_t token);
 
 /* One generation in sequence 0, through a stepper: feeds `prompt` at the session's current
  * position (the KV cache keeps earlier turns), then generates. Fails, before computing anything,
- * when the prompt does not fit the context. The last generated token (e.g. the stop id) is not
+ * when the prompt does not fit the context; fails with the stepper's message (result->stop
+ * G4_STOP_ERROR) when the model's output turns non-finite. The last generated token (e.g. the stop id) is not
  * fed back: the session's position is n_prompt + n_generated - 1 past where it was, and a
  * follow-up turn starts with that token. */
 int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,
