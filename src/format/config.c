@@ -437,8 +437,9 @@ static int load_generation_config(g4_config *cfg, const char *dir) {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "top_p");
     /* g4_sampling_check's bound: a temperature that is no finite number >= 0 is refused, not replaced */
     if (cJSON_IsNumber(t) && !(t->valuedouble >= 0 && t->valuedouble <= FLT_MAX)) {
+        g4_fail("%s: temperature %g: expected a finite number >= 0", path, t->valuedouble);
         cJSON_Delete(root);
-        return g4_fail("%s: temperature %g: expected a finite number >= 0", path, t->valuedouble);
+        return -1;
     }
     cfg->temperature = cJSON_IsNumber(t) ? t->valuedouble : 1.0;
     cfg->top_k = cJSON_IsNumber(k) && k->valuedouble >= 0 && k->valuedouble < 1e9 ? (int)k->valuedouble : 0;
