@@ -282,6 +282,21 @@ def gen_serve():
     put(t, "reply_stops", b"\x17" + "12*3=36.\n36+5=41.".encode())
 
 
+def gen_sampler():
+    """fuzz_sampler: 8 setting bytes, raw float32 logits (NaN, +-inf, denormals, ties), 16-bit history ids."""
+    t = "fuzz_sampler"
+    f = lambda *v: struct.pack("<%df" % len(v), *v)
+    inf, nan = float("inf"), float("nan")
+    hist = struct.pack("<4H", 1, 3, 1, 700)
+    put(t, "plain-top-k", bytes([5, 2, 200, 10, 0, 4, 1, 5]) + f(1.0, 2.0, 0.5, -1.0, 3.0) + hist)
+    put(t, "nan-mix", bytes([5, 0, 0, 0, 1, 0, 2, 5]) + f(1.0, nan, 3.0, nan, 2.0) + hist)
+    put(t, "all-nan", bytes([4, 3, 128, 50, 1, 2, 3, 0]) + f(nan, nan, nan, nan))
+    put(t, "infinities", bytes([6, 0, 230, 20, 0, 0, 4, 6]) + f(0.0, inf, 1.0, inf, -inf, -inf) + hist)
+    put(t, "ties-denormals", bytes([1, 4, 255, 0, 2, 7, 5, 0]) + f(1e-40, 1e-40, -1e-45, 0.0, -0.0, 1e-40))
+    put(t, "greedy-penalised", bytes([0, 0, 0, 0, 3, 0, 6, 3]) + f(3.4e38, -3.4e38, 3.4e38) + hist)
+    put(t, "tiny-temperature", bytes([1, 0, 0, 0, 0, 0, 7, 0]) + f(30.0, 29.999, -30.0, 0.0))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=os.environ.get("G4_SHARED") or os.path.join(ROOT, "..", "shared"))
@@ -302,6 +317,7 @@ def main():
         gen_gsm8k(a.shared)
         gen_results()
         gen_serve()
+        gen_sampler()
     finally:
         if tmp:
             shutil.rmtree(tmp)

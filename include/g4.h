@@ -221,7 +221,8 @@ typedef enum {
     G4_OUTPUT_NONE = 0,   /* nothing: the token only extends its sequence's KV cache (a prompt token) */
     G4_OUTPUT_LOGITS = 1, /* every logit, softcapped: vocab floats into the row's `logits` */
     G4_OUTPUT_ARGMAX = 2, /* the greedy token into `argmax`: what g4_argmax picks from the logits, bit for bit,
-                             with most logits never finished (about a third of the lm_head's work saved) */
+                             with most logits never finished (about a third of the lm_head's work saved); -1 when
+                             the logits hold a NaN or an infinity */
     G4_OUTPUT_TOP = 3,    /* top-k sampling's candidates into `*top` (g4_candidates) */
 } g4_output;
 
@@ -575,7 +576,8 @@ void g4_thought_filter_free(g4_thought_filter *f);
 /* Index of the largest logit (the first one on ties). */
 int g4_argmax(const float *logits, int n);
 
-/* Sampling parameters. temperature 0 means greedy (argmax); the rest then has no effect. */
+/* Sampling parameters. temperature 0 (below G4_GREEDY_TEMPERATURE) means greedy (argmax); top-k,
+ * top-p and min-p then have no effect. */
 typedef struct {
     float temperature;
     int top_k;            /* 0 = off */
@@ -588,6 +590,17 @@ typedef struct {
 
 /* Greedy decoding (temperature 0), seed 0. */
 void g4_sampling_default(g4_sampling *p);
+/* Temperatures below this are greedy decoding, as 0 is. At 1e-5 a gap of 1e-3 between the two
+ * best logits already weighs e^-100 against the second (the draw is the argmax but for exact
+ * ties), while below it logit / T leaves float's range for ever smaller logits (at T = 1e-40, any
+ * |logit| above 0.034): vLLM draws the same line. */
+#define G4_GREEDY_TEMPERATURE 1e-5f
+/* The bounds every front end applies (flags, server fields, Python arguments, generation_config.json):
+ * temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1], repeat_penalty finite
+ * and > 0, repeat_last_n >= 0. 0, or -1 with a one-line message naming the first one out of bounds. */
+int g4_sampling_check(const g4_sampling *p);
+/* 1 when these parameters decode greedily: temperature below G4_GREEDY_TEMPERATURE. */
+int g4_sampling_greedy(const g4_sampling *p);
 /* The model's own sampling defaults from generation_config.json (greedy if it has none). */
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p);
 
@@ -597,6 +610,8 @@ typedef enum {
     G4_STOP_BUDGET = 1,  /* max_tokens reached */
     G4_STOP_CONTEXT = 2, /* the KV cache is full */
     G4_STOP_USER = 3,    /* the caller stopped it: the token callback asked to, or g4_stepper_cancel */
+    G4_STOP_ERROR = 4,   /* the model's output turned non-finite (NaN or infinite logits or hidden state: weights or a
+                            config that overflow float); g4_stepper_error says where. g4_generate then fails */
 } g4_stop_reason;
 
 /* One generation's settings. */
@@ -621,6 +636,12 @@ typedef struct {
      * stepper takes one drafter: every generation in it that drafts uses the same. */
     g4_drafter *draft;
     int draft_tokens;
+    /* Asked before each step (each prompt chunk, each token) with cancel_user: non-zero stops the
+     * generation there with G4_STOP_USER, in the middle of a long prompt too (its cache keeps the
+     * chunks fed; a conversation's reply gives them back). For a caller whose stop comes from
+     * another thread (Ctrl-C). NULL: never asked. */
+    int (*cancel)(void *cancel_user);
+    void *cancel_user;
 } g4_generate_params;
 
 #define G4_DRAFT_TOKENS_DEFAULT 3
@@ -664,6 +685,10 @@ typedef struct {
     int finished;        /* the sequence stopped here: stop says why */
     g4_stop_reason stop;
 } g4_step_token;
+
+/* Why sequence seq stopped with G4_STOP_ERROR (one line, valid until its next g4_stepper_add);
+ * NULL for any other sequence. */
+const char *g4_stepper_error(const g4_stepper *st, int seq);
 
 /* Totals over a stepper's life. */
 typedef struct {
@@ -712,7 +737,8 @@ typedef int (*g4_token_fn)(void *user, int32_t token);
 
 /* One generation in sequence 0, through a stepper: feeds `prompt` at the session's current
  * position (the KV cache keeps earlier turns), then generates. Fails, before computing anything,
- * when the prompt does not fit the context. The last generated token (e.g. the stop id) is not
+ * when the prompt does not fit the context; fails with the stepper's message (result->stop
+ * G4_STOP_ERROR) when the model's output turns non-finite. The last generated token (e.g. the stop id) is not
  * fed back: the session's position is n_prompt + n_generated - 1 past where it was, and a
  * follow-up turn starts with that token. */
 int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_params *params, g4_token_fn on_token,

@@ -1,6 +1,10 @@
 /* config.json parsing and the bit-width rules of checkpoint.md §4 (Python re semantics via
  * PCRE2): the real E2B pattern set in its on-disk (sorted) order, precedence by leftmost match
  * then list order, and modules_to_not_convert. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "format/config.h"
 #include "testutil.h"
 
@@ -180,6 +184,86 @@ static void test_per_layer_config(void) {
     g4_config_free(&c);
 }
 
+/* text_fields with its first `from` replaced by `to`, parsed. */
+static int parse_edited(g4_config *c, const char *from, const char *to) {
+    char fields[4096], buf[8192];
+    const char *at = strstr(text_fields, from);
+    if (!at) return 1;
+    snprintf(fields, sizeof fields, "%.*s%s%s", (int)(at - text_fields), text_fields, to, at + strlen(from));
+    snprintf(buf, sizeof buf, "{\"eos_token_id\": [1, 106], \"text_config\": {%s}, %s}", fields, e2b_quant);
+    return g4_config_parse(c, buf, "config.json");
+}
+
+/* Float fields that the forward pass takes through float arithmetic are refused outside bounds
+ * that keep it finite (an eps of 1e300 or a softcap that rounds to inf gave NaN logits, issue 33),
+ * each with one line naming config.json and the field; values at the bounds load. */
+static void test_float_ranges(void) {
+    struct {
+        const char *from, *to, *msg;
+    } bad[] = {
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e300", "config.json: text_config.rms_norm_eps 1e+300: expected a number in [1e-12, 1]"},
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-300", "text_config.rms_norm_eps 1e-300: expected"},
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 0", "text_config.rms_norm_eps 0: expected"},
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e999", "text_config.rms_norm_eps must be a number"},
+        {"\"final_logit_softcapping\": 30.0", "\"final_logit_softcapping\": 1e300",
+         "config.json: text_config.final_logit_softcapping 1e+300: expected a number in [0.001, 1e+06]"},
+        {"\"final_logit_softcapping\": 30.0", "\"final_logit_softcapping\": -1", "text_config.final_logit_softcapping -1: expected"},
+        {"\"rope_theta\": 1000000.0", "\"rope_theta\": 1e39",
+         "config.json: text_config.rope_parameters.full_attention.rope_theta 1e+39: expected a number in [1, 1e+12]"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 0", "text_config.rope_parameters.sliding_attention.rope_theta 0: expected"},
+        {"\"partial_rotary_factor\": 0.25", "\"partial_rotary_factor\": 1e300", "partial_rotary_factor must be in (0, 1]"},
+    };
+    g4_config c;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = parse_edited(&c, bad[i].from, bad[i].to);
+        CHECK(rc != 0 && strstr(g4_last_error(), bad[i].msg) && !strchr(g4_last_error(), '\n'), "%s: %s", bad[i].to, g4_last_error());
+        if (rc == 0) g4_config_free(&c);
+    }
+    const char *edge[][2] = {
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1"},
+        {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-12"},
+        {"\"final_logit_softcapping\": 30.0", "\"final_logit_softcapping\": null"},
+        {"\"final_logit_softcapping\": 30.0", "\"final_logit_softcapping\": 1e6"},
+        {"\"rope_theta\": 1000000.0", "\"rope_theta\": 1e12"},
+    };
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++) {
+        CHECK(parse_edited(&c, edge[i][0], edge[i][1]) == 0, "%s: %s", edge[i][1], g4_last_error());
+        g4_config_free(&c);
+    }
+}
+
+/* generation_config.json's temperature takes g4_sampling_check's bound: one that is not a finite
+ * number >= 0 (1e999 parses as inf) is refused with the file named, not used (it gave garbage). */
+static void test_generation_config_temperature(void) {
+    char dir[] = "/tmp/g4_test_config_XXXXXX", path[256], cfg[8192];
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp failed");
+        return;
+    }
+    snprintf(cfg, sizeof cfg, "{\"eos_token_id\": [1, 106], \"text_config\": {%s}, %s}", text_fields, e2b_quant);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_file_or_exit(path, cfg, strlen(cfg));
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    const char *bad[] = {"{\"temperature\": 1e999}", "{\"temperature\": -0.5}"};
+    const char *msg[] = {"generation_config.json: temperature inf: expected a finite number >= 0",
+                         "generation_config.json: temperature -0.5: expected a finite number >= 0"};
+    g4_config c;
+    for (int i = 0; i < 2; i++) {
+        write_file_or_exit(path, bad[i], strlen(bad[i]));
+        int rc = g4_config_load(&c, dir);
+        CHECK(rc != 0 && strstr(g4_last_error(), msg[i]), "%s: %s", bad[i], g4_last_error());
+        if (rc == 0) g4_config_free(&c);
+    }
+    const char *good = "{\"temperature\": 0.7, \"top_k\": 64}";
+    write_file_or_exit(path, good, strlen(good));
+    CHECK(g4_config_load(&c, dir) == 0 && c.has_sampling && fabs(c.temperature - 0.7) < 1e-12, "%s", g4_last_error());
+    g4_config_free(&c);
+    remove(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     test_per_layer_config();
     test_block_size();
@@ -187,5 +271,7 @@ int main(void) {
     test_order_matters();
     test_leftmost_wins();
     test_text_only_and_errors();
+    test_float_ranges();
+    test_generation_config_temperature();
     return check_report("config");
 }

@@ -3,6 +3,7 @@
 #include <math.h>
 #include "generate/sampler.h"
 #include "testutil.h"
+#include "util/select.h"
 
 #define V 5
 
@@ -71,9 +72,124 @@ static void is_argmax_agrees(void) {
     CHECK(!g4_sampling_is_argmax(&p), "temperature 0.7 is not an argmax");
 }
 
+/* g4_select_first with a comparator that is no order (NaN keys compared as floats, as
+ * codes_argmax's and, before issue 33, the sampler's did): every comparison stays inside the
+ * array and the call returns. The comparator counts the elements it is handed outside it (its
+ * first argument is an element, its second the pivot's copy). */
+static const float *sel_lo, *sel_hi;
+static long sel_outside;
+static int nan_blind_desc(const void *a, const void *b) {
+    const float *x = a, *y = b;
+    sel_outside += x < sel_lo || x >= sel_hi;
+    return *x > *y ? -1 : *x != *y;
+}
+
+static void select_stays_inside(void) {
+    unsigned seed = 777;
+    long cases = 0;
+    sel_outside = 0;
+    for (int c = 0; c < 3000; c++) {
+        int n = 2 + c % 61, k = 1 + (c / 61) % n;
+        float v[64 + 2 * 16], *a = v + 16; /* room either side, so a stray read does not crash first */
+        for (int i = 0; i < (int)(sizeof v / sizeof *v); i++) v[i] = NAN;
+        for (int i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            unsigned r = seed >> 16;
+            a[i] = r % 3 == 0 ? NAN : r % 11 == 0 ? INFINITY : r % 13 == 0 ? -INFINITY : (float)(int)(r % 5);
+        }
+        sel_lo = a, sel_hi = a + n;
+        g4_select_first(a, (size_t)n, sizeof *a, (size_t)k, nan_blind_desc);
+        cases++;
+    }
+    CHECK(sel_outside == 0, "%ld comparisons outside the array over %ld selections", sel_outside, cases);
+    /* on NaN-free input it is still the selection: the k-th largest at k - 1, the larger before */
+    float w[9] = {3, -1, 7, 7, 0, INFINITY, -INFINITY, 2, 5};
+    sel_lo = w, sel_hi = w + 9;
+    g4_select_first(w, 9, sizeof *w, 4, nan_blind_desc);
+    CHECK(w[3] == 5 && fminf(fminf(w[0], w[1]), w[2]) >= 5, "4th largest %g", (double)w[3]);
+}
+
+/* Logits with NaNs, infinities and ties through every sampling path: a token of the vocabulary
+ * always, NaNs never picked while any other token is there, infinite logits sharing the draw. */
+static void non_finite_logits(void) {
+    const float nan_mix[V] = {1.0f, NAN, 3.0f, NAN, 2.0f};
+    double f[V];
+    g4_sampling p = params(1, 2, 1, 0);
+    frequencies(&p, nan_mix, 20000, f);
+    double e = exp(1.0); /* top-2 of {1, 3, 2}: e^3 : e^2 */
+    expect_freq("NaN logits, top-k 2", f, (double[]){0, 0, e / (e + 1), 0, 1 / (e + 1)});
+    p = params(1, 0, 1, 0);
+    frequencies(&p, nan_mix, 20000, f);
+    double z = exp(1.0) + exp(3.0) + exp(2.0);
+    expect_freq("NaN logits, every token", f, (double[]){exp(1.0) / z, 0, exp(3.0) / z, 0, exp(2.0) / z});
+    const float inf_mix[V] = {0.0f, INFINITY, 1.0f, INFINITY, -INFINITY};
+    p = params(1, 0, 0.9f, 0.1f);
+    frequencies(&p, inf_mix, 20000, f);
+    expect_freq("+inf logits share the draw", f, (double[]){0, 0.5, 0, 0.5, 0});
+    g4_sampling g = params(0, 0, 1, 0);
+    frequencies(&g, nan_mix, 10, f);
+    expect_freq("greedy skips NaN", f, (double[]){0, 0, 1, 0, 0});
+    /* all NaN or all -inf, every path: some token of the vocabulary */
+    const float all_nan[V] = {NAN, NAN, NAN, NAN, NAN}, all_ninf[V] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    const int32_t hist[2] = {1, 3};
+    g4_sampling ps[] = {params(0, 0, 1, 0), params(1, 0, 1, 0), params(1, 3, 1, 0), params(0.5f, 0, 0.5f, 0), params(2, 0, 1, 0.5f)};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
+        ps[i].repeat_penalty = i % 2 ? 1.2f : 1;
+        g4_sampler *s = g4_sampler_new(&ps[i], V);
+        for (int r = 0; r < 50; r++) {
+            int32_t a = g4_sampler_sample(s, all_nan, hist, 2), b = g4_sampler_sample(s, all_ninf, hist, 2);
+            bad += a < 0 || a >= V || b < 0 || b >= V;
+        }
+        g4_sampler_free(s);
+    }
+    CHECK(bad == 0, "%d picks outside the vocabulary", bad);
+}
+
+/* Defect 9: temperatures below G4_GREEDY_TEMPERATURE are greedy (1e-40 gave garbage: logit / T
+ * overflowed), the greedy line is 1e-5 as documented, and non-finite values are refused with
+ * the field named. */
+static void temperature_rule(void) {
+    const float close[V] = {30.0f, 29.999f, 29.9f, -30.0f, 0.0f};
+    const float tiny[] = {1e-40f, 1e-30f, 9.9e-6f};
+    for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) {
+        g4_sampling p = params(tiny[i], 0, 1, 0);
+        CHECK(g4_sampling_greedy(&p) && g4_sampling_is_argmax(&p) && g4_sampling_top_needed(&p, V) == 1, "T=%g is not greedy",
+              (double)tiny[i]);
+        double f[V];
+        frequencies(&p, close, 200, f);
+        expect_freq("tiny temperature", f, (double[]){1, 0, 0, 0, 0});
+    }
+    g4_sampling p = params(1e-5f, 0, 1, 0);
+    CHECK(!g4_sampling_greedy(&p), "T=1e-5 samples");
+    struct {
+        g4_sampling p;
+        const char *msg;
+    } bad[] = {
+        {params(INFINITY, 0, 1, 0), "temperature inf: expected a finite number >= 0 (below 1e-05: greedy)"},
+        {params(NAN, 0, 1, 0), "temperature nan"},
+        {params(-1e-30f, 0, 1, 0), "temperature -1e-30"},
+        {params(1, 0, NAN, 0), "top-p nan: expected a number in (0, 1]"},
+        {params(1, 0, 1, NAN), "min-p nan: expected a number in [0, 1]"},
+        {params(1, -1, 1, 0), "top-k -1"},
+    };
+    bad[5].p.top_k = -1;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(g4_sampling_check(&bad[i].p) != 0 && strstr(g4_last_error(), bad[i].msg) && g4_sampler_new(&bad[i].p, V) == NULL,
+              "case %zu: %s", i, g4_last_error());
+    g4_sampling rp = params(1, 0, 1, 0);
+    rp.repeat_penalty = INFINITY;
+    CHECK(g4_sampling_check(&rp) != 0 && strstr(g4_last_error(), "repeat-penalty inf"), "%s", g4_last_error());
+    rp = params(0, 0, 1, 0);
+    CHECK(g4_sampling_check(&rp) == 0, "greedy refused: %s", g4_last_error());
+}
+
 int main(void) {
     argmax_matches_plain_loop();
     is_argmax_agrees();
+    select_stays_inside();
+    non_finite_logits();
+    temperature_rule();
     /* probabilities 0.5, 0.3, 0.2, 0, 0 (two tokens at -inf) */
     const float logits[V] = {logf(0.5f), logf(0.3f), logf(0.2f), -INFINITY, -INFINITY};
     double f[V];

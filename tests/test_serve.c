@@ -211,6 +211,16 @@ static void check_prompts(void) {
     CHECK(rc != 0 && e.status == 400 && e.code && !strcmp(e.code, "context_length_exceeded") && !ids, "prompt + max_tokens past the context: %s",
           e.message);
     serve_request_free(&r);
+    /* without max_tokens the reply would take what the prompt leaves: past the context, the
+     * message counts the prompt alone (it reported a negative completion, issue 33) */
+    int at = snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 300; i++) at += snprintf(body + at, sizeof body - (size_t)at, "seven ");
+    snprintf(body + at, sizeof body - (size_t)at, "\"}]}");
+    CHECK(parse(body, SERVE_CHAT, &r, &e) == 0, "%s", e.message);
+    rc = serve_prompt(&r, tok, G4_CHAT_FORM_E2B, (int)g4_tokenizer_vocab_size(tok), &LIM, &ids, &n, &opens, &prefill, &budget, &e);
+    CHECK(rc != 0 && e.code && !strcmp(e.code, "context_length_exceeded") && strstr(e.message, "maximum context length is 256 tokens. However, your "
+          "messages resulted in ") && !strchr(e.message, '-'), "a prompt past the context without max_tokens: %s", e.message);
+    serve_request_free(&r);
     CHECK(parse("{\"model\":\"m\",\"prompt\":[2,99999]}", SERVE_COMPLETION, &r, &e) == 0, "%s", e.message);
     rc = serve_prompt(&r, tok, G4_CHAT_FORM_E2B, (int)g4_tokenizer_vocab_size(tok), &LIM, &ids, &n, &opens, &prefill, &budget, &e);
     CHECK(rc != 0 && e.status == 400 && strstr(e.message, "99999"), "a token outside the vocabulary: %s", e.message);

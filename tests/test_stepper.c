@@ -4,7 +4,12 @@
  * over every logit with the same settings and seed; sequences added mid-run, prompts fed in
  * chunks while the others go on one token a step, a cancelled sequence, every stop reason, and
  * the refusals of g4_stepper_add. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "generate/sampler.h"
+#include "overflow_util.h"
 #include "testutil.h"
 
 enum { MAX_GEN = 64, MAX_PROMPT = 48 };
@@ -358,7 +363,7 @@ static void check_refusals(void) {
         {1, 0, jobs[1].prompt, &jobs[1].p, "empty prompt"},
         {1, 40, long_prompt, &jobs[1].p, "prompt of 40 tokens does not fit the context: 32 of 32 tokens left"},
         {1, 5, bad.prompt, &jobs[1].p, "outside the vocabulary"},
-        {1, 5, jobs[1].prompt, &invalid, "invalid sampling parameters"},
+        {1, 5, jobs[1].prompt, &invalid, "top-p 0: expected a number in (0, 1]"},
         {1, 5, jobs[1].prompt, &greedy_only, "greedy token alone"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -411,6 +416,99 @@ static void check_truncate(void) {
     printf("ok a sequence cut back to a prefix continues as that prefix would\n");
 }
 
+static int cancel_on_poll(void *user) {
+    int *polls = user;
+    return ++*polls >= 3;
+}
+
+/* g4_generate_params.cancel is asked before each step: a stop it asks for during a long prompt
+ * ends the generation between two chunks (Ctrl-C waited for the whole prefill, issue 33), with
+ * G4_STOP_USER, no token and the two chunks fed before it in the cache. */
+static void check_cancel_callback(void) {
+    g4_session *s = session(G4_ACT_INT, 1, 512);
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = 10 + i % 100;
+    g4_generate_params p = {0};
+    g4_sampling_default(&p.sampling);
+    p.max_tokens = 4;
+    int polls = 0;
+    p.cancel = cancel_on_poll, p.cancel_user = &polls;
+    g4_generate_result r;
+    CHECK(g4_generate(s, prompt, 300, &p, NULL, NULL, &r) == 0, "%s", g4_last_error());
+    CHECK(polls == 3 && r.stop == G4_STOP_USER && r.n_generated == 0 && g4_session_seq_pos(s, 0) == 2 * 64,
+          "cancelled on the 3rd poll: %d polls, stop %d, %d tokens, %d of 300 prompt tokens fed", polls, (int)r.stop, r.n_generated,
+          g4_session_seq_pos(s, 0));
+    g4_session_free(s);
+    printf("ok a cancel asked for during a 300-token prompt stops it after 2 chunks of 64\n");
+}
+
+/* A model whose output is NaN (overflow_util.h): every form of pick (the greedy token, top-k candidates, every
+ * logit, greedy with a penalty) ends its sequence at once with G4_STOP_ERROR and no token, a
+ * message for that sequence, and nothing read or written out of bounds; g4_generate fails with
+ * the message. */
+static void check_non_finite(void) {
+    char dir[] = "/tmp/g4_test_stepper_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    CHECK(write_overflowing_copy(tiny_dir(), dir) == 0, "the fixture's " OVERFLOW_TENSOR " is missing");
+    g4_model *m = g4_model_load(dir);
+    CHECK(m != NULL, "the overflowing checkpoint does not load: %s", g4_last_error());
+    if (!m) {
+        remove_overflowing_copy(dir);
+        return;
+    }
+    const g4_model *keep = model;
+    model = m;
+    g4_session *s = session(G4_ACT_INT, 4, 64);
+    g4_stepper *st = g4_stepper_new(s, 0);
+    int32_t prompt[5] = {2, 10, 11, 12, 13};
+    g4_generate_params p[4];
+    for (int q = 0; q < 4; q++) {
+        memset(&p[q], 0, sizeof p[q]);
+        g4_sampling_default(&p[q].sampling);
+        p[q].max_tokens = 8;
+        p[q].sampling.seed = 7;
+    }
+    p[1].sampling.temperature = 1, p[1].sampling.top_k = 5;    /* G4_OUTPUT_TOP */
+    p[2].sampling.temperature = 1;                            /* every logit */
+    p[3].sampling.repeat_penalty = 1.3f;                      /* greedy over every logit */
+    for (int q = 0; q < 4; q++) CHECK(g4_stepper_add(st, q, prompt, 5, &p[q]) == 0, "%s", g4_last_error());
+    g4_step_token out[4 * (G4_MAX_DRAFT_TOKENS + 1)];
+    int errors[4] = {0}, tokens = 0, steps = 0;
+    while (g4_stepper_active(st) > 0 && steps++ < 20) {
+        int n = g4_stepper_step(st, out);
+        CHECK(n >= 0, "%s", g4_last_error());
+        for (int i = 0; i < n; i++) {
+            tokens += out[i].token >= 0;
+            errors[out[i].seq] += out[i].finished && out[i].stop == G4_STOP_ERROR && out[i].token == -1;
+        }
+        if (n < 0) break;
+    }
+    CHECK(tokens == 0, "%d tokens from NaN logits", tokens);
+    for (int q = 0; q < 4; q++) {
+        g4_generate_result r;
+        const char *e = g4_stepper_error(st, q);
+        CHECK(errors[q] == 1 && g4_stepper_result(st, q, &r) == 0 && r.stop == G4_STOP_ERROR && r.n_generated == 0,
+              "sequence %d: %d error events, stop %d", q, errors[q], (int)r.stop);
+        CHECK(e && strstr(e, "the model's hidden state turned non-finite (NaN or infinite) at generated token 1"), "sequence %d: %s", q,
+              e ? e : "(none)");
+    }
+    CHECK_STREQ(g4_stop_reason_name(G4_STOP_ERROR), "error");
+    g4_stepper_free(st);
+    g4_session_free(s);
+    s = session(G4_ACT_INT, 1, 64);
+    g4_generate_result r;
+    for (int q = 0; q < 3; q++) {
+        CHECK(g4_generate(s, prompt, 5, &p[q], NULL, NULL, &r) != 0 && strstr(g4_last_error(), "non-finite") && r.stop == G4_STOP_ERROR,
+              "g4_generate (form %d) on NaN logits: stop %d, %s", q, (int)r.stop, g4_last_error());
+        g4_session_reset(s);
+    }
+    g4_session_free(s);
+    g4_model_free(m);
+    model = keep;
+    remove_overflowing_copy(dir);
+    printf("ok non-finite logits: greedy, top-k, every-logit and penalised picks end with G4_STOP_ERROR and a message\n");
+}
+
 int main(void) {
     g4_model *m = g4_model_load(tiny_dir());
     CHECK(m != NULL, "%s", g4_last_error());
@@ -423,6 +521,8 @@ int main(void) {
     check_stops();
     check_refusals();
     check_truncate();
+    check_non_finite();
+    check_cancel_callback();
     g4_model_free(m);
     return check_report("stepper");
 }

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -12,6 +13,7 @@
 
 #include "testutil.h"
 #include "cli_util.h"
+#include "overflow_util.h"
 
 /* Command lines are built in fixed buffers sized far above what the temporary paths need; a
  * truncated one would fail its test, not pass it. */
@@ -351,6 +353,66 @@ static void test_run_prompt_sources(void) {
     free(err);
 }
 
+/* The greedy line on the command line (issue 33, defect 9): --temp 1e-40 (which strtof flags as an
+ * underflow) and 9e-6 print --temp 0's answer; inf, nan and 1e39 are refused with one line. */
+static void test_temperature_flag(void) {
+    char a[700], b[700], err[700], args[1024];
+    snprintf(a, sizeof a, "%s/t0.out", tmp);
+    snprintf(b, sizeof b, "%s/t.out", tmp);
+    snprintf(err, sizeof err, "%s/t.err", tmp);
+    snprintf(args, sizeof args, "run -m %s -p 'What is 2+2?' -n 12 --temp 0", model);
+    CHECK(run_into(bin, args, a, err) == 0, "--temp 0 failed");
+    char *want = slurp(a);
+    const char *tiny[] = {"1e-40", "9e-6"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "run -m %s -p 'What is 2+2?' -n 12 --temp %s --seed 3", model, tiny[i]);
+        int rc = run_into(bin, args, b, err);
+        char *got = slurp(b);
+        CHECK(rc == 0 && *want && strcmp(got, want) == 0, "--temp %s: status %d, \"%s\" vs --temp 0's \"%s\"", tiny[i], rc, got, want);
+        free(got);
+    }
+    free(want);
+    const char *bad[] = {"inf", "nan", "1e39"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "run -m %s -p hi --temp %s", model, bad[i]);
+        int rc = run_into(bin, args, b, err);
+        char *e = slurp(err), line[128];
+        snprintf(line, sizeof line, "g4 run: error: --temp %s: expected a finite number >= 0\n", bad[i]);
+        CHECK(rc == 1 && strcmp(e, line) == 0, "--temp %s: status %d, stderr \"%s\"", bad[i], rc, e);
+        free(e);
+    }
+    printf("ok --temp below 1e-5 is greedy, non-finite values are refused\n");
+}
+
+/* A checkpoint whose output is NaN (overflow_util.h): `g4 run` (greedy, top-k, every logit) and
+ * `g4 chat` exit 1 with one line naming it, instead of crashing (sampling overflowed the top-k
+ * selection's array) or printing <pad> forever (greedy). */
+static void test_non_finite(void) {
+    char dir[700], out[700], err[700], args[2048];
+    snprintf(dir, sizeof dir, "%s/overflowing", tmp);
+    snprintf(out, sizeof out, "%s/nf.out", tmp);
+    snprintf(err, sizeof err, "%s/nf.err", tmp);
+    mkdir(dir, 0777);
+    CHECK(write_overflowing_copy(model, dir) == 0, "the synthesized model has no F32 " OVERFLOW_TENSOR);
+    const char *forms[] = {"--temp 0", "--temp 1 --top-k 5", "--temp 0.8", "--temp 0 --repeat-penalty 1.3"};
+    for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+        snprintf(args, sizeof args, "run -m %s -p hello -n 8 %s", dir, forms[i]);
+        int rc = run_into(bin, args, out, err);
+        char *e = slurp(err), *o = slurp(out), *nl = strchr(e, '\n');
+        CHECK(rc == 1 && strncmp(e, "g4: error: the model's ", 23) == 0 && strstr(e, "non-finite (NaN or infinite)") && nl && !nl[1] && !*o,
+              "run %s: status %d, stdout \"%s\", stderr \"%s\"", forms[i], rc, o, e);
+        free(e), free(o);
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "echo hello | %s chat -m %s > %s 2> %s", bin, dir, out, err);
+    int rc = sh(cmd);
+    char *e = slurp(err);
+    CHECK(rc == 1 && strstr(e, "g4: error: the model's ") && strstr(e, "non-finite"), "chat: status %d, stderr \"%s\"", rc, e);
+    free(e);
+    remove_overflowing_copy(dir);
+    printf("ok non-finite output: run (4 forms) and chat exit 1 with one line\n");
+}
+
 int main(void) {
     if (!(bin = check_bin())) return check_report("text_cli");
     signal(SIGPIPE, SIG_IGN); /* a child that died early fails its checks, not this program */
@@ -366,6 +428,8 @@ int main(void) {
     test_chat_interrupt();
     test_run_interrupt();
     test_run_prompt_sources();
+    test_non_finite();
+    test_temperature_flag();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
     return check_report("text_cli");

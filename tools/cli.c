@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,10 +81,10 @@ int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi
 
 int parse_float(const char *cmd, const char *flag, const char *v, float *out) {
     char *end;
-    errno = 0;
+    /* an underflow (1e-40) gives the nearest float, what was asked for; an overflow gives inf */
     float x = strtof(v, &end);
-    if (errno || end == v || *end || !(x >= 0)) {
-        fprintf(stderr, "g4 %s: error: %s %s: expected a non-negative number\n", cmd, flag, v);
+    if (end == v || *end || !(x >= 0 && isfinite(x))) {
+        fprintf(stderr, "g4 %s: error: %s %s: expected a finite number >= 0\n", cmd, flag, v);
         return -1;
     }
     *out = x;

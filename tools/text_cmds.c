@@ -259,7 +259,7 @@ int cmd_chat(args_t *a) {
     catch_sigint();
     char *line = NULL;
     size_t cap = 0;
-    int first = 1;
+    int first = 1, failed = 0; /* a failed turn (e.g. a non-finite output) makes the exit status 1 */
     for (;;) {
         if (tty) {
             fputs("> ", stdout);
@@ -301,6 +301,7 @@ int cmd_chat(args_t *a) {
         g4_generate_result res;
         if (chat_turn(&t, line, first, ta.system, &res) != 0) {
             fprintf(stderr, "g4: error: %s%s\n", g4_last_error(), first ? "" : " (/reset starts a new conversation)");
+            failed = 1;
             continue;
         }
         first = 0;
@@ -310,7 +311,7 @@ int cmd_chat(args_t *a) {
     free(line);
     if (tty) fputc('\n', stdout);
     text_model_free(&t);
-    return 0;
+    return failed;
 }
 
 /* ---- g4 tokenize ---- */

@@ -132,6 +132,8 @@ class GenerateParams(Structure):
         ("output_k", c_int),
         ("draft", c_void_p),
         ("draft_tokens", c_int),
+        ("cancel", c_void_p),  # a CANCEL_FN's address (a CFUNCTYPE field would not take None)
+        ("cancel_user", c_void_p),
     ]
 
 
@@ -217,7 +219,7 @@ STRUCTS = {
 # ---- enums ----
 
 SPAN_ANSWER, SPAN_THOUGHT, SPAN_TOOL_CALL = 0, 1, 2
-STOP_EOS, STOP_BUDGET, STOP_CONTEXT, STOP_USER = 0, 1, 2, 3
+STOP_EOS, STOP_BUDGET, STOP_CONTEXT, STOP_USER, STOP_ERROR = 0, 1, 2, 3, 4
 CHAT_SYSTEM, CHAT_USER, CHAT_MODEL, CHAT_TOOL = 0, 1, 2, 3
 CHAT_FORM_E2B, CHAT_FORM_26B = 0, 1
 OPTION_RESULT, OPTION_RUN, OPTION_PRESET = 0, 1, 2
@@ -226,6 +228,7 @@ OPTION_RESULT, OPTION_RUN, OPTION_PRESET = 0, 1, 2
 
 LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 REPLY_FN = CFUNCTYPE(c_int, c_void_p, c_void_p)  # (user, const g4_reply_delta *)
+CANCEL_FN = CFUNCTYPE(c_int, c_void_p)  # g4_generate_params.cancel (cancel_user)
 
 # ---- functions ----
 

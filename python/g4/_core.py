@@ -61,7 +61,8 @@ class ContextError(Error):
 
 
 class GenerationError(Error):
-    """Generation failed for another reason (e.g. invalid sampling parameters)."""
+    """Generation failed for another reason: invalid sampling parameters, or the model's output turned
+    non-finite (NaN or infinite logits: a checkpoint whose weights overflow float)."""
 
 
 class G4Warning(UserWarning):
@@ -241,7 +242,16 @@ def _float_arg(name: str, value: Any) -> float:
 
 # ---- results ----
 
-_STOP_NAMES = {C.STOP_EOS: "eos", C.STOP_BUDGET: "budget", C.STOP_CONTEXT: "context", C.STOP_USER: "user"}
+_STOP_NAMES = {C.STOP_EOS: "eos", C.STOP_BUDGET: "budget", C.STOP_CONTEXT: "context", C.STOP_USER: "user", C.STOP_ERROR: "error"}
+
+
+def _c_string(what: str, text: str) -> bytes:
+    """text as the NUL-terminated UTF-8 the C API takes. Text holding a NUL is refused: the engine
+    would stop reading at it and silently drop the rest (g4.Model.tokenize takes lengths and keeps it)."""
+    at = text.find("\0")
+    if at >= 0:
+        raise InputError(f"{what}: a NUL character (U+0000) at offset {at}; g4 reads text up to a NUL, so it is refused")
+    return text.encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)
@@ -322,7 +332,7 @@ class Stream(Generic[T, R]):
 
     Iterate it for the deltas; `result` is the finished generation's (a Completion or a ChatReply)
     once the iteration is over. close() (or leaving a `with` block, or dropping the stream) stops
-    the generation at its next token."""
+    the generation at its next step (its next token, or between two chunks of a long prompt)."""
 
     def __init__(self, job: Callable[[Callable[[T], None], threading.Event], R]) -> None:
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
@@ -422,7 +432,7 @@ def _run(job: Callable[[Any, Optional[threading.Event]], R]) -> R:
     KeyboardInterrupt) in the main thread wherever it is, the first instruction of a callback
     included, where no `try` can catch them and ctypes would only print them. So in the main thread
     the generation runs in a worker thread while this one waits: an exception here stops it at its
-    next token and is raised once it has stopped. In other threads (where no signal handler runs)
+    next step (a token, or a prompt chunk: g4_generate_params.cancel) and is raised once it has stopped. In other threads (where no signal handler runs)
     it runs in place."""
     if threading.current_thread() is not threading.main_thread():
         return job(None, None)
@@ -582,7 +592,7 @@ def _messages_from(messages: Sequence[Message]) -> List[Tuple[int, bytes]]:
         r = c_int()
         if lib.g4_chat_role_parse(role.encode(), byref(r)) != 0:
             raise _fail(InputError, f"message {i}: ")
-        out.append((r.value, content.encode("utf-8", "surrogatepass")))
+        out.append((r.value, _c_string(f"message {i}: content", content)))
     return out
 
 
@@ -620,7 +630,7 @@ class _Settings:
                 'tools: expected a list of declarations in Gemma\'s syntax ("declaration:NAME{description:<|"|>...<|"|>,'
                 'parameters:{...}}"), as strings'
             )
-        self.tools = [t.encode() for t in tools]
+        self.tools = [_c_string(f"tools[{i}]", t) for i, t in enumerate(tools)]
 
     def conversation_options(self, session: "_Session") -> Tuple[C.ConversationOptions, Any]:
         """The options, and what must outlive the conversation (the tools' array)."""
@@ -629,6 +639,7 @@ class _Settings:
             raise _fail(Error)
         co.gen.draft = session.drafter
         co.gen.draft_tokens = session.draft_tokens
+        co.gen.cancel = _CANCEL_ADDRESS
         co.chat.thinking = int(self.thinking)
         keep = None
         if self.tools:
@@ -915,8 +926,8 @@ class Model:
                 ids = self.tokenize(prompt)
             else:
                 if system is not None:
-                    msgs.append((C.CHAT_SYSTEM, system.encode("utf-8", "surrogatepass")))
-                msgs.append((C.CHAT_USER, prompt.encode("utf-8", "surrogatepass")))
+                    msgs.append((C.CHAT_SYSTEM, _c_string("system", system)))
+                msgs.append((C.CHAT_USER, _c_string("prompt", prompt)))
         else:
             ids = list(prompt)
         if ids is not None and not ids:
@@ -1169,13 +1180,35 @@ def _ids_array(ids: Sequence[int]) -> Any:
     return (c_int32 * len(a)).from_buffer(a) if len(a) else (c_int32 * 0)()
 
 
+# What g4_generate_params.cancel asks before each step: the cancel event of the reply that the
+# asking thread runs (_run_reply sets it), so that Ctrl-C or a closed stream stops a reply between
+# two prompt chunks, not only at its next token (a long prompt's prefill took seconds).
+_cancels = threading.local()
+
+
+def _cancel_asked(user: Any) -> int:
+    try:
+        event = getattr(_cancels, "event", None)
+        return 1 if event is not None and event.is_set() else 0
+    except BaseException:  # a signal handler's exception in the callback: stop; raised after the call
+        return 1
+
+
+_CANCEL_FN = C.CANCEL_FN(_cancel_asked)
+_CANCEL_ADDRESS = ctypes.cast(_CANCEL_FN, ctypes.c_void_p).value
+
+
 def _run_reply(session: int, conv: int, on_spans: Callable[[int, str, str, str], bool], cancel: Optional[threading.Event]) -> _Turn:
     """g4_conversation_reply, the GIL released while the engine computes (a callback takes it back
     for each token); an exception in the callback stops the reply and is raised after it."""
     rep = _Reply(on_spans, cancel)
     res = C.GenerateResult()
-    with _gate.compute():
-        rc = lib.g4_conversation_reply(conv, rep.fn, None, byref(res))
+    _cancels.event = cancel
+    try:
+        with _gate.compute():
+            rc = lib.g4_conversation_reply(conv, rep.fn, None, byref(res))
+    finally:
+        _cancels.event = None
     if rep.exc is not None:
         raise rep.exc
     if rc != 0:
@@ -1275,7 +1308,7 @@ class Conversation:
             self._conv = lib.g4_conversation_new(self._session.handle, model._tok, byref(co))
             if not self._conv:
                 raise _fail(Error)
-            self._system = system.encode("utf-8", "surrogatepass") if system is not None else None
+            self._system = _c_string("system", system) if system is not None else None
             self._fresh = True
         except BaseException:
             self.close()

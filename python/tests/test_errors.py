@@ -97,7 +97,7 @@ def test_bad_generation_settings(model: g4.Model) -> None:
         model.generate([2, 5], thinking=True)
     with pytest.raises(g4.GenerationError) as e:
         model.generate("hi", temperature=-1)
-    assert "invalid sampling parameters" in one_line(e)
+    assert one_line(e).startswith("temperature -1: expected a finite number >= 0")
     with pytest.raises(g4.GenerationError):
         model.generate("hi", top_p=0.0)
     assert model.generate("What is 2+3?", temperature=0).endswith("The final answer is 50")  # still fine after

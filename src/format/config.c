@@ -3,6 +3,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
@@ -42,6 +43,15 @@ static int need_num(const ctx_t *c, const cJSON *obj, const char *key, double *o
     if (!v) return g4_fail("%s: %s%s missing", c->path, c->where, key);
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return g4_fail("%s: %s%s must be a number", c->path, c->where, key);
     *out = v->valuedouble;
+    return 0;
+}
+
+/* A number in [lo, hi]: bounds that keep the forward pass inside float's range (a value the model
+ * passes through float arithmetic, e.g. an eps of 1e300 or a softcap that rounds to inf, would
+ * otherwise load fine and give NaN logits). */
+static int need_num_in(const ctx_t *c, const cJSON *obj, const char *key, double lo, double hi, double *out) {
+    if (need_num(c, obj, key, out) != 0) return -1;
+    if (!(*out >= lo && *out <= hi)) return g4_fail("%s: %s%s %g: expected a number in [%g, %g]", c->path, c->where, key, *out, lo, hi);
     return 0;
 }
 
@@ -279,8 +289,7 @@ static int parse_rope(g4_config *cfg, const ctx_t *c, const cJSON *tc) {
         snprintf(where, sizeof where, "%srope_parameters.%s.", c->where, names[t]);
         ctx_t rc = {c->path, where};
         g4_rope_config *rope = &cfg->rope[t];
-        if (need_num(&rc, r, "rope_theta", &rope->theta) != 0) return -1;
-        if (!(rope->theta > 0)) return g4_fail("%s: %srope_theta must be positive", c->path, where);
+        if (need_num_in(&rc, r, "rope_theta", 1, 1e12, &rope->theta) != 0) return -1;
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
         const char *ts = cJSON_IsString(type) ? type->valuestring : "default";
         rope->partial_rotary_factor = 1.0;
@@ -327,7 +336,7 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
         need_int(&c, tc, "vocab_size", 1, &cfg->vocab) ||
         opt_int(&c, tc, "vocab_size_per_layer_input", cfg->assistant ? 0 : 1, cfg->vocab, &cfg->vocab_ple) ||
         opt_int(&c, tc, "max_position_embeddings", 1, 131072, &cfg->max_positions) ||
-        need_num(&c, tc, "rms_norm_eps", &cfg->rms_eps) ||
+        need_num_in(&c, tc, "rms_norm_eps", 1e-12, 1, &cfg->rms_eps) ||
         opt_bool(&c, tc, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) ||
         opt_int(&c, tc, "bos_token_id", 0, 2, &cfg->bos_id) || opt_int(&c, tc, "pad_token_id", 0, 0, &cfg->pad_id))
         return -1;
@@ -344,10 +353,8 @@ static int parse_text_config(g4_config *cfg, const cJSON *tc, const char *path, 
     } else if (cfg->n_kv_shared >= cfg->n_layers) {
         return g4_fail("%s: %snum_kv_shared_layers must be below num_hidden_layers", path, where);
     }
-    if (!(cfg->rms_eps > 0)) return g4_fail("%s: %srms_norm_eps must be positive", path, where);
     const cJSON *sc = cJSON_GetObjectItemCaseSensitive(tc, "final_logit_softcapping");
-    if (sc && !cJSON_IsNull(sc) && need_num(&c, tc, "final_logit_softcapping", &cfg->final_softcap) != 0) return -1;
-    if (cfg->final_softcap < 0) return g4_fail("%s: %sfinal_logit_softcapping must be positive", path, where);
+    if (sc && !cJSON_IsNull(sc) && need_num_in(&c, tc, "final_logit_softcapping", 1e-3, 1e6, &cfg->final_softcap) != 0) return -1;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(tc, "hidden_activation");
     if (!cJSON_IsString(act) || strcmp(act->valuestring, "gelu_pytorch_tanh") != 0)
         return g4_fail("%s: %shidden_activation must be \"gelu_pytorch_tanh\" (the only one g4 implements)", path, where);
@@ -428,7 +435,13 @@ static int load_generation_config(g4_config *cfg, const char *dir) {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "temperature");
     const cJSON *k = cJSON_GetObjectItemCaseSensitive(root, "top_k");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "top_p");
-    cfg->temperature = cJSON_IsNumber(t) && t->valuedouble >= 0 ? t->valuedouble : 1.0;
+    /* g4_sampling_check's bound: a temperature that is no finite number >= 0 is refused, not replaced */
+    if (cJSON_IsNumber(t) && !(t->valuedouble >= 0 && t->valuedouble <= FLT_MAX)) {
+        g4_fail("%s: temperature %g: expected a finite number >= 0", path, t->valuedouble);
+        cJSON_Delete(root);
+        return -1;
+    }
+    cfg->temperature = cJSON_IsNumber(t) ? t->valuedouble : 1.0;
     cfg->top_k = cJSON_IsNumber(k) && k->valuedouble >= 0 && k->valuedouble < 1e9 ? (int)k->valuedouble : 0;
     cfg->top_p = cJSON_IsNumber(p) && p->valuedouble > 0 && p->valuedouble <= 1 ? p->valuedouble : 1.0;
     cfg->has_sampling = !cJSON_IsFalse(sample) && (cJSON_IsNumber(t) || cJSON_IsNumber(k) || cJSON_IsNumber(p));

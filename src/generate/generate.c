@@ -5,6 +5,7 @@
 #include "g4.h"
 #include "generate/generate.h"
 #include "model/model.h"
+#include "util/err.h"
 
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p) {
     g4_sampling_default(p);
@@ -20,6 +21,7 @@ const char *g4_stop_reason_name(g4_stop_reason r) {
     case G4_STOP_BUDGET: return "budget";
     case G4_STOP_CONTEXT: return "context";
     case G4_STOP_USER: return "user";
+    case G4_STOP_ERROR: return "error";
     }
     return "?";
 }
@@ -32,6 +34,11 @@ int g4_generate_seq(g4_session *s, int seq, const int32_t *prompt, int n_prompt,
     if (!st) return -1;
     int rc = g4_stepper_add(st, seq, prompt, n_prompt, params), stopped = 0, seen = 0;
     while (rc == 0 && !stopped && g4_stepper_active(st) > 0) {
+        if (params->cancel && params->cancel(params->cancel_user)) { /* between prompt chunks too */
+            g4_stepper_cancel(st, seq);
+            stopped = 1;
+            break;
+        }
         g4_step_token t[G4_MAX_DRAFT_TOKENS + 1]; /* only this sequence runs: one token a step, or a drafting round's */
         int n = g4_stepper_step(st, t);
         if (n < 0) rc = -1;
@@ -46,6 +53,7 @@ int g4_generate_seq(g4_session *s, int seq, const int32_t *prompt, int n_prompt,
         }
     }
     if (g4_stepper_state(st, seq) != G4_SEQ_IDLE) g4_stepper_result(st, seq, result);
+    if (rc == 0 && !stopped && result->stop == G4_STOP_ERROR) rc = g4_fail("%s", g4_stepper_error(st, seq));
     if (stopped) {
         result->stop = G4_STOP_USER;
         result->stop_id = 0;

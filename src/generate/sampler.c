@@ -38,14 +38,22 @@ static uint64_t next_u64(uint64_t *state) {
 /* Uniform in [0, 1) with 53 random bits. */
 static double next_unit(uint64_t *state) { return (double)(next_u64(state) >> 11) * (1.0 / 9007199254740992.0); }
 
-static int valid_params(const g4_sampling *p) {
-    if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
-        !(p->repeat_penalty > 0) || p->repeat_last_n < 0) {
-        g4_fail("invalid sampling parameters (temperature >= 0, top-k >= 0, 0 < top-p <= 1, 0 <= min-p <= 1, repeat-penalty > 0)");
-        return 0;
-    }
-    return 1;
+/* Every front end's rule (g4.h): finite values in these ranges. */
+int g4_sampling_check(const g4_sampling *p) {
+    if (!(p->temperature >= 0 && isfinite(p->temperature)))
+        return g4_fail("temperature %g: expected a finite number >= 0 (below %g: greedy)", (double)p->temperature, (double)G4_GREEDY_TEMPERATURE);
+    if (p->top_k < 0) return g4_fail("top-k %d: expected 0 (off) or more", p->top_k);
+    if (!(p->top_p > 0 && p->top_p <= 1)) return g4_fail("top-p %g: expected a number in (0, 1]", (double)p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1)) return g4_fail("min-p %g: expected a number in [0, 1]", (double)p->min_p);
+    if (!(p->repeat_penalty > 0 && isfinite(p->repeat_penalty)))
+        return g4_fail("repeat-penalty %g: expected a finite number > 0", (double)p->repeat_penalty);
+    if (p->repeat_last_n < 0) return g4_fail("repeat-last-n %d: expected 0 (all) or more", p->repeat_last_n);
+    return 0;
 }
+
+int g4_sampling_greedy(const g4_sampling *p) { return p->temperature < G4_GREEDY_TEMPERATURE; }
+
+static int valid_params(const g4_sampling *p) { return g4_sampling_check(p) == 0; }
 
 /* A sampler with its own buffers (shared NULL) or with those of `shared`. */
 static g4_sampler *sampler_new(const g4_sampling *p, int vocab, const g4_sampler *shared) {
@@ -86,10 +94,13 @@ void g4_sampler_free(g4_sampler *s) {
     free(s);
 }
 
-/* Higher logit first; the lower id first on equal logits, so the order is total and stable. */
+/* Higher logit first; the lower id first on equal logits, and NaN after everything, so the order
+ * is total and stable whatever the logits. */
 static int by_logit_desc(const void *a, const void *b) {
     const candidate *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    int x_nan = isnan(x->logit), y_nan = isnan(y->logit);
+    if (x_nan != y_nan) return x_nan - y_nan;
+    if (!x_nan && x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
@@ -120,14 +131,27 @@ static void select_top(candidate *c, int n, int k) {
     qsort(c, (size_t)k, sizeof *c, by_logit_desc);
 }
 
-int g4_sampling_is_argmax(const g4_sampling *p) { return p->temperature == 0 && p->repeat_penalty == 1; }
+int g4_sampling_is_argmax(const g4_sampling *p) { return g4_sampling_greedy(p) && p->repeat_penalty == 1; }
 
 /* The candidates a draw keeps of the n best, sorted in s->cand (softmax, top-p, min-p): their
  * unnormalised probabilities into s->prob, their number returned, their total into *sum. */
+/* exp(l - max): a candidate's unnormalised probability, max the first (largest) candidate's logit.
+ * Defined for any floats (the stepper ends a generation on non-finite logits, but the sampler
+ * stays safe without it): an infinite max shares the mass among the tokens at it, NaN gets none. */
+static double weight(float l, double max) {
+    if (isnan(l) || isnan(max)) return 0;
+    if (isinf(max)) return l == max ? 1 : 0;
+    return exp((double)l - max);
+}
+
 static int kept(g4_sampler *s, int n, double *sum) {
     /* probabilities over the survivors, in double */
     double max = s->cand[0].logit, total = 0, *prob = s->prob;
-    for (int i = 0; i < n; i++) total += prob[i] = exp((double)s->cand[i].logit - max);
+    for (int i = 0; i < n; i++) total += prob[i] = weight(s->cand[i].logit, max);
+    if (!(total > 0)) { /* every candidate NaN: the first takes the draw, the distribution still sums to 1 */
+        for (int i = 0; i < n; i++) prob[i] = i == 0;
+        total = 1;
+    }
     /* top-p: the smallest prefix whose mass reaches p (always at least one token) */
     if (s->p.top_p < 1) {
         double acc = 0;
@@ -166,7 +190,7 @@ static int32_t draw(g4_sampler *s, int n) {
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
     memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
     apply_repeat_penalty(s, s->work, history, n_history);
-    if (s->p.temperature == 0) return g4_argmax(s->work, s->vocab);
+    if (g4_sampling_greedy(&s->p)) return g4_argmax(s->work, s->vocab);
     int n = s->vocab;
     for (int i = 0; i < n; i++) s->cand[i] = (candidate){i, s->work[i] / s->p.temperature};
     int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
@@ -187,7 +211,7 @@ static int ranked(g4_sampler *s, const float *logits, const int32_t *history, in
 
 void g4_sampler_distribution(g4_sampler *s, const float *logits, const int32_t *history, int n_history, double *probs) {
     for (int i = 0; i < s->vocab; i++) probs[i] = 0;
-    if (s->p.temperature == 0) {
+    if (g4_sampling_greedy(&s->p)) {
         probs[g4_sampler_sample(s, logits, history, n_history)] = 1;
         return;
     }
@@ -214,7 +238,7 @@ int32_t g4_sampler_draw_from(g4_sampler *s, const double *w) {
 }
 
 int g4_sampling_top_needed(const g4_sampling *p, int vocab) {
-    if (p->temperature == 0) return 1;
+    if (g4_sampling_greedy(p)) return 1;
     return p->top_k > 0 && p->top_k < vocab ? p->top_k : 0;
 }
 
@@ -246,7 +270,7 @@ int32_t g4_sampler_sample_top(g4_sampler *s, const int32_t *ids, const float *lo
             s->work[at] = penalize(s, s->work[at]);
         }
     }
-    if (s->p.temperature == 0) {
+    if (g4_sampling_greedy(&s->p)) {
         /* g4_argmax: the first index of the largest; every other token is at most `bound`, so the
          * best candidate stands only when strictly above it */
         int best = -1;

@@ -3,6 +3,8 @@
  * between, in chunks (continuous batching). The one place where a token is chosen (pick) and a
  * generation's stop checks are made (accept): g4_generate, g4 eval and g4 bench all run here. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,6 +52,7 @@ typedef struct {
     float *hidden;
     int32_t draft[G4_MAX_DRAFT_TOKENS];
     int n_draft, row0, pos0; /* drafts this round; the sequence's first row in the call and its position before it */
+    char error[160];      /* why it stopped with G4_STOP_ERROR */
 } generation;
 
 struct g4_stepper {
@@ -66,6 +69,7 @@ struct g4_stepper {
     g4_drafter *dr;       /* the drafter of the generations that draft (one per stepper) */
     int hidden_size;
     float *draft_hidden;  /* [n_seq][hidden_size]: a round's drafting state */
+    float *check;         /* [hidden_size]: a row's hidden state, looked at for NaN and infinities */
     float *draft_logits;  /* [64][vocab]: a sampling group's drafter logits, allocated on first need */
     double *p;            /* [vocab]: a verified row's distribution (speculative sampling) */
     long rounds, drafted, accepted;
@@ -89,7 +93,8 @@ g4_stepper *g4_stepper_new(g4_session *s, int prompt_chunk) {
     st->rows = malloc(sizeof *st->rows * (size_t)(max_rows > st->prompt_chunk ? max_rows : st->prompt_chunk));
     st->hidden_size = g4_model_hidden_size(g4_session_model(s));
     st->buffers = g4_sampler_new(&greedy, st->vocab);
-    if (!st->seq || !st->rows || !st->buffers) {
+    st->check = malloc(sizeof *st->check * (size_t)st->hidden_size);
+    if (!st->seq || !st->rows || !st->buffers || !st->check) {
         g4_stepper_free(st);
         g4_fail("out of memory for the stepper");
         return NULL;
@@ -112,6 +117,7 @@ void g4_stepper_free(g4_stepper *st) {
     }
     free(st->seq);
     free(st->draft_hidden);
+    free(st->check);
     free(st->draft_logits);
     free(st->p);
     g4_sampler_free(st->buffers);
@@ -252,6 +258,7 @@ int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt,
     g->stop_id = 0;
     g->added = st->added++;
     g->t_start = g->t_first = g->t_end = 0;
+    g->error[0] = 0;
     g->state = G4_SEQ_PROMPT;
     return 0;
 }
@@ -274,11 +281,34 @@ static void ask(g4_stepper *st, int q, g4_batch_row *row, int slot) {
     row->top = &g->top;
 }
 
+static int all_finite(const float *v, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(v[i])) return 0;
+    return 1;
+}
+
+/* 1 (with sequence q's error set) when what row `at` gave cannot be sampled: a hidden state or
+ * logits (those the pick reads) with a NaN or an infinity, which would give garbage tokens
+ * (greedy decoding's argmax of NaNs is token 0 forever), or a greedy token outside the vocabulary. */
+static int non_finite(g4_stepper *st, int q, const g4_batch_row *row, int at, const float *logits) {
+    generation *g = &st->seq[q];
+    const char *what = NULL;
+    if (g4_decode_hidden(st->s, at, st->check) == 0 && !all_finite(st->check, st->hidden_size)) what = "hidden state";
+    else if (logits && !all_finite(logits, st->vocab)) what = "logits";
+    else if (!logits && row->output == G4_OUTPUT_TOP && row->top->n >= 0 && !all_finite(row->top->logits, row->top->n)) what = "logits";
+    else if (!logits && row->output == G4_OUTPUT_ARGMAX && (row->argmax < 0 || row->argmax >= st->vocab)) what = "greedy token";
+    if (!what) return 0;
+    snprintf(g->error, sizeof g->error, "the model's %s turned non-finite (NaN or infinite) at generated token %d: its weights or "
+             "config.json overflow float", what, g->n_hist - g->n_prompt + 1);
+    return 1;
+}
+
 /* Sequence q's next token from what row `at` of the last call gave: the greedy token, the
  * sampler's pick from the candidates when they decide it (the pick it makes from every logit, bit
- * for bit), else its pick from every logit. */
+ * for bit), else its pick from every logit. 1 when the row's output is not finite (non_finite). */
 static int pick(g4_stepper *st, int q, const g4_batch_row *row, int at, int32_t *token) {
     generation *g = &st->seq[q];
+    if (non_finite(st, q, row, at, row->output == G4_OUTPUT_LOGITS ? row->logits : NULL)) return 1;
     if (row->output == G4_OUTPUT_ARGMAX) {
         *token = row->argmax;
         return 0;
@@ -292,6 +322,7 @@ static int pick(g4_stepper *st, int q, const g4_batch_row *row, int at, int32_t 
             return 0;
         }
         if (g4_decode_logits(st->s, at, st->fallback) != 0) return -1;
+        if (non_finite(st, q, row, at, st->fallback)) return 1;
         logits = st->fallback;
     }
     *token = g4_sampler_sample(g->sampler, logits, g->history, g->n_hist);
@@ -308,6 +339,14 @@ static int is_stop(const generation *g, int32_t t) {
     for (int i = 0; i < g->n_stops; i++)
         if (g->stops[i] == t) return 1;
     return 0;
+}
+
+/* Ends sequence q at a row whose output is not finite (pick's 1): no token, G4_STOP_ERROR. */
+static void refuse(g4_stepper *st, int q, double now, g4_step_token *ev) {
+    generation *g = &st->seq[q];
+    if (g->state == G4_SEQ_PROMPT) g->t_first = now;
+    finish(g, G4_STOP_ERROR, now);
+    *ev = (g4_step_token){.seq = q, .token = -1, .finished = 1, .stop = G4_STOP_ERROR};
 }
 
 /* Takes token t for sequence q, then the stop checks in their order: a stop id, the budget, the
@@ -346,7 +385,12 @@ static int take_tokens(g4_stepper *st, int n, g4_step_token *out) {
         if (row->output == G4_OUTPUT_NONE) continue;
         int q = row->seq;
         int32_t t;
-        if (pick(st, q, row, i, &t) != 0 || keep_hidden(st, q, i) != 0) return -1;
+        int rc = pick(st, q, row, i, &t);
+        if (rc == 1) {
+            refuse(st, q, now_s(), &out[k++]);
+            continue;
+        }
+        if (rc != 0 || keep_hidden(st, q, i) != 0) return -1;
         accept(st, q, t, g4_session_seq_pos(st->s, q), now_s(), &out[k++]);
     }
     return k;
@@ -440,7 +484,7 @@ static int draft_kind(g4_stepper *st, int sampled) {
 static int spec_pick(g4_stepper *st, int q, int i, int32_t *t) {
     generation *g = &st->seq[q];
     const g4_batch_row *row = &st->rows[g->row0 + i];
-    if (i == g->n_draft) return pick(st, q, row, g->row0 + i, t);
+    if (i == g->n_draft || non_finite(st, q, row, g->row0 + i, row->logits)) return pick(st, q, row, g->row0 + i, t);
     g4_sampler_distribution(g->sampler, row->logits, g->history, g->n_hist, st->p);
     int32_t d = g->draft[i];
     const double *qd = g->q + (size_t)i * st->vocab;
@@ -461,6 +505,10 @@ static int settle_round(g4_stepper *st, int q, g4_step_token *out) {
     for (;; i++) {
         int32_t t;
         int rc = g->sampled && g->n_draft ? spec_pick(st, q, i, &t) : pick(st, q, &st->rows[r0 + i], r0 + i, &t);
+        if (rc == 1) { /* the cache keeps the tokens taken before the row */
+            refuse(st, q, now_s(), &out[k++]);
+            return g4_session_truncate_seq(st->s, q, pos0 + i) == 0 ? k : -1;
+        }
         if (rc != 0 || keep_hidden(st, q, r0 + i) != 0) return -1;
         accept(st, q, t, pos0 + i + 1, now_s(), &out[k++]);
         if (g->state == G4_SEQ_FINISHED || i == g->n_draft || t != g->draft[i]) break;
@@ -601,6 +649,11 @@ const int32_t *g4_stepper_tokens(const g4_stepper *st, int seq, int *n) {
     if (seq < 0 || seq >= st->n_seq || st->seq[seq].state == G4_SEQ_IDLE) return NULL;
     *n = st->seq[seq].n_hist - st->seq[seq].n_prompt;
     return st->seq[seq].history + st->seq[seq].n_prompt;
+}
+
+const char *g4_stepper_error(const g4_stepper *st, int seq) {
+    if (seq < 0 || seq >= st->n_seq || st->seq[seq].state != G4_SEQ_FINISHED || st->seq[seq].stop != G4_STOP_ERROR) return NULL;
+    return st->seq[seq].error;
 }
 
 void g4_stepper_get_stats(const g4_stepper *st, g4_stepper_stats *stats) { *stats = st->stats; }

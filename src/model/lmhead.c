@@ -48,11 +48,19 @@ void g4_lm_head_coarse_done(g4_session *s, int seq, int coarse, int unsettled) {
     else if (unsettled) s->argmax_hold[seq] = ARGMAX_HOLD;
 }
 
+/* Whether a row of logits holds no NaN and no infinity (the shortcut hands such rows back). */
+static int finite_row(const float *v, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(v[i])) return 0;
+    return 1;
+}
+
 /* The greedy token of rows [first, n) of xn into next, as g4_argmax over their logits would pick
  * it. When the lm_head takes float rows against packed codes (the checkpoint's), most logits are
  * never finished (g4_codes_f32_argmax with the coarse image `coarse`); unsettled[t] marks the rows
  * it could not decide. Those, and every row of other lm_heads, go through the full logits in
- * s->logit_row. Returns whether the shortcut ran. */
+ * s->logit_row; -1 for a row whose logits are not all finite (its argmax would be garbage). Returns
+ * whether the shortcut ran. */
 static int lm_head_argmax(g4_session *s, int n, int first, int coarse, int32_t *next, unsigned char *unsettled) {
     const g4_model *m = s->m;
     int H = m->cfg.hidden, V = m->cfg.vocab, ran = lm_head_shortcut_applies(s);
@@ -64,7 +72,7 @@ static int lm_head_argmax(g4_session *s, int n, int first, int coarse, int32_t *
         unsettled[t - first] = ran && next[t - first] < 0;
         if (next[t - first] >= 0) continue;
         g4_forward_lm_head_logits(s, t + 1, t, s->logit_row);
-        next[t - first] = g4_argmax(s->logit_row, V);
+        next[t - first] = finite_row(s->logit_row, V) ? g4_argmax(s->logit_row, V) : -1;
     }
     return ran;
 }

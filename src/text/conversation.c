@@ -332,9 +332,13 @@ int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, 
     c->failed = 0;
     int pos = g4_session_seq_pos(c->s, c->o.seq);
     int rc = g4_generate_seq(c->s, c->o.seq, ids, (int)n, &c->o.gen, on_token, c, res);
+    /* cancelled before its first token (gen.cancel, during the prompt): the cache gives back the
+     * chunks it took and the conversation stays as it was, its prompt still to come */
+    int unstarted = rc == 0 && res->stop == G4_STOP_USER && res->n_generated == 0 && !c->failed;
+    if (unstarted) rc = g4_session_truncate_seq(c->s, c->o.seq, pos);
     if (rc == 0 && c->failed) rc = -1;
-    if (rc == 0) rc = finish_reply(c);
-    if (rc == 0) rc = commit_reply(c);
+    if (rc == 0 && !unstarted) rc = finish_reply(c);
+    if (rc == 0 && !unstarted) rc = commit_reply(c);
     /* a failure before the prompt went in leaves the conversation as it was */
     if (rc != 0 && g4_session_seq_pos(c->s, c->o.seq) != pos) c->broken = 1;
     c->on_delta = NULL, c->user = NULL;

@@ -10,6 +10,9 @@ static void swap_bytes(unsigned char *a, unsigned char *b, size_t size) {
     }
 }
 
+/* Hoare's partition, its scans kept inside [lo, hi] and each round made to shrink the range: with
+ * a comparator that is not a total order (NaN keys) the scans would otherwise run off the array
+ * and the loop might never end. Such an input then gets some order, never a bad access. */
 void g4_select_first(void *base, size_t n, size_t size, size_t k, int (*cmp)(const void *, const void *)) {
     unsigned char *v = base, pivot[64];
     if (n < 2 || k < 1 || k > n || size > sizeof pivot) return;
@@ -18,12 +21,13 @@ void g4_select_first(void *base, size_t n, size_t size, size_t k, int (*cmp)(con
         memcpy(pivot, v + (size_t)(lo + (hi - lo) / 2) * size, size);
         long i = lo, j = hi;
         while (i <= j) {
-            while (cmp(v + (size_t)i * size, pivot) < 0) i++;
-            while (cmp(v + (size_t)j * size, pivot) > 0) j--;
+            while (i < hi && cmp(v + (size_t)i * size, pivot) < 0) i++;
+            while (j > lo && cmp(v + (size_t)j * size, pivot) > 0) j--;
             if (i <= j) swap_bytes(v + (size_t)i++ * size, v + (size_t)j-- * size, size);
+            else break;
         }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
+        if (want <= j && j < hi) hi = j;
+        else if (want >= i && i > lo) lo = i;
         else break;
     }
 }

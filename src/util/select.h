@@ -7,7 +7,8 @@
 
 /* Reorders base[0, n) (elements of `size` bytes, at most 64) so that its first k (1 <= k <= n)
  * are the k first in cmp's order, not sorted among themselves, with the k-th at index k - 1.
- * cmp must be a total order on the elements (no NaN). */
+ * cmp should be a total order on the elements; any other comparator (NaN keys) gives some
+ * order, but never an access outside base[0, n) nor an endless loop. */
 void g4_select_first(void *base, size_t n, size_t size, size_t k, int (*cmp)(const void *, const void *));
 
 #endif

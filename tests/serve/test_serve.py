@@ -26,6 +26,7 @@ import time
 import openai
 
 import serve_util
+import test_serve_numerics
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -687,6 +688,7 @@ def main():
     test_load(int(os.environ.get("SERVE_LOAD_N", "500")))
     # Further test modules of tests/serve (each a run() over serve_util's check and Server):
     # one line each here.
+    test_serve_numerics.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

@@ -389,6 +389,10 @@ static void deliver(serve_engine *e, const g4_step_token *ev) {
         }
         ended = rc == 1 || (j->script >= 0 && j->script_at == e->c.script_len[j->script]);
     }
+    if (ev->finished && ev->stop == G4_STOP_ERROR && !ended) { /* the model's output turned NaN: this request only */
+        const char *why = g4_stepper_error(e->st, ev->seq);
+        return fail_job(e, j, 500, why ? why : "the model's output turned non-finite");
+    }
     if (ev->finished && !ended) {
         finish_job(e, j, ev->stop == G4_STOP_EOS || ev->stop == G4_STOP_USER ? SERVE_FINISH_STOP : SERVE_FINISH_LENGTH);
     } else if (ended) {

@@ -579,12 +579,18 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
         }
     /* every generated token but the last takes a place in the context */
     int budget = r->max_tokens > 0 ? r->max_tokens : r->kind == SERVE_COMPLETION ? 16 : lim->ctx - (int)n + 1;
+    const char *what = r->kind == SERVE_CHAT ? "messages" : "prompt";
     if (n == 0 || (long)n > lim->ctx || (long)n + budget - 1 > lim->ctx) {
-        int rc = serve_fail(e, 400, INVALID, "context_length_exceeded", r->kind == SERVE_CHAT ? "messages" : "prompt",
+        int rc;
+        if (budget < 1) /* no max_tokens: the reply would take what the prompt leaves, and it leaves nothing */
+            rc = serve_fail(e, 400, INVALID, "context_length_exceeded", what,
+                            "This model's maximum context length is %d tokens. However, your %s resulted in %zu tokens. Please reduce the "
+                            "length of the %s.", lim->ctx, what, n, what);
+        else
+            rc = serve_fail(e, 400, INVALID, "context_length_exceeded", what,
                             "This model's maximum context length is %d tokens. However, you requested %ld tokens (%zu in the %s, %d in the "
                             "completion). Please reduce the length of the %s or the completion.",
-                            lim->ctx, (long)n + budget, n, r->kind == SERVE_CHAT ? "messages" : "prompt", budget,
-                            r->kind == SERVE_CHAT ? "messages" : "prompt");
+                            lim->ctx, (long)n + budget, n, what, budget, what);
         if (n == 0) rc = serve_fail(e, 400, INVALID, NULL, "prompt", "the prompt is empty");
         free(p), free(*prefill), *prefill = NULL;
         return rc;
