@@ -239,11 +239,13 @@ def test_slowloris():
             status, body = None, repr(e)
         health_s = time.time() - t0
         check(status == 200, "slowloris: /health answers another client while %d sockets trickle" % n, (status, body))
+        t0 = time.time()
         try:
             reply = sv.client(timeout=GUARD).chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=50)
             ok = reply.choices[0].message.content == "5+5=10."
         except openai.APIError as e:
             ok = repr(e)
+        completion_s = time.time() - t0
         check(ok is True, "slowloris: a completion is served meanwhile", ok)
         t.join(GUARD)
         t2.join(GUARD)
@@ -255,7 +257,7 @@ def test_slowloris():
         m = sv.metrics()
         check(1 <= m.get("g4_connections_timed_out_total", 0) <= n + 2, "/metrics counts the connections timed out", m.get("g4_connections_timed_out_total"))
         info("slowloris: %d sockets from 127.0.0.2, %d accepted and held at most at once (per-address cap 16), %d refused at connect; "
-             "/health answered in %.3f s meanwhile; %d connections timed out" % (n, out.get("peak_held", 0), out.get("refused", 0), health_s,
+             "/health answered in %.3f s and a completion in %.3f s meanwhile; %d connections timed out" % (n, out.get("peak_held", 0), out.get("refused", 0), health_s, completion_s,
                                                                                m.get("g4_connections_timed_out_total", 0)))
     finally:
         stop.set()
@@ -285,11 +287,10 @@ def peak_rss_while(sv, fn):
     return result, max(peak[0], sv.rss_kb())
 
 
-def test_big_bodies():
-    """Defect 4: 32 concurrent 4 MB bodies of long numeric arrays. Parse memory is bounded per request
-    (--max-json-values) and in total (--max-body-total): the peak RSS stays below the bound those give,
-    and the memory goes back after."""
-    total_mb = 32
+def test_big_bodies(total_mb, n_big, n_under):
+    """Defect 4: 32 concurrent bodies, n_big of 4 MiB of long numeric arrays, n_under just under the
+    JSON value bound. Parse memory is bounded per request (--max-json-values) and in total
+    (--max-body-total): the peak RSS stays below the bound those give, and the memory goes back after."""
     sv = Server("--parallel", "1", "--max-body-total", "%dM" % total_mb, "--test-replies", script_file(["7+7=14."]))
     try:
         sv.client().chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=50)
@@ -318,7 +319,7 @@ def test_big_bodies():
                 statuses.append((status, headers.get("retry-after"), json.loads(data)["error"]["code"] if data[:1] == b"{" else None))
 
         def attack():
-            threads = [threading.Thread(target=one, args=(big if i % 2 == 0 else under,)) for i in range(32)]
+            threads = [threading.Thread(target=one, args=(big if i < n_big else under,)) for i in range(n_big + n_under)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -328,22 +329,32 @@ def test_big_bodies():
         time.sleep(0.5)
         after = sv.rss_kb()
         kinds = sorted(set(statuses), key=str)
-        check(len(statuses) == 32 and all(s[0] in (400, 413, 503) for s in statuses) and
+        check(len(statuses) == n_big + n_under and all(s[0] in (400, 413, 503) for s in statuses) and
               all(s[2] == "request_too_large" for s in statuses if s[0] == 413) and all(s[1] for s in statuses if s[0] == 503),
               "big bodies: each refused with 413 (too many JSON values), 400 (past the context) or 503 with Retry-After (over --max-body-total)",
               kinds)
-        # the bodies and parses held at once are within --max-body-total; threads, buffers and the
-        # allocator's arenas are allowed as much again, and 64 MiB besides
-        bound = before + 2 * total_mb * 1024 + 64 * 1024
-        check(peak <= bound, "big bodies: peak RSS %d KiB within %d KiB (from --max-body-total %d MiB and the RSS before, %d KiB)" %
-              (peak, bound, total_mb, before))
-        check(after <= before + 32 * 1024 + before // 4, "big bodies: RSS after (%d KiB) back near the RSS before (%d KiB)" % (after, before))
+        # the bodies and parses held at once are within --max-body-total; the 32 threads' stacks, the
+        # allocator's arenas and the like are allowed as much again and 16 MiB besides. Under ASan
+        # (quarantine, redzones) RSS says nothing: LeakSanitizer checks the memory instead.
+        bound = before + 2 * total_mb * 1024 + 16 * 1024
+        if serve_util.ASAN:
+            serve_util.skipped += 2
+            print("skip big bodies: RSS bounds under ASan")
+        else:
+            check(peak <= bound, "big bodies: peak RSS %d KiB within %d KiB (from --max-body-total %d MiB and the RSS before, %d KiB)" %
+                  (peak, bound, total_mb, before))
+            check(after <= before + 16 * 1024 + before // 4, "big bodies: RSS after (%d KiB) back near the RSS before (%d KiB)" % (after, before))
         r = sv.client().chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=50)
         check(r.choices[0].message.content == "7+7=14.", "big bodies: the server serves the next client")
-        info("big bodies: 32 concurrent bodies (16 of 4 MiB with 2M values, 16 of %d KiB with 60k values): RSS before %d KiB, peak %d KiB, "
-             "after %d KiB; answers %s" % (len(under) // 1024, before, peak, after, kinds))
+        info("big bodies: %d concurrent bodies (%d of 4 MiB with 2M values, %d of %d KiB with 60k values), --max-body-total %d MiB: RSS before %d KiB, peak %d KiB, "
+             "after %d KiB; answers %s" % (n_big + n_under, n_big, n_under, len(under) // 1024, total_mb, before, peak, after, kinds))
     finally:
         sv.stop()
+
+
+def test_memory():
+    test_big_bodies(8, 24, 8)  # the total bound at work: room for two of the 4 MiB bodies
+    test_big_bodies(32, 16, 16)  # many parsed at once: the value bound, and the memory given back
 
 
 # ---------------------------------------------------------------- the prompt cache's scope
@@ -378,8 +389,12 @@ def test_cache_scope():
 def test_model_names():
     sv = Server("--parallel", "1", "--alias", "tiny", "--test-replies", script_file(["1+2=3."]))
     try:
-        r = sv.client().chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": "x"}], max_tokens=50)
-        check(r.model == "tiny" and r.choices[0].message.content == "1+2=3.", "any model name is taken; the reply names the alias", r.model)
+        try:
+            r = sv.client().chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": "x"}], max_tokens=50)
+            got = (r.model, r.choices[0].message.content)
+        except openai.APIError as e:
+            got = repr(e)
+        check(got == ("tiny", "1+2=3."), "any model name is taken; the reply names the alias", got)
         status, body = sv.http("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 50})
         check(status == 200 and body.get("model") == "tiny", "a request without a model is taken", body)
     finally:
@@ -449,4 +464,4 @@ def run():
     test_half_close()
     test_second_sigterm()
     test_slowloris()
-    test_big_bodies()
+    test_memory()
