@@ -381,9 +381,9 @@ static void check_transport_fields(void) {
     check_refusal("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":5}", SERVE_CHAT, 400, "cache_salt", NULL);
     /* 1 + the '[', ',' and ':' outside strings: 1 + 1 + 3 + 2 (a member counts its ',' and its ':',
      * an upper bound); an escaped quote does not end a string */
-    const char *six = "{\"a\":[1,2,3],\"b\":\"x,y:[z\"}", *three = "[\"a\\\"b,c\", 1]";
-    CHECK(serve_json_values(six, strlen(six)) == 7 && serve_json_values(three, strlen(three)) == 3, "serve_json_values: %zu %zu",
-          serve_json_values(six, strlen(six)), serve_json_values(three, strlen(three)));
+    const char *six = "{\"a\":[1,2,3],\"b\":\"x,y:[z\"}", *four = "[\"a\\\"\", 1, 2]";
+    CHECK(serve_json_values(six, strlen(six)) == 7 && serve_json_values(four, strlen(four)) == 4, "serve_json_values: %zu %zu",
+          serve_json_values(six, strlen(six)), serve_json_values(four, strlen(four)));
     char *big = malloc(3 * 4096 + 128);
     size_t n = (size_t)sprintf(big, "{\"model\":\"m\",\"prompt\":[");
     for (int i = 0; i < 4096; i++) n += (size_t)sprintf(big + n, "%s1", i ? "," : "");
