@@ -31,6 +31,12 @@ def info(line):
     print("info " + line, flush=True)
 
 
+def stopped(sv, what):
+    """SIGTERM; checks the exit status 0 (under ASan: no leak or error report either)."""
+    rc = sv.stop()
+    return check(rc == 0, "%s: the server exits 0 on SIGTERM" % what, (rc, "".join(sv.log[-5:])))
+
+
 def script_file(texts):
     path = os.path.join(tempfile.mkdtemp(), "replies.json")
     with open(path, "w") as f:
@@ -83,7 +89,7 @@ def test_port_taken():
         status, body = first.http("GET", "/health")
         check(status == 200, "the first server still answers", body)
     finally:
-        first.stop()
+        stopped(first, 'port taken')
     rc, lines = start_fails(["--host", "localhost6x", "--port", "0"])
     check(rc not in (0, None) and len(lines) == 1 and "--host localhost6x" in lines[0], "--host not an address: one line naming it", lines)
 
@@ -102,7 +108,7 @@ def test_empty_key():
         got = [sv.http("GET", "/v1/models", headers={"Authorization": h})[0] for h in ("Bearer ", "Bearer k1", "Bearer k2", "Bearer k3", "Bearer k1k2")]
         check(got == [401, 200, 200, 401, 401], "two --api-key: each lets in, 'Bearer ' and others do not", got)
     finally:
-        sv.stop()
+        stopped(sv, 'empty key')
 
 
 # ---------------------------------------------------------------- signals and half-closes
@@ -114,6 +120,10 @@ def test_second_sigterm():
     s, f, status = raw_stream(sv.port, chat_body("x", max_tokens=4000, stream=True))
     events = [next(sse_events(f))]
     sv.proc.send_signal(signal.SIGTERM)
+    # the second signal only once the first was taken (two pending SIGTERMs are one)
+    deadline = time.time() + GUARD
+    while not any("draining" in line for line in sv.log) and time.time() < deadline:
+        time.sleep(0.05)
     events.append(next(sse_events(f)))  # still streaming while draining
     sv.proc.send_signal(signal.SIGTERM)
     s.sock.settimeout(GUARD)
@@ -158,7 +168,7 @@ def test_half_close():
         r = sv.client().chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "x"}], max_tokens=50)
         check(r.choices[0].message.content == "2+2=4.", "the server serves the next client")
     finally:
-        sv.stop()
+        stopped(sv, 'half close')
 
 
 # ---------------------------------------------------------------- slowloris
@@ -256,14 +266,14 @@ def test_slowloris():
               body_out)
         m = sv.metrics()
         check(1 <= m.get("g4_connections_timed_out_total", 0) <= n + 2, "/metrics counts the connections timed out", m.get("g4_connections_timed_out_total"))
-        info("slowloris: %d sockets from 127.0.0.2, %d accepted and held at most at once (per-address cap 16), %d refused at connect; "
+        info("slowloris: %d sockets from 127.0.0.2, at most %d of them open at once (per-address cap 16: the rest closed at accept), %d refused at connect; "
              "/health answered in %.3f s and a completion in %.3f s meanwhile; %d connections timed out" % (n, out.get("peak_held", 0), out.get("refused", 0), health_s, completion_s,
                                                                                m.get("g4_connections_timed_out_total", 0)))
     finally:
         stop.set()
         t.join(5)
         t2.join(5)
-        sv.stop()
+        stopped(sv, 'slowloris')
 
 
 # ---------------------------------------------------------------- big bodies
@@ -349,7 +359,7 @@ def test_big_bodies(total_mb, n_big, n_under):
         info("big bodies: %d concurrent bodies (%d of 4 MiB with 2M values, %d of %d KiB with 60k values), --max-body-total %d MiB: RSS before %d KiB, peak %d KiB, "
              "after %d KiB; answers %s" % (n_big + n_under, n_big, n_under, len(under) // 1024, total_mb, before, peak, after, kinds))
     finally:
-        sv.stop()
+        stopped(sv, 'big bodies')
 
 
 def test_memory():
@@ -381,7 +391,7 @@ def test_cache_scope():
         status, body = sv.http("POST", "/v1/chat/completions", chat_body("x", cache_salt=""), headers={"Authorization": "Bearer alice-key"})
         check(status == 400 and is_error_shape(body, 400, None, "cache_salt"), "cache_salt '' -> 400 naming it", body)
     finally:
-        sv.stop()
+        stopped(sv, 'cache scope')
 
 
 # ---------------------------------------------------------------- names, Retry-After, addresses
@@ -398,7 +408,7 @@ def test_model_names():
         status, body = sv.http("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 50})
         check(status == 200 and body.get("model") == "tiny", "a request without a model is taken", body)
     finally:
-        sv.stop()
+        stopped(sv, 'model names')
     sv = Server("--parallel", "1", "--strict-model")
     try:
         status, body = sv.http("POST", "/v1/chat/completions", dict(chat_body("x"), model="gpt-9"))
@@ -411,7 +421,7 @@ def test_model_names():
         except openai.NotFoundError as e:
             check(e.status_code == 404 and e.body.get("code") == "model_not_found", "--strict-model: the openai client raises NotFoundError")
     finally:
-        sv.stop()
+        stopped(sv, 'model names')
 
 
 def test_retry_after():
@@ -428,7 +438,7 @@ def test_retry_after():
               "a busy server's 503 carries Retry-After (seconds)", (r.status, retry, body))
         s.close()
     finally:
-        sv.stop()
+        stopped(sv, 'retry after')
 
 
 def test_hosts():
@@ -451,7 +461,7 @@ def test_hosts():
         check(r.status == 200 and json.loads(r.read())["status"] == "ok", "GET /health over IPv6 (::1)")
         check(sv.http("GET", "/health")[0] == 200, "GET /health over IPv4 on the same server")
     finally:
-        sv.stop()
+        stopped(sv, 'hosts')
 
 
 def run():
