@@ -92,6 +92,10 @@ def test_port_taken():
         stopped(first, 'port taken')
     rc, lines = start_fails(["--host", "localhost6x", "--port", "0"])
     check(rc not in (0, None) and len(lines) == 1 and "--host localhost6x" in lines[0], "--host not an address: one line naming it", lines)
+    rc, lines = start_fails(["--port", "0", "--max-body", "1M", "--max-body-total", "512k"])
+    check(rc not in (0, None) and len(lines) == 1 and "--max-body-total" in lines[0], "--max-body-total below --max-body: one line naming it", lines)
+    rc, lines = start_fails(["--port", "0", "--header-timeout", "0"])
+    check(rc not in (0, None) and len(lines) == 1 and "--header-timeout" in lines[0], "--header-timeout 0: one line naming it", lines)
 
 
 def test_empty_key():
