@@ -20,7 +20,8 @@
 #define TOKENIZER "models/gemma4-tiny-math/tokenizer.json"
 
 static g4_tokenizer *tok;
-static const serve_limits LIM = {.model_id = "m", .ctx = 256, .max_messages = 8, .max_tools = 2, .max_stop = 4, .max_stop_len = 16};
+static const serve_limits LIM = {.model_id = "m", .strict_model = 1, .ctx = 256, .max_messages = 8, .max_tools = 2, .max_stop = 4, .max_stop_len = 16,
+                                 .max_json_values = 4096};
 
 static int parse(const char *body, serve_kind kind, serve_request *r, serve_error *e) {
     return serve_parse_request(body, strlen(body), kind, &LIM, r, e);
@@ -368,12 +369,46 @@ static void check_replies(void) {
     CHECK(!strcmp(o.content, "<|channel>x<channel|> y") && !strcmp(o.finish, "stop") && o.done, "a text completion streams its text: '%s'", o.content);
 }
 
+/* g4 serve's transport fields: any model name without --strict-model, cache_salt, the JSON
+ * value bound (counted by hand in the worked examples). */
+static void check_transport_fields(void) {
+    serve_limits open = LIM;
+    open.strict_model = 0;
+    const char *names[] = {"{\"model\":\"gpt-3.5-turbo\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"};
+    for (int i = 0; i < 2; i++) {
+        serve_request r;
+        serve_error e;
+        CHECK(serve_parse_request(names[i], strlen(names[i]), SERVE_CHAT, &open, &r, &e) == 0, "without --strict-model: %s: %s", names[i], e.message);
+        serve_request_free(&r);
+    }
+    serve_request r;
+    serve_error e;
+    const char *salted = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":\"alice\"}";
+    CHECK(parse(salted, SERVE_CHAT, &r, &e) == 0 && r.cache_salt && !strcmp(r.cache_salt, "alice") && r.api_key == 0, "cache_salt read");
+    serve_request_free(&r);
+    check_refusal("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":\"\"}", SERVE_CHAT, 400, "cache_salt", NULL);
+    check_refusal("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":5}", SERVE_CHAT, 400, "cache_salt", NULL);
+    /* 1 + the '[', ',' and ':' outside strings: 1 + 1 + 3 + 2 (a member counts its ',' and its ':',
+     * an upper bound); an escaped quote does not end a string */
+    const char *six = "{\"a\":[1,2,3],\"b\":\"x,y:[z\"}", *four = "[\"a\\\"\", 1, 2]";
+    CHECK(serve_json_values(six, strlen(six)) == 7 && serve_json_values(four, strlen(four)) == 4, "serve_json_values: %zu %zu",
+          serve_json_values(six, strlen(six)), serve_json_values(four, strlen(four)));
+    char *big = malloc(3 * 4096 + 128);
+    size_t n = (size_t)sprintf(big, "{\"model\":\"m\",\"prompt\":[");
+    for (int i = 0; i < 4096; i++) n += (size_t)sprintf(big + n, "%s1", i ? "," : "");
+    strcpy(big + n, "]}");
+    check_refusal(big, SERVE_COMPLETION, 413, "", "request_too_large");
+    free(big);
+}
+
 int main(void) {
     g4_set_log(NULL, NULL);
     tok = g4_tokenizer_load_ex(TOKENIZER, G4_TOKENIZER_NO_CACHE);
     CHECK(tok != NULL, "%s", g4_last_error());
     if (!tok) return check_report("test_serve");
     check_refusals();
+    check_transport_fields();
     check_fields();
     check_prompts();
     check_replies();

@@ -150,6 +150,8 @@ static void usage(FILE *f) {
             "  g4 serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel 4] [--queue 4xN] [--ctx N] [--api-key KEY]\n"
             "        [--alias NAME] [--max-body 4M] [--max-messages 1024] [--max-tools 128] [--timeout 60] [--drain-timeout 30]\n"
             "        [--prompt-cache on|off] [--prompt-chunk 64] [--max-unread 1M] [--verbose] [engine options]\n"
+            "        [--api-key-file F] [--strict-model] [--header-timeout 10] [--body-timeout 60] [--max-conn-per-ip 64]\n"
+            "        [--max-body-total 64M] [--max-json-values N]     (--host, --api-key repeatable; --host takes IPv6)\n"
             "                                         OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions,\n"
             "                                         /v1/models, /health, /metrics; N conversations batched together\n"
             "  g4 tokenize (-m DIR | --tokenizer FILE) [--add-bos] [--plain] [--decode]\n"

@@ -7,6 +7,9 @@
 #define _GNU_SOURCE /* POLLRDHUP */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <malloc.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <microhttpd.h>
 #include <poll.h>
 #include <pthread.h>
@@ -28,11 +31,18 @@
 
 /* ---------------------------------------------------------------- settings */
 
+#define MAX_HOSTS 8
+
 typedef struct {
-    const char *dir, *host, *api_key, *alias, *test_replies;
+    const char *dir, *alias, *test_replies, *api_key_file;
+    const char *hosts[MAX_HOSTS];
+    int n_hosts;
+    char **keys; /* --api-key and --api-key-file's keys, each non-empty (malloc'd) */
+    int n_keys;
     int port, parallel, queue, timeout_s, prompt_chunk, prompt_cache, verbose, step_ms, ignore_eos;
+    int header_timeout_s, body_timeout_s, max_conn_per_ip;
     double drain_s;
-    size_t max_body, max_unread;
+    size_t max_body, max_body_total, max_unread;
     serve_limits lim;
     g4_options o;
     draft_args draft;
@@ -56,6 +66,13 @@ typedef struct {
     long started;
     pthread_mutex_t count_mu;
     long answered[EP_COUNT][N_STATUSES];
+    /* the connections' deadlines (conn_watch) and the bytes of request bodies held (under watch_mu) */
+    pthread_mutex_t watch_mu;
+    pthread_cond_t watch_stop;
+    struct conn_watch *watched;
+    int stopping;
+    long timed_out;
+    size_t body_bytes;
 } server;
 
 static void count_answer(server *sv, int ep, int status) {
@@ -69,12 +86,12 @@ static void count_answer(server *sv, int ep, int status) {
 
 typedef struct {
     server *sv;
-    int ep, fd;
+    int ep, fd, api_key;
     char *body;
-    size_t len, cap;
-    int too_big;
+    size_t len, cap, reserved; /* reserved: what it counts in sv->body_bytes */
+    int too_big, too_busy;
     double t0;
-    const char *method, *url;
+    const char *method, *url, *version;
 } request_ctx;
 
 /* The client closed its end (or the connection broke): nobody will read the reply. */
@@ -84,11 +101,30 @@ static int peer_gone(int fd) {
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+/* While a whole reply is computed: has its client left? A client that closed its socket and one
+ * that only shut down its sending side once the request was sent (a half-close, which HTTP
+ * allows) look the same (POLLRDHUP) until something is written to them; so the first time, an
+ * interim "100 Continue" is written, which HTTP/1.1 clients must skip: a closed socket answers it
+ * with a reset (POLLHUP/POLLERR at the next look), a half-closed one takes it. HTTP/1.0 clients
+ * may not be sent one: for them a half-close counts as leaving. */
+static int waiting_client_gone(request_ctx *rc, int *probed) {
+    if (rc->fd < 0) return 0;
+    struct pollfd p = {.fd = rc->fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return 1;
+    if (!(p.revents & POLLRDHUP) || *probed) return 0;
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    *probed = 1;
+    if (!rc->version || strcmp(rc->version, MHD_HTTP_VERSION_1_1) != 0) return 1;
+    return send(rc->fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(sizeof cont - 1);
+}
+
 static enum MHD_Result send_text(request_ctx *rc, struct MHD_Connection *c, int status, const char *type, const char *body) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1"); /* busy or draining: a slot, or another replica, soon */
     if (status == 405) MHD_add_response_header(r, "Allow", rc->ep == EP_CHAT || rc->ep == EP_COMPLETIONS ? "POST" : "GET");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -215,6 +251,10 @@ static enum MHD_Result get_metrics(request_ctx *rc, struct MHD_Connection *c) {
     addf(&t, "g4_requests_cancelled_total %ld\n", st.cancelled);
     metric(&t, "g4_requests_rejected_busy_total", "counter", "Requests refused with 503 because every slot and queue place was taken.");
     addf(&t, "g4_requests_rejected_busy_total %ld\n", st.rejected_busy);
+    metric(&t, "g4_connections_timed_out_total", "counter", "Connections closed for sending their headers or body too slowly (--header-timeout, --body-timeout).");
+    pthread_mutex_lock(&sv->watch_mu);
+    addf(&t, "g4_connections_timed_out_total %ld\n", sv->timed_out);
+    pthread_mutex_unlock(&sv->watch_mu);
     metric(&t, "g4_queue_depth", "gauge", "Requests waiting for a slot.");
     addf(&t, "g4_queue_depth %d\n", st.queued);
     metric(&t, "g4_slots_active", "gauge", "Slots running a request.");
@@ -281,6 +321,7 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
     char *prefill;
     if (serve_parse_request(rc->body ? rc->body : "", rc->len, rc->ep == EP_CHAT ? SERVE_CHAT : SERVE_COMPLETION, &sv->a.lim, &r, &e))
         return send_error(rc, c, &e);
+    r.api_key = rc->api_key; /* the prompt cache's scope: this key's and r.cache_salt's */
     if (serve_prompt(&r, sv->tok, sv->form, sv->vocab, &sv->a.lim, &ids, &n_ids, &opens, &prefill, &max_tokens, &e)) {
         serve_request_free(&r);
         return send_error(rc, c, &e);
@@ -312,8 +353,9 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         count_answer(sv, rc->ep, 200);
         return ok;
     }
+    int probed = 0;
     while (!serve_job_wait(sv->engine, j, 100))
-        if (peer_gone(rc->fd)) {
+        if (waiting_client_gone(rc, &probed)) {
             serve_job_release(sv->engine, j); /* stops it: nobody waits for the answer */
             return MHD_NO;
         }
@@ -343,52 +385,177 @@ static int same_secret(const char *a, const char *b) {
     return d == 0;
 }
 
-static int authorized(const server *sv, struct MHD_Connection *c) {
-    if (!sv->a.api_key) return 1;
+/* Which key let the request in: 1 + its index among --api-key's and --api-key-file's, 0 when the
+ * server takes none, -1 for a missing or wrong one. Every key is compared, whichever matches. */
+static int api_key_of(const server *sv, struct MHD_Connection *c) {
+    if (sv->a.n_keys == 0) return 0;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    return h && !strncmp(h, "Bearer ", 7) && same_secret(h + 7, sv->a.api_key);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return -1;
+    int which = -1;
+    for (int k = 0; k < sv->a.n_keys; k++)
+        if (same_secret(h + 7, sv->a.keys[k])) which = k + 1;
+    return which;
+}
+
+/* ---------------------------------------------------------------- slow clients and big bodies */
+
+/* A connection's deadline: libmicrohttpd's --timeout is an idle timeout, which a client sending a
+ * byte now and then never reaches (slowloris), so the headers must arrive within
+ * --header-timeout of the connection's start (or of its previous reply) and the body within
+ * --body-timeout of the headers. A watchdog thread shuts down the sockets past their deadline;
+ * libmicrohttpd then closes them as it does any broken connection. */
+typedef struct conn_watch {
+    int fd;
+    double deadline; /* now_s() time; 0 while a reply is computed or sent (no deadline) */
+    struct conn_watch *prev, *next;
+} conn_watch;
+
+static void set_deadline(server *sv, struct MHD_Connection *c, double after_s) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_watch *w = ci ? ci->socket_context : NULL;
+    if (!w) return;
+    pthread_mutex_lock(&sv->watch_mu);
+    w->deadline = after_s > 0 ? now_s() + after_s : 0;
+    pthread_mutex_unlock(&sv->watch_mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    server *sv = cls;
+    conn_watch *w = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci || !(w = calloc(1, sizeof *w))) return; /* unwatched: the idle timeout still holds */
+        w->fd = ci->connect_fd;
+        pthread_mutex_lock(&sv->watch_mu);
+        w->deadline = now_s() + sv->a.header_timeout_s;
+        w->next = sv->watched;
+        if (sv->watched) sv->watched->prev = w;
+        sv->watched = w;
+        pthread_mutex_unlock(&sv->watch_mu);
+        *socket_context = w;
+    } else if (w) { /* closed: libmicrohttpd closes the socket after this call */
+        pthread_mutex_lock(&sv->watch_mu);
+        if (w->prev) w->prev->next = w->next;
+        else sv->watched = w->next;
+        if (w->next) w->next->prev = w->prev;
+        pthread_mutex_unlock(&sv->watch_mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+static void *watchdog_main(void *arg) {
+    server *sv = arg;
+    pthread_mutex_lock(&sv->watch_mu);
+    while (!sv->stopping) {
+        double now = now_s();
+        for (conn_watch *w = sv->watched; w; w = w->next)
+            if (w->deadline > 0 && now > w->deadline) {
+                shutdown(w->fd, SHUT_RDWR);
+                w->deadline = 0;
+                sv->timed_out++;
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&sv->watch_stop, &sv->watch_mu, &ts);
+    }
+    pthread_mutex_unlock(&sv->watch_mu);
+    return NULL;
+}
+
+/* The parse memory of a body of len bytes: the bytes, and cJSON's node (about 64 bytes and the
+ * allocator's own) for each value it may hold, up to --max-json-values (past it the parse refuses
+ * the body before allocating). */
+static size_t parse_cost(const server *sv, const char *body, size_t len) {
+    size_t values = serve_json_values(body, len), max = (size_t)sv->a.lim.max_json_values;
+    return len + 96 * (values < max ? values : max);
+}
+
+/* Counts n more bytes against --max-body-total (the bodies held and parsed at once, across
+ * connections); 0 when that would pass it. */
+static int reserve_body(request_ctx *rc, size_t n) {
+    server *sv = rc->sv;
+    pthread_mutex_lock(&sv->watch_mu);
+    int ok = sv->body_bytes + n <= sv->a.max_body_total;
+    if (ok) sv->body_bytes += n, rc->reserved += n;
+    pthread_mutex_unlock(&sv->watch_mu);
+    return ok;
+}
+
+static void release_body(request_ctx *rc) {
+    pthread_mutex_lock(&rc->sv->watch_mu);
+    rc->sv->body_bytes -= rc->reserved;
+    pthread_mutex_unlock(&rc->sv->watch_mu);
+    rc->reserved = 0;
+}
+
+/* A piece of the body, kept while the body is within --max-body and the total within
+ * --max-body-total; past either the rest is read and dropped, and the answer is a 413 or 503. */
+static int take_body(request_ctx *rc, const char *upload, size_t n) {
+    size_t max = rc->sv->a.max_body;
+    if (!rc->too_big && !rc->too_busy && rc->len + n > max) rc->too_big = 1;
+    if (!rc->too_big && !rc->too_busy && rc->len + n + 1 > rc->cap) {
+        size_t cap = rc->cap ? rc->cap : 4096;
+        while (cap < rc->len + n + 1) cap *= 2;
+        if (cap > max + 1) cap = max + 1;
+        char *p = reserve_body(rc, cap - rc->cap) ? realloc(rc->body, cap) : NULL;
+        if (!p) rc->too_busy = 1;
+        else rc->body = p, rc->cap = cap;
+    }
+    if (rc->too_big || rc->too_busy) {
+        free(rc->body), rc->body = NULL, rc->len = rc->cap = 0;
+        release_body(rc);
+        return 0;
+    }
+    memcpy(rc->body + rc->len, upload, n);
+    rc->len += n;
+    return 0;
+}
+
+static enum MHD_Result busy_reading(request_ctx *rc, struct MHD_Connection *c) {
+    return fail(rc, c, 503, "server_error", "server_busy",
+                "the server is reading too many request bodies at once (over --max-body-total, %zu bytes); retry later", rc->sv->a.max_body_total);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
-    (void)version;
     server *sv = cls;
     request_ctx *rc = *con_cls;
     if (!rc) { /* the headers: route, authenticate, bound the body before reading it */
         if (!(rc = calloc(1, sizeof *rc))) return MHD_NO;
         *con_cls = rc;
-        rc->sv = sv, rc->t0 = now_s(), rc->method = method, rc->url = url;
+        rc->sv = sv, rc->t0 = now_s(), rc->method = method, rc->url = url, rc->version = version;
         rc->ep = route(url);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         rc->fd = ci ? ci->connect_fd : -1;
-        if (rc->ep != EP_HEALTH && !authorized(sv, c))
-            return fail(rc, c, 401, "invalid_request_error", "invalid_api_key", "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
         int post = rc->ep == EP_CHAT || rc->ep == EP_COMPLETIONS;
+        set_deadline(sv, c, post ? sv->a.body_timeout_s : 0);
+        if (rc->ep != EP_HEALTH && (rc->api_key = api_key_of(sv, c)) < 0)
+            return fail(rc, c, 401, "invalid_request_error", "invalid_api_key", "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
         if (rc->ep == EP_OTHER) return fail(rc, c, 404, "invalid_request_error", "not_found", "no such endpoint: %.200s %.200s", method, url);
         if (strcmp(method, post ? "POST" : "GET") != 0)
             return fail(rc, c, 405, "invalid_request_error", "method_not_allowed", "%.200s takes %s, not %.20s", url, post ? "POST" : "GET", method);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (post && cl && strtoull(cl, NULL, 10) > sv->a.max_body)
+        unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+        if (post && n > sv->a.max_body)
             return fail(rc, c, 413, "invalid_request_error", "request_too_large", "the request body of %.30s bytes is over the limit of %zu (--max-body)",
                         cl, sv->a.max_body);
+        /* the whole body's room at once; without it the body is read and dropped, and the answer
+         * is a 503 (answered now, the client could see a reset in place of it while still sending) */
+        if (post && n > 0) {
+            if (reserve_body(rc, (size_t)n + 1) && (rc->body = malloc((size_t)n + 1))) rc->cap = (size_t)n + 1;
+            else release_body(rc), rc->too_busy = 1;
+        }
         if (post) return MHD_YES; /* the body follows */
     }
     if (*upload_size) { /* a piece of the body */
-        if (!rc->too_big && rc->len + *upload_size > sv->a.max_body) rc->too_big = 1, free(rc->body), rc->body = NULL, rc->len = 0;
-        if (!rc->too_big) {
-            if (rc->len + *upload_size + 1 > rc->cap) {
-                size_t cap = rc->cap ? rc->cap : 4096;
-                while (cap < rc->len + *upload_size + 1) cap *= 2;
-                char *p = realloc(rc->body, cap);
-                if (!p) return MHD_NO;
-                rc->body = p, rc->cap = cap;
-            }
-            memcpy(rc->body + rc->len, upload, *upload_size);
-            rc->len += *upload_size;
-        }
+        if (take_body(rc, upload, *upload_size)) return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
+    set_deadline(sv, c, 0); /* the request is in: its reply takes what it takes */
     switch (rc->ep) {
     case EP_MODELS: return get_models(rc, c, url);
     case EP_HEALTH: return get_health(rc, c);
@@ -397,16 +564,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (rc->too_big)
         return fail(rc, c, 413, "invalid_request_error", "request_too_large", "the request body is over the limit of %zu bytes (--max-body)", sv->a.max_body);
+    if (rc->too_busy) return busy_reading(rc, c);
+    /* cJSON's nodes for the parse, counted with the body (released in on_completed) */
+    if (!reserve_body(rc, parse_cost(sv, rc->body ? rc->body : "", rc->len) - rc->len)) return busy_reading(rc, c);
     return post_completion(rc, c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
-    (void)cls, (void)c, (void)why;
+    (void)why;
+    server *sv = cls;
     request_ctx *rc = *con_cls;
     if (!rc) return;
+    set_deadline(sv, c, sv->a.header_timeout_s); /* the next request on the connection */
+    int big = rc->reserved >= (1u << 20);
+    release_body(rc);
     free(rc->body);
     free(rc);
     *con_cls = NULL;
+    /* a big body's pages (and its parse's, in this thread's arena) go back to the system */
+    if (big) malloc_trim(0);
 }
 
 /* ---------------------------------------------------------------- start-up */
@@ -459,10 +635,64 @@ static int parse_size(const char *cmd, const char *flag, const char *v, size_t l
     return 0;
 }
 
+/* One API key (copied). An empty one would let in "Authorization: Bearer " with nothing after it;
+ * a key is sent in a header, so it must be printable ASCII without spaces. */
+static int add_key(serve_args *s, const char *key, const char *where, int line) {
+    char at[64] = "";
+    if (line) snprintf(at, sizeof at, " line %d", line);
+    if (!key[0]) {
+        fprintf(stderr, "g4 serve: error: %s%s: an empty API key would let in any 'Authorization: Bearer ' header\n", where, at);
+        return -1;
+    }
+    for (const char *p = key; *p; p++)
+        if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e) {
+            fprintf(stderr, "g4 serve: error: %s%s: an API key must be printable ASCII without spaces\n", where, at);
+            return -1;
+        }
+    char **keys = realloc(s->keys, sizeof *keys * (size_t)(s->n_keys + 1));
+    if (!keys || !(keys[s->n_keys] = strdup(key))) {
+        if (keys) s->keys = keys;
+        fprintf(stderr, "g4 serve: error: out of memory\n");
+        return -1;
+    }
+    s->keys = keys;
+    s->n_keys++;
+    return 0;
+}
+
+/* --api-key-file: a key a line; blank lines and lines starting with '#' are skipped. */
+static int read_key_file(serve_args *s, const char *path) {
+    char *text;
+    size_t len;
+    if (g4_read_file(path, &text, &len)) {
+        fprintf(stderr, "g4 serve: error: --api-key-file %s: %s\n", path, g4_last_error());
+        return -1;
+    }
+    int rc = 0, line = 0, before = s->n_keys;
+    for (char *p = text, *eol; !rc && p < text + len; p = eol + 1) {
+        line++;
+        eol = memchr(p, '\n', (size_t)(text + len - p));
+        if (!eol) eol = text + len;
+        char *end = eol;
+        while (end > p && (end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t')) end--;
+        *end = 0;
+        if (p[0] && p[0] != '#') rc = add_key(s, p, path, line);
+    }
+    free(text);
+    if (!rc && s->n_keys == before) {
+        fprintf(stderr, "g4 serve: error: --api-key-file %s: no key in it\n", path);
+        rc = -1;
+    }
+    return rc;
+}
+
 static int parse_serve_args(args_t *a, serve_args *s) {
     memset(s, 0, sizeof *s);
     g4_options_default(&s->o);
-    s->host = "127.0.0.1";
+    s->header_timeout_s = 10;
+    s->body_timeout_s = 60;
+    s->max_conn_per_ip = 64;
+    s->max_body_total = 64u << 20;
     s->port = 8080;
     s->parallel = 4;
     s->queue = -1;
@@ -472,13 +702,29 @@ static int parse_serve_args(args_t *a, serve_args *s) {
     s->max_body = 4u << 20;
     s->max_unread = 1u << 20;
     s->lim = (serve_limits){.max_messages = 1024, .max_tools = 128, .max_stop = 4, .max_stop_len = 256};
-    int bad = 0, cache = 1, n;
+    int bad = 0, cache = 1, n, values_given = 0;
     static const char *const onoff[] = {"off", "on", NULL};
     for (a->i = 2; a->i < a->argc && !bad; a->i++) {
         const char *v;
         if (flag_is(a, "-m") || flag_is(a, "--model")) s->dir = flag_value(a, "-m", &bad);
-        else if (flag_is(a, "--host")) s->host = flag_value(a, "--host", &bad);
-        else if (flag_is(a, "--api-key")) s->api_key = flag_value(a, "--api-key", &bad);
+        else if (flag_is(a, "--host")) {
+            if (s->n_hosts == MAX_HOSTS) return die("g4 serve: --host: at most %s addresses", "8");
+            bad = !(s->hosts[s->n_hosts++] = flag_value(a, "--host", &bad));
+        } else if (flag_is(a, "--api-key")) bad = !(v = flag_value(a, "--api-key", &bad)) || add_key(s, v, "--api-key", 0);
+        else if (flag_is(a, "--api-key-file")) bad = !(v = flag_value(a, "--api-key-file", &bad)) || read_key_file(s, v);
+        else if (flag_is(a, "--strict-model")) s->lim.strict_model = 1;
+        else if (flag_is(a, "--header-timeout"))
+            bad = !(v = flag_value(a, "--header-timeout", &bad)) || parse_int(a->cmd, "--header-timeout", v, 1, 3600, &s->header_timeout_s);
+        else if (flag_is(a, "--body-timeout"))
+            bad = !(v = flag_value(a, "--body-timeout", &bad)) || parse_int(a->cmd, "--body-timeout", v, 1, 86400, &s->body_timeout_s);
+        else if (flag_is(a, "--max-conn-per-ip"))
+            bad = !(v = flag_value(a, "--max-conn-per-ip", &bad)) || parse_int(a->cmd, "--max-conn-per-ip", v, 0, 100000, &s->max_conn_per_ip);
+        else if (flag_is(a, "--max-body-total"))
+            bad = !(v = flag_value(a, "--max-body-total", &bad)) || parse_size(a->cmd, "--max-body-total", v, 1024, (size_t)1 << 40, &s->max_body_total);
+        else if (flag_is(a, "--max-json-values")) {
+            bad = !(v = flag_value(a, "--max-json-values", &bad)) || parse_int(a->cmd, "--max-json-values", v, 1024, 1 << 26, &s->lim.max_json_values);
+            values_given = 1;
+        }
         else if (flag_is(a, "--alias")) s->alias = flag_value(a, "--alias", &bad);
         else if (flag_is(a, "--test-replies")) s->test_replies = flag_value(a, "--test-replies", &bad);
         else if (flag_is(a, "--verbose")) s->verbose = 1;
@@ -500,12 +746,20 @@ static int parse_serve_args(args_t *a, serve_args *s) {
         else if (!engine_flag(a, &s->o, &bad) && !draft_flag(a, &s->draft, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
+    if (s->n_hosts == 0) s->hosts[s->n_hosts++] = "127.0.0.1";
+    if (s->max_body_total < s->max_body) {
+        fprintf(stderr, "g4 serve: error: --max-body-total %zu is below --max-body %zu: no body of the largest size could be read\n", s->max_body_total,
+                s->max_body);
+        return 1;
+    }
     if (!s->dir) s->dir = default_model_dir();
     if (s->draft.tokens && !s->draft.dir) return die("g4 serve: --draft-tokens needs --draft DIR%s", "");
     if (s->queue < 0) s->queue = 4 * s->parallel;
     s->prompt_cache = cache;
     s->o.n_seq = s->parallel;
     s->lim.ctx = s->o.ctx;
+    /* a completions prompt of token ids takes one value a token */
+    if (!values_given) s->lim.max_json_values = 65536 + 2 * s->o.ctx;
     s->lim.model_id = model_name(s);
     return 0;
 }
@@ -521,27 +775,95 @@ static int open_model(server *sv) {
     return 0;
 }
 
-static struct MHD_Daemon *start_http(server *sv) {
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)sv->a.port)};
-    if (inet_pton(AF_INET, sv->a.host, &addr.sin_addr) != 1) {
-        g4_fail("--host %s: expected an IPv4 address (127.0.0.1 for this machine only, 0.0.0.0 for every interface)", sv->a.host);
-        return NULL;
+/* "127.0.0.1:8080" or "[::1]:8080". */
+static void format_address(const struct sockaddr *sa, char *out, size_t cap) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof host);
+        port = ntohs(a6->sin6_port);
+        snprintf(out, cap, "[%s]:%d", host, port);
+    } else {
+        const struct sockaddr_in *a4 = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &a4->sin_addr, host, sizeof host);
+        port = ntohs(a4->sin_port);
+        snprintf(out, cap, "%s:%d", host, port);
     }
-    /* enough connections that a full queue is answered with 503 rather than refused at accept */
-    unsigned limit = (unsigned)(2 * (sv->a.parallel + sv->a.queue) + 64);
-    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
-                                            0, NULL, NULL, on_request, sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                            MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)sv->a.timeout_s,
-                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-                                            MHD_OPTION_END);
-    if (!d) g4_fail("cannot listen on %s:%d (%s)", sv->a.host, sv->a.port, errno ? strerror(errno) : "libmicrohttpd refused");
-    return d;
+}
+
+/* A listening socket on host:port, bound here rather than by libmicrohttpd so that a refusal is
+ * one line naming the address. SO_REUSEADDR (a restart need not wait out TIME_WAIT) but never
+ * SO_REUSEPORT, which would let a second server, or anyone's process, bind the same port and
+ * take half the connections: the port in use must be an error. An IPv6 socket takes IPv6 only
+ * (--host :: and --host 0.0.0.0 together serve both). Returns the socket, -1 with the message. */
+static int listen_on(const char *host, int port, char *where, size_t where_cap) {
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_PASSIVE, .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    if (getaddrinfo(host, service, &hints, &ai) != 0 || !ai)
+        return g4_fail("--host %s: expected an IPv4 or IPv6 address (127.0.0.1 or ::1 for this machine only, 0.0.0.0 or :: for every interface)",
+                       host);
+    format_address(ai->ai_addr, where, where_cap);
+    int one = 1, fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int ok = fd >= 0 && !setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) &&
+             (ai->ai_family != AF_INET6 || !setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one)) &&
+             !bind(fd, ai->ai_addr, ai->ai_addrlen) && !listen(fd, 128);
+    int err = errno;
+    freeaddrinfo(ai);
+    if (!ok) {
+        if (fd >= 0) close(fd);
+        return g4_fail("cannot listen on %s: %s%s", where, strerror(err), err == EADDRINUSE ? " (another process is serving on that port)" : "");
+    }
+    struct sockaddr_storage bound;
+    socklen_t n = sizeof bound;
+    if (!getsockname(fd, (struct sockaddr *)&bound, &n)) format_address((struct sockaddr *)&bound, where, where_cap);
+    return fd;
+}
+
+/* The port a listening socket got (--port 0: the kernel's choice). */
+static int bound_port(int fd) {
+    struct sockaddr_storage a;
+    socklen_t n = sizeof a;
+    if (getsockname(fd, (struct sockaddr *)&a, &n)) return -1;
+    return ntohs(a.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&a)->sin6_port : ((struct sockaddr_in *)&a)->sin_port);
+}
+
+/* One daemon per --host address, on the same port (the first's, when --port is 0); their
+ * addresses, joined, in where. Returns how many started, -1 with the message (none left running). */
+static int start_http(server *sv, struct MHD_Daemon **d, char *where, size_t where_cap) {
+    /* enough connections that a full queue is answered with 503 rather than refused at accept,
+     * and that one client address (--max-conn-per-ip) cannot take them all */
+    unsigned limit = (unsigned)(2 * (sv->a.parallel + sv->a.queue) + 64 + sv->a.max_conn_per_ip);
+    int port = sv->a.port, k;
+    size_t used = 0;
+    for (k = 0; k < sv->a.n_hosts; k++) {
+        char one[INET6_ADDRSTRLEN + 16];
+        int fd = listen_on(sv->a.hosts[k], port, one, sizeof one);
+        if (fd < 0) break;
+        if (port == 0) port = bound_port(fd);
+        d[k] = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+                                on_request, sv, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, limit,
+                                MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)sv->a.max_conn_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+                                (unsigned)sv->a.timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_NOTIFY_CONNECTION,
+                                on_connection, sv, MHD_OPTION_END);
+        if (!d[k]) {
+            close(fd);
+            g4_fail("cannot serve on %s (libmicrohttpd refused)", one);
+            break;
+        }
+        used += (size_t)snprintf(where + used, used < where_cap ? where_cap - used : 0, "%shttp://%s", k ? " and " : "", one);
+        if (used >= where_cap) used = where_cap - 1;
+    }
+    if (k == sv->a.n_hosts) return k;
+    while (k > 0) MHD_stop_daemon(d[--k]);
+    return -1;
 }
 
 /* SIGTERM or SIGINT: refuse new requests (503, /health too), let the running ones finish (cut
  * short with finish_reason "length" after --drain-timeout), wait until their replies are sent,
  * then stop. A second signal cuts them at once. */
-static void drain_and_stop(server *sv, struct MHD_Daemon *d, const sigset_t *sigs) {
+static void drain_and_stop(server *sv, struct MHD_Daemon **d, int n_d, const sigset_t *sigs) {
     fprintf(stderr, "g4 serve: draining (%d requests in flight)\n", serve_engine_live(sv->engine));
     serve_engine_drain(sv->engine, sv->a.drain_s);
     double give_up = now_s() + sv->a.drain_s + 10; /* readers that never take their last bytes */
@@ -550,13 +872,18 @@ static void drain_and_stop(server *sv, struct MHD_Daemon *d, const sigset_t *sig
         if (sigtimedwait(sigs, NULL, &tick) > 0) {
             fprintf(stderr, "g4 serve: second signal: stopping the requests in flight now\n");
             serve_engine_drain(sv->engine, 0);
+            if (give_up > now_s() + 2) give_up = now_s() + 2; /* the replies' last bytes, for readers still reading */
         }
-    MHD_stop_daemon(d);
+    for (int k = 0; k < n_d; k++) MHD_stop_daemon(d[k]);
 }
 
 int cmd_serve(args_t *a) {
     server sv = {0};
-    if (parse_serve_args(a, &sv.a)) return 1;
+    if (parse_serve_args(a, &sv.a)) {
+        for (int k = 0; k < sv.a.n_keys; k++) free(sv.a.keys[k]);
+        free(sv.a.keys);
+        return 1;
+    }
     /* the signals are taken by sigwait in this thread only; the HTTP and engine threads inherit
      * the mask (SIGPIPE: a client gone mid-write is an error return, not a death) */
     sigset_t sigs;
@@ -567,11 +894,16 @@ int cmd_serve(args_t *a) {
     sigaddset(&blocked, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &blocked, NULL);
     pthread_mutex_init(&sv.count_mu, NULL);
+    pthread_mutex_init(&sv.watch_mu, NULL);
+    pthread_cond_init(&sv.watch_stop, NULL);
     sv.started = (long)time(NULL);
     serve_engine_config ec = {.queue = sv.a.queue, .prompt_chunk = sv.a.prompt_chunk, .max_unread = sv.a.max_unread, .prompt_cache = sv.a.prompt_cache,
                              .step_ms = sv.a.step_ms, .ignore_eos = sv.a.ignore_eos};
-    struct MHD_Daemon *d = NULL;
-    int rc = 1;
+    struct MHD_Daemon *d[MAX_HOSTS] = {0};
+    int rc = 1, n_d = 0;
+    char where[MAX_HOSTS * (INET6_ADDRSTRLEN + 32)];
+    pthread_t watchdog;
+    int watching = 0;
     if (open_model(&sv) || (sv.a.test_replies && load_script(sv.a.test_replies, sv.tok, &ec))) goto done;
     ec.draft = sv.a.draft.dr;
     ec.draft_tokens = sv.a.draft.tokens;
@@ -579,21 +911,36 @@ int cmd_serve(args_t *a) {
         g4_fail("cannot start the engine (out of memory)");
         goto done;
     }
-    if (!(d = start_http(&sv))) goto done;
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "g4 serve: %s on http://%s:%d (model %s, %d slots, queue %d, context %d, %d threads)\n", sv.a.dir, sv.a.host,
-            info ? info->port : sv.a.port, sv.a.lim.model_id, sv.a.parallel, sv.a.queue, sv.a.lim.ctx, g4_threads());
+    if (pthread_create(&watchdog, NULL, watchdog_main, &sv) != 0) {
+        g4_fail("cannot start the connection watchdog");
+        goto done;
+    }
+    watching = 1;
+    if ((n_d = start_http(&sv, d, where, sizeof where)) < 0) {
+        n_d = 0;
+        goto done;
+    }
+    fprintf(stderr, "g4 serve: %s on %s (model %s, %d slots, queue %d, context %d, %d threads)\n", sv.a.dir, where, sv.a.lim.model_id, sv.a.parallel, sv.a.queue, sv.a.lim.ctx, g4_threads());
     if (sv.a.test_replies) fprintf(stderr, "g4 serve: test hook: the replies' text comes from %s\n", sv.a.test_replies);
     int sig;
     while (sigwait(&sigs, &sig) != 0) {
     }
-    drain_and_stop(&sv, d, &sigs);
-    d = NULL;
+    drain_and_stop(&sv, d, n_d, &sigs);
+    n_d = 0;
     fprintf(stderr, "g4 serve: stopped\n");
     rc = 0;
 done:
     if (rc) die_lib();
-    if (d) MHD_stop_daemon(d);
+    for (int k = 0; k < n_d; k++) MHD_stop_daemon(d[k]);
+    if (watching) {
+        pthread_mutex_lock(&sv.watch_mu);
+        sv.stopping = 1;
+        pthread_cond_signal(&sv.watch_stop);
+        pthread_mutex_unlock(&sv.watch_mu);
+        pthread_join(watchdog, NULL);
+    }
+    for (int k = 0; k < sv.a.n_keys; k++) free(sv.a.keys[k]);
+    free(sv.a.keys);
     serve_engine_free(sv.engine, 0);
     for (int i = 0; i < ec.n_script; i++) free(ec.script[i]);
     free(ec.script), free(ec.script_len);

@@ -27,6 +27,7 @@ import openai
 
 import serve_util
 import test_serve_numerics
+import test_hardening
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -250,8 +251,6 @@ def test_errors(sv):
         ("five stop strings", "POST", "/v1/chat/completions", chat_body("x", stop=list("abcde")), 400, None, "stop"),
         ("stream_options without stream", "POST", "/v1/chat/completions", chat_body("x", stream_options={"include_usage": True}), 400, None,
          "stream_options"),
-        ("unknown model", "POST", "/v1/chat/completions", dict(chat_body("x"), model="gpt-9"), 404, "model_not_found", "model"),
-        ("no model", "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, 400, None, "model"),
         ("a tool message answering nothing", "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [
             {"role": "user", "content": "x"}, {"role": "tool", "content": "42"}]}, 400, None, "messages"),
         ("json response_format", "POST", "/v1/chat/completions", chat_body("x", response_format={"type": "json_object"}), 400, None,
@@ -274,11 +273,6 @@ def test_errors(sv):
     check(got_status == 400 and is_error_shape(got, 400, "invalid_utf8"), "error: invalid UTF-8 -> 400", got)
     got_status, got = sv.http("POST", "/v1/chat/completions", '{"model":"gemma4-tiny-math","messages":[{"role":"user","content":"a\\u0000b"}]}')
     check(got_status == 400 and is_error_shape(got, 400), "error: an escaped NUL -> 400", got)
-    try:
-        sv.client().chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
-        check(False, "the openai client raises NotFoundError for an unknown model")
-    except openai.NotFoundError as e:
-        check(e.status_code == 404 and e.body.get("code") == "model_not_found", "the openai client raises NotFoundError for an unknown model")
     t.join()
     check(result.get("text") == want, "a stream running beside the bad requests is unaffected", result)
 
@@ -689,6 +683,7 @@ def main():
     # Further test modules of tests/serve (each a run() over serve_util's check and Server):
     # one line each here.
     test_serve_numerics.run()
+    test_hardening.run()  # issue 33's transport defects (unknown and missing model names: there, --strict-model)
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

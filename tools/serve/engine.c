@@ -43,6 +43,8 @@ typedef struct {
     serve_job *job;  /* the request it runs, or NULL when idle */
     int32_t *held;   /* what its KV cache holds, for the prompt cache */
     int n_held;
+    int held_key;    /* and whose it is: the API key and cache_salt of the request that left it */
+    char *held_salt;
     long used;       /* when it last finished: the least recently used idle slot goes first */
 } slot;
 
@@ -255,6 +257,24 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return n;
 }
 
+/* Whether the job may reuse what the slot holds: only a prefix left by a request with the same
+ * API key and cache_salt, since the cached token count it would report (usage's cached_tokens)
+ * lets a client guess another's prompt a token at a time. */
+static int same_cache_scope(const slot *sl, const serve_job *j) {
+    const char *a = sl->held_salt, *b = j->req.cache_salt;
+    return sl->held_key == j->req.api_key && (a && b ? !strcmp(a, b) : a == b);
+}
+
+/* The slot now holds the job's prompt: its scope is the job's. 0, or -1 when out of memory. */
+static int take_cache_scope(slot *sl, const serve_job *j) {
+    free(sl->held_salt);
+    sl->held_salt = NULL;
+    sl->held_key = j->req.api_key;
+    if (!j->req.cache_salt || (sl->held_salt = strdup(j->req.cache_salt))) return 0;
+    sl->held_key = -1; /* no request's scope */
+    return -1;
+}
+
 /* The idle slot for a prompt: the one sharing the longest prefix with it, else the least
  * recently used (whose cache is the least likely to be asked for again). */
 static int choose_slot(const serve_engine *e, const serve_job *j, int use_cache, int *shared) {
@@ -263,7 +283,7 @@ static int choose_slot(const serve_engine *e, const serve_job *j, int use_cache,
     for (int q = 0; q < e->n_slots; q++) {
         const slot *sl = &e->slots[q];
         if (sl->job) continue;
-        int n = use_cache ? common_prefix(sl->held, sl->n_held, j->prompt, j->n_prompt) : 0;
+        int n = use_cache && same_cache_scope(sl, j) ? common_prefix(sl->held, sl->n_held, j->prompt, j->n_prompt) : 0;
         if (best < 0 || n > best_shared || (n == best_shared && sl->used < e->slots[best].used)) best = q, best_shared = n;
     }
     *shared = best_shared;
@@ -298,6 +318,7 @@ static void start_job(serve_engine *e, serve_job *j) {
                              .prefill = j->prefill};
     j->reply = serve_reply_new(e->tok, &rc, &j->out);
     if (!j->reply) return fail_job(e, j, 500, "out of memory for the reply");
+    if (take_cache_scope(&e->slots[q], j)) keep = 0; /* no salt to mark it with: nothing is reused, nor left to reuse */
     if (keep > 0) g4_session_truncate_seq(e->s, q, keep);
     else g4_session_reset_seq(e->s, q);
     e->slots[q].n_held = keep;
@@ -469,7 +490,9 @@ serve_engine *serve_engine_new(g4_session *s, const g4_tokenizer *tok, const ser
 void serve_engine_drain(serve_engine *e, double cut_after_s) {
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
-    if (cut_after_s >= 0 && e->cut_at == 0) e->cut_at = now_mono() + (cut_after_s > 0 ? cut_after_s : 1e-9);
+    /* a later call may bring the cut forward (a second SIGTERM: now), never put it off */
+    double at = now_mono() + (cut_after_s > 0 ? cut_after_s : 1e-9);
+    if (cut_after_s >= 0 && (e->cut_at == 0 || at < e->cut_at)) e->cut_at = at;
     pthread_cond_signal(&e->work);
     pthread_mutex_unlock(&e->mu);
 }
@@ -484,7 +507,7 @@ void serve_engine_free(serve_engine *e, double drain_s) {
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
-    for (int q = 0; e->slots && q < e->n_slots; q++) free(e->slots[q].held);
+    for (int q = 0; e->slots && q < e->n_slots; q++) free(e->slots[q].held), free(e->slots[q].held_salt);
     free(e->slots);
     free(e->events);
     g4_stepper_free(e->st);

@@ -184,13 +184,25 @@ static int read_stop(const fields *f, serve_request *r, const serve_limits *lim)
     return 0;
 }
 
+/* The prompt cache's scope (vLLM's field): requests with different salts never share a prefix. */
+static int read_cache_salt(const fields *f, serve_request *r) {
+    const char *salt = NULL;
+    if (get_string(f, "cache_salt", &salt) < 0) return -1;
+    if (!salt) return 0;
+    if (!salt[0] || strlen(salt) > 1024) return bad(f->e, "cache_salt", "'%s' must be a string of 1 to 1024 bytes", "cache_salt");
+    if (!(r->cache_salt = strdup(salt))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+    return 0;
+}
+
 /* What every request may carry: model, n, stream, sampling, budget, stop, and the features g4
  * lacks, refused by name. */
 static int read_common(const fields *f, serve_request *r, const serve_limits *lim) {
     const char *model = NULL;
     if (get_string(f, "model", &model) < 0) return -1;
-    if (!model) return bad(f->e, "model", "you must provide a model parameter ('%s')", lim->model_id);
-    if (strcmp(model, lim->model_id) != 0)
+    /* a one-model server takes any name (clients send their default, e.g. gpt-3.5-turbo) unless
+     * --strict-model; the reply names the model it ran */
+    if (!model && lim->strict_model) return bad(f->e, "model", "you must provide a model parameter ('%s')", lim->model_id);
+    if (model && lim->strict_model && strcmp(model, lim->model_id) != 0)
         return serve_fail(f->e, 404, INVALID, "model_not_found", "model", "The model '%.200s' does not exist (this server has '%.200s')", model,
                           lim->model_id);
     long long n = 1;
@@ -210,7 +222,7 @@ static int read_common(const fields *f, serve_request *r, const serve_limits *li
     if (field(f, "top_logprobs")) return bad(f->e, "top_logprobs", "'%s' is not supported", "top_logprobs");
     const cJSON *bias = field(f, "logit_bias");
     if (bias && (!cJSON_IsObject(bias) || bias->child)) return bad(f->e, "logit_bias", "'%s' is not supported", "logit_bias");
-    return read_sampling(f, r) || read_budget(f, r, lim) || read_stop(f, r, lim) ? -1 : 0;
+    return read_sampling(f, r) || read_budget(f, r, lim) || read_stop(f, r, lim) || read_cache_salt(f, r) ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- messages */
@@ -481,12 +493,30 @@ static int read_completion(const fields *f, serve_request *r) {
 
 /* ---------------------------------------------------------------- the request */
 
+size_t serve_json_values(const char *body, size_t len) {
+    size_t n = 1;
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string) {
+            if (c == '\\') i++;
+            else if (c == '"') in_string = 0;
+        } else if (c == '"') in_string = 1;
+        else if (c == '[' || c == ',' || c == ':') n++;
+    }
+    return n;
+}
+
 int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
     r->kind = kind;
     g4_sampling_default(&r->sampling);
     if (check_body_text(body, len, e)) return -1;
+    size_t values = lim->max_json_values > 0 ? serve_json_values(body, len) : 0;
+    if (values > (size_t)lim->max_json_values)
+        return serve_fail(e, 413, INVALID, "request_too_large", NULL, "the request body has %zu JSON values, over the limit of %d (--max-json-values)",
+                          values, lim->max_json_values);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root) return serve_fail(e, 400, INVALID, NULL, NULL, "the request body is not valid JSON");
     fields f = {root, e};
@@ -507,6 +537,7 @@ void serve_request_free(serve_request *r) {
     free(r->tool_name);
     free(r->prompt);
     free(r->prompt_ids);
+    free(r->cache_salt);
     memset(r, 0, sizeof *r);
 }
 

@@ -27,9 +27,11 @@ char *serve_error_json(const serve_error *e);
 
 /* What requests may hold (g4 serve's flags). */
 typedef struct {
-    const char *model_id; /* the name /v1/models lists; a request must name it */
+    const char *model_id; /* the name /v1/models lists, and replies give */
+    int strict_model;     /* a request must name model_id (else any name, or none, is taken) */
     int ctx;              /* tokens per conversation: prompt + max_tokens may not exceed it */
     int max_messages, max_tools, max_stop, max_stop_len;
+    int max_json_values;  /* values in the body (serve_json_values), bounding cJSON's memory; 0: no bound */
 } serve_limits;
 
 typedef enum { SERVE_CHAT = 0, SERVE_COMPLETION = 1 } serve_kind;
@@ -56,11 +58,19 @@ typedef struct {
     char *prompt;        /* a text prompt, or NULL for one of token ids */
     int32_t *prompt_ids;
     int n_prompt_ids;
+    /* the prompt cache's scope: a prefix is reused only between requests with the same cache_salt
+     * (vLLM's field; NULL: none) and let in by the same API key (set by the server, not parsed) */
+    char *cache_salt;
+    int api_key;
 } serve_request;
 
+/* An upper bound on the JSON values in a body (each value but the first follows a '[', ',' or
+ * ':' outside strings): what cJSON would allocate a node for, counted before it does. */
+size_t serve_json_values(const char *body, size_t len);
+
 /* Checks and reads a request body (len bytes, not NUL-terminated). Fails with e filled: invalid
- * UTF-8 or JSON, a field of the wrong type or out of range, an unknown role or model, more
- * messages, tools or stop strings than the limits, a feature g4 does not have (n > 1, logprobs,
+ * UTF-8 or JSON, a field of the wrong type or out of range, an unknown role, an unknown
+ * model (--strict-model), more values than max_json_values (413), more messages, tools or stop strings than the limits, a feature g4 does not have (n > 1, logprobs,
  * images, penalties other than repetition_penalty, JSON response formats). Unknown fields are
  * ignored, as OpenAI-compatible servers do. r is zeroed first and freed on failure. */
 int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e);
