@@ -351,6 +351,40 @@ static void test_run_prompt_sources(void) {
     free(err);
 }
 
+/* `g4 ARGS` must fail with one line "g4: error: ..." containing `what`. */
+static void expect_one_error(const char *args, const char *what) {
+    char out[700], err[700];
+    snprintf(out, sizeof out, "%s/bound.out", tmp);
+    snprintf(err, sizeof err, "%s/bound.err", tmp);
+    int rc = run_into(bin, args, out, err);
+    char *text = slurp(err);
+    const char *nl = strchr(text, '\n');
+    CHECK(rc == 1 && !strncmp(text, "g4: error: ", 11) && strstr(text, what) && nl && !nl[1], "g4 %s: exit %d, stderr: %s", args, rc,
+          text);
+    free(text);
+}
+
+/* Whole-file reads are bounded (G4_READ_FILE_MAX, 64 MiB): an endless prompt file (/dev/zero) is
+ * refused once it has given more, a larger regular one (sparse, so the test writes nothing) before
+ * it is read, and so is a checkpoint whose config.json is endless. */
+static void test_read_bounds(void) {
+    char args[4096], big[700], dir[700];
+    snprintf(args, sizeof args, "run -m %s -f /dev/zero -n 1", model);
+    expect_one_error(args, "/dev/zero: larger than 64 MiB, the limit for this file");
+    snprintf(big, sizeof big, "%s/big-prompt.txt", tmp);
+    snprintf(args, sizeof args, "truncate -s 67108865 %s", big);
+    if (sh(args) != 0) exit(2);
+    snprintf(args, sizeof args, "run -m %s -f %s -n 1", model, big);
+    expect_one_error(args, "big-prompt.txt: larger than 64 MiB, the limit for this file");
+    unlink(big);
+    snprintf(dir, sizeof dir, "%s/endless-config", tmp);
+    snprintf(args, sizeof args, "cp -r %s %s && ln -sf /dev/zero %s/config.json", model, dir, dir);
+    if (sh(args) != 0) exit(2);
+    snprintf(args, sizeof args, "inspect -m %s", dir);
+    expect_one_error(args, "config.json: larger than 64 MiB, the limit for this file");
+    printf("ok read bounds\n");
+}
+
 int main(void) {
     if (!(bin = check_bin())) return check_report("text_cli");
     signal(SIGPIPE, SIG_IGN); /* a child that died early fails its checks, not this program */
@@ -366,6 +400,7 @@ int main(void) {
     test_chat_interrupt();
     test_run_interrupt();
     test_run_prompt_sources();
+    test_read_bounds();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
     return check_report("text_cli");
