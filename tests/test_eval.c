@@ -830,6 +830,30 @@ static void test_files(const char *full) {
     printf("ok files: devices refused, results bounded, write errors reported\n");
 }
 
+/* Without --data, a model folder's own test.jsonl is the data (as models/gemma4-tiny-math ships
+ * one): the same records as with --data naming that file; a folder without one is an error. */
+static void test_default_data(const char *full) {
+    char cmd[4096], out[700];
+    path_in_tmp(out, sizeof out, "default-data.jsonl");
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s --n 6 --max-tokens 24 --out %s 2> %s.err", bin, model, out, out);
+    CHECK(sh(cmd) == 1, "a model folder without test.jsonl and no --data accepted");
+    char *err = err_of(out);
+    CHECK(one_error_line(err, "needs --data FILE"), "no --data: %s", err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "cp %s %s/test.jsonl", data, model);
+    if (sh(cmd) != 0) exit(2);
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s --n 6 --max-tokens 24 --out %s 2> %s.err", bin, model, out, out);
+    CHECK(sh(cmd) == 0, "g4 eval gsm8k with the model's test.jsonl failed: %s.err", out);
+    expect_same_run(full, out, "the model's own test set");
+    char *text = slurp(out), want[800];
+    snprintf(want, sizeof want, "\"path\":\"%s/test.jsonl\"", model);
+    CHECK(strstr(text, want) != NULL, "the header does not name %s/test.jsonl", model);
+    free(text);
+    snprintf(cmd, sizeof cmd, "%s/test.jsonl", model);
+    unlink(cmd);
+    printf("ok default data: the model's test.jsonl\n");
+}
+
 static void test_batch(const char *full) {
     char out[700];
     path_in_tmp(out, sizeof out, "batch3.jsonl");
@@ -886,6 +910,7 @@ int main(void) {
         test_lock_held();
         test_refusals(full);
         test_files(full);
+        test_default_data(full);
         test_batch(full);
         test_bad_flags();
     }

@@ -104,6 +104,20 @@ static void test_tokenize(void) {
 
 /* `g4 tokenize` on a private tokenizer.json: G4_TOKENIZER_CACHE=off leaves no cache beside it,
  * without the switch the cache appears (so the check above is not vacuous). */
+/* Without -m, tokenize uses the built-in model ($G4_MODEL here): the ids of -m's. */
+static void test_tokenize_default_model(void) {
+    char cmd[4096], with_path[700], without_path[700];
+    snprintf(with_path, sizeof with_path, "%s/tok-with.txt", tmp);
+    snprintf(without_path, sizeof without_path, "%s/tok-without.txt", tmp);
+    snprintf(cmd, sizeof cmd, "echo '\"hello world\"' | %s tokenize -m %s > %s && echo '\"hello world\"' | G4_MODEL=%s %s tokenize > %s", bin,
+             model, with_path, model, bin, without_path);
+    CHECK(sh(cmd) == 0, "tokenize without -m failed");
+    char *with = slurp(with_path), *without = slurp(without_path);
+    CHECK(!strcmp(with, without) && with[0] == '[', "tokenize without -m: %s, with -m: %s", without, with);
+    free(with);
+    free(without);
+}
+
 static void test_tokenize_cache_switch(void) {
     char cmd[4096], tok[700], cache[800];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", model);
@@ -396,6 +410,7 @@ int main(void) {
     if (sh(cmd) != 0) return 2;
     test_tokenize();
     test_tokenize_cache_switch();
+    test_tokenize_default_model();
     test_chat_pipe();
     test_chat_interrupt();
     test_run_interrupt();

@@ -40,6 +40,49 @@ typedef struct {
 static const char *const onoff[] = {"off", "on", NULL};
 static const char *const progress_modes[] = {"auto", "on", "off", NULL};
 
+/* ---------------------------------------------------------------- usage */
+
+const command_usage usage_eval = {
+    "eval gsm8k [flags] | merge OUT.jsonl SHARD.jsonl... | compare A.jsonl B.jsonl",
+    "Quality runs: g4 eval gsm8k --help, g4 eval merge --help, g4 eval compare --help.",
+    (const usage_line[]){{NULL, NULL}},
+    0,
+};
+
+const command_usage usage_eval_gsm8k = {
+    "eval gsm8k [-m DIR] [--data test.jsonl] --out run.jsonl [flags]",
+    "GSM8K quality run (the protocol's prompt, greedy, its answer extractor): one JSON record per question in --out,\n"
+    "written as it is done; rerun the same command to resume. The run holds a lock on --out to its end.",
+    (const usage_line[]){
+        {"-m, --model DIR", "the checkpoint folder (default: the built-in model)"},
+        {"--data FILE", "GSM8K-format JSON lines (default: the model folder's test.jsonl when it has one)"},
+        {"-o, --out FILE", "the results, JSON lines (a regular file; rerun to resume)"},
+        {"--n N", "the first N questions of the selection (default: all)"},
+        {"--offset K", "start at line K of --data (0-based)"},
+        {"--max-tokens N", "the budget of a reply (default 1024 thinking off, 4096 on)"},
+        {"--think off|on", "thinking (default off)"},
+        {"--batch B", "decode B questions at once (1-64; the same records)"},
+        {"--shard I/N", "run only the questions qK with K mod N = I"},
+        {"--progress auto|on|off", "a progress line on stderr (auto: on a terminal)"},
+        {NULL, NULL},
+    },
+    USAGE_ENGINE | USAGE_DRAFT,
+};
+
+const command_usage usage_eval_merge = {
+    "eval merge OUT.jsonl SHARD.jsonl...",
+    "The finished shards of one run into the file the unsharded run writes (OUT must not exist).",
+    (const usage_line[]){{NULL, NULL}},
+    0,
+};
+
+const command_usage usage_eval_compare = {
+    "eval compare A.jsonl B.jsonl",
+    "Per-question differences of two runs, the accuracy delta and the exact McNemar p-value.",
+    (const usage_line[]){{NULL, NULL}},
+    0,
+};
+
 /* Returns 1 if argv[i] was an eval flag or an engine flag; sets *bad on a bad value. */
 static int eval_flag(args_t *a, eval_args *e, int *bad) {
     const char *v;
@@ -70,6 +113,14 @@ static int eval_flag(args_t *a, eval_args *e, int *bad) {
     return 1;
 }
 
+/* The test set a model folder ships (DIR/test.jsonl, as models/gemma4-tiny-math does), if any. */
+static int model_test_set(eval_args *e) {
+    static char path[4096];
+    if (g4_path_join(path, sizeof path, e->dir, "test.jsonl") != 0) return -1;
+    if (g4_file_exists(path)) e->data = path;
+    return 0;
+}
+
 static int parse_eval(args_t *a, eval_args *e) {
     memset(e, 0, sizeof *e);
     g4_options_default(&e->o);
@@ -81,7 +132,8 @@ static int parse_eval(args_t *a, eval_args *e) {
         if (!eval_flag(a, e, &bad)) return unknown_flag(a);
     if (bad) return 1;
     if (!e->dir) e->dir = default_model_dir();
-    if (!e->data) return die("g4 eval gsm8k needs --data FILE (GSM8K test.jsonl)%s", "");
+    if (!e->data && model_test_set(e) != 0) return die_lib();
+    if (!e->data) return die("g4 eval gsm8k needs --data FILE (GSM8K test.jsonl; %s has no test.jsonl)", e->dir);
     if (!e->out) return die("g4 eval gsm8k needs --out FILE (the results, JSON lines; rerun to resume)%s", "");
     /* the protocol's budgets (§4): 1024 new tokens thinking off, 4096 thinking on */
     if (!e->max_tokens) e->max_tokens = e->think ? 4096 : 1024;

@@ -72,6 +72,59 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     return 1;
 }
 
+/* ---- usage ---- */
+
+/* The flags text_flag parses, shared by run and chat. */
+#define TEXT_USAGE_LINES \
+    {"-m, --model DIR", "the checkpoint folder (default: the built-in model, $G4_MODEL or models/gemma4-tiny-math)"}, \
+    {"--system TEXT", "a system turn before the first user turn"}, \
+    {"--think on|off", "thinking (switched in the system turn; default off)"}, \
+    {"--show-thinking", "print the thought spans too (left out by default)"}, \
+    {"--chat-form e2b|26b", "the template's form of \"thinking off\" (default: the model's)"}, \
+    {"-n, --max-tokens N", "at most N new tokens an answer (default: to the end of the context)"}, \
+    {"--ignore-eos", "no stop ids: generate until -n or the context end"}, \
+    {"--verbose", "prompt and generated ids on stderr"}, \
+    {"--raw", "g4 run: the prompt as it is, without the chat template"}, \
+    {"--parse-special on|off", "g4 run --raw: special-token strings in the prompt as those tokens (default on)"}
+
+const command_usage usage_run = {
+    "run [-m DIR] (-p TEXT | -f FILE | < FILE) [flags]\n       g4 run [-m DIR] --ids 2,651,9 [-n 16] [--logits-npy FILE] [--dump-dir DIR] [flags]",
+    "Answers a prompt through the chat template, streaming the answer; with --ids, decodes from token ids (greedy unless\n"
+    "sampling flags are given) and prints the new ids on one line.",
+    (const usage_line[]){
+        {"-p, --prompt TEXT", "the prompt (- or none: standard input)"},
+        {"-f, --file FILE", "the prompt from a file (at most 64 MiB)"},
+        TEXT_USAGE_LINES,
+        {"--ids IDS", "comma-separated token ids in; the generated ids out"},
+        {"--logits-npy FILE", "with --ids: write the prefill logits [prompt_len, vocab] as .npy"},
+        {"--dump-dir DIR", "with --ids: write intermediate prefill tensors as .npy (golden names)"},
+        {NULL, NULL},
+    },
+    USAGE_ENGINE | USAGE_SAMPLING | USAGE_DRAFT,
+};
+
+const command_usage usage_chat = {
+    "chat [-m DIR] [flags]",
+    "Interactive chat that keeps the KV cache across turns: /reset, /think on|off, /exit; Ctrl-C stops an answer,\n"
+    "Ctrl-C or Ctrl-D at the prompt leaves. Lines from a pipe are turns too.",
+    (const usage_line[]){TEXT_USAGE_LINES, {NULL, NULL}},
+    USAGE_ENGINE | USAGE_SAMPLING | USAGE_DRAFT,
+};
+
+const command_usage usage_tokenize = {
+    "tokenize [-m DIR | --tokenizer FILE] [--add-bos] [--plain] [--decode]",
+    "JSON lines on standard input: each a JSON string, to one JSON array of ids per line; --decode the reverse.",
+    (const usage_line[]){
+        {"-m, --model DIR", "the model's tokenizer.json (default: the built-in model)"},
+        {"--tokenizer FILE", "this tokenizer.json instead"},
+        {"--add-bos", "put <bos> first"},
+        {"--plain", "special-token strings as plain text"},
+        {"--decode", "id arrays in, strings out"},
+        {NULL, NULL},
+    },
+    0,
+};
+
 static void text_args_init(text_args *t) {
     memset(t, 0, sizeof *t);
     g4_options_default(&t->o);
@@ -375,7 +428,8 @@ int cmd_tokenize(args_t *a) {
         else return unknown_flag(a);
     }
     if (bad) return 1;
-    if (!dir == !file) return die("g4 tokenize needs -m DIR or --tokenizer FILE%s", "");
+    if (dir && file) return die("g4 tokenize takes -m DIR or --tokenizer FILE, not both%s", "");
+    if (!dir && !file) dir = default_model_dir();
     char path[4096];
     if (dir && g4_path_join(path, sizeof path, dir, "tokenizer.json") != 0) return die_lib();
     g4_tokenizer *tok = g4_tokenizer_load(dir ? path : file);
