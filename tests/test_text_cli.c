@@ -380,7 +380,8 @@ static void expect_one_error(const char *args, const char *what) {
 
 /* Whole-file reads are bounded (G4_READ_FILE_MAX, 64 MiB): an endless prompt file (/dev/zero) is
  * refused once it has given more, a larger regular one (sparse, so the test writes nothing) before
- * it is read, and so is a checkpoint whose config.json is endless. */
+ * it is read, and so is a checkpoint whose config.json is endless; so are the lines tokenize and
+ * chat read from standard input. */
 static void test_read_bounds(void) {
     char args[4096], big[700], dir[700];
     snprintf(args, sizeof args, "run -m %s -f /dev/zero -n 1", model);
@@ -396,6 +397,20 @@ static void test_read_bounds(void) {
     if (sh(args) != 0) exit(2);
     snprintf(args, sizeof args, "inspect -m %s", dir);
     expect_one_error(args, "config.json: larger than 64 MiB, the limit for this file");
+    /* lines from standard input: an endless one is refused at 64 MiB */
+    const char *line_cmds[][2] = {{"tokenize", "line 1 is longer than 64 MiB, the limit for a line"},
+                                  {"chat", "a line longer than 64 MiB, the limit for a turn"}};
+    for (int i = 0; i < 2; i++) {
+        char err[700];
+        snprintf(err, sizeof err, "%s/line.err", tmp);
+        snprintf(args, sizeof args, "%s %s -m %s < /dev/zero > /dev/null 2> %s", bin, line_cmds[i][0], model, err);
+        int rc = sh(args);
+        char *text = slurp(err);
+        const char *nl = strchr(text, '\n');
+        CHECK(rc == 1 && !strncmp(text, "g4: error: standard input: ", 27) && strstr(text, line_cmds[i][1]) && nl && !nl[1],
+              "g4 %s < /dev/zero: exit %d, stderr: %s", line_cmds[i][0], rc, text);
+        free(text);
+    }
     printf("ok read bounds\n");
 }
 

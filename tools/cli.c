@@ -248,6 +248,26 @@ int unknown_flag(const args_t *a) {
     return 1;
 }
 
+long read_line_max(FILE *f, char **line, size_t *cap, size_t max) {
+    size_t len = 0;
+    for (int c; (c = getc(f)) != EOF;) {
+        if (len >= max) return LINE_TOO_LONG;
+        if (len + 2 > *cap) {
+            size_t grow = *cap < 128 ? 256 : *cap * 2;
+            if (grow > max + 2) grow = max + 2;
+            char *bigger = realloc(*line, grow);
+            if (!bigger) return LINE_TOO_LONG;
+            *line = bigger;
+            *cap = grow;
+        }
+        (*line)[len++] = (char)c;
+        if (c == '\n') break;
+    }
+    if (!len) return -1;
+    (*line)[len] = 0;
+    return (long)len;
+}
+
 /* ---- usage ---- */
 
 /* The flags sampling_flag and draft_flag parse. */

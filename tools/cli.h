@@ -42,6 +42,10 @@ int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad);
 /* Copies the fields marked in `given` from `from` into `to`. */
 void sampling_override(g4_sampling *to, const g4_sampling *from, int given);
 int unknown_flag(const args_t *a);
+/* getline with a bound: the line's length (newline included), -1 at the end of the input or on an
+ * interrupted read, -2 when the line runs past max bytes (what is read is kept within max). */
+enum { LINE_TOO_LONG = -2 };
+long read_line_max(FILE *f, char **line, size_t *cap, size_t max);
 /* The MTP drafter flags: --draft DIR (a gemma4_assistant folder for the model) and --draft-tokens K
  * (the tokens a round drafts, 1..G4_MAX_DRAFT_TOKENS; default G4_DRAFT_TOKENS_DEFAULT). */
 typedef struct {

@@ -312,14 +312,19 @@ int cmd_chat(args_t *a) {
     catch_sigint();
     char *line = NULL;
     size_t cap = 0;
-    int first = 1;
+    int first = 1, bad_line = 0;
     for (;;) {
         if (tty) {
             fputs("> ", stdout);
             fflush(stdout);
         }
         interrupted = 0;
-        ssize_t len = getline(&line, &cap, stdin);
+        long len = read_line_max(stdin, &line, &cap, G4_READ_FILE_MAX);
+        if (len == LINE_TOO_LONG) {
+            fprintf(stderr, "g4: error: standard input: a line longer than %zu MiB, the limit for a turn\n", G4_READ_FILE_MAX >> 20);
+            bad_line = 1;
+            break;
+        }
         if (len < 0) break; /* end of input, or Ctrl-C at the prompt */
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (len == 0) continue;
@@ -363,7 +368,7 @@ int cmd_chat(args_t *a) {
     free(line);
     if (tty) fputc('\n', stdout);
     text_model_free(&t);
-    return 0;
+    return bad_line;
 }
 
 /* ---- g4 tokenize ---- */
@@ -439,12 +444,17 @@ int cmd_tokenize(args_t *a) {
     size_t cap = 0;
     long lineno = 0;
     int rc = 0;
-    ssize_t len;
-    while (rc == 0 && (len = getline(&line, &cap, stdin)) >= 0) {
+    long len = 0;
+    while (rc == 0 && (len = read_line_max(stdin, &line, &cap, G4_READ_FILE_MAX)) >= 0) {
         lineno++;
         if (len == 0 || (len == 1 && line[0] == '\n')) continue;
         if (tokenize_line(tok, line, decode, add_bos, !plain, bos < 0 ? 2 : bos, lineno) != 0) rc = die_lib();
         fflush(stdout);
+    }
+    if (len == LINE_TOO_LONG) {
+        fprintf(stderr, "g4: error: standard input: line %ld is longer than %zu MiB, the limit for a line\n", lineno + 1,
+                G4_READ_FILE_MAX >> 20);
+        rc = 1;
     }
     free(line);
     g4_tokenizer_free(tok);
