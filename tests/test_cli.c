@@ -1,5 +1,7 @@
 /* The g4 command line, driven as a user would: generated ids against the goldens, the .npy
- * outputs, and a clean one-line error with exit status 1 for every bad invocation. */
+ * outputs, a clean one-line error with exit status 1 for every bad invocation, every command's
+ * --help against the flags its parser in tools/ accepts, and the built-in model where -m is
+ * missing. */
 #define _POSIX_C_SOURCE 200809L
 #include <sys/wait.h>
 #include <unistd.h>
@@ -255,7 +257,211 @@ static void test_bench(void) {
     expect_error(args, "-t");
     snprintf(args, sizeof args, "bench -m %s -p 0 -n 0", tiny_dir());
     expect_error(args, "-p and -n");
-    expect_error("bench", "-m");
+}
+
+/* ---- --help: each command's usage names exactly the flags its parser accepts ---- */
+
+/* The body of function `name` in the source file text (from its definition to the closing brace
+ * at the start of a line), or NULL. */
+static const char *function_body(const char *text, const char *name, size_t *len) {
+    char def[128];
+    const char *prefixes[] = {"\nstatic int ", "\nint "};
+    for (int i = 0; i < 2; i++) {
+        snprintf(def, sizeof def, "%s%s(", prefixes[i], name);
+        for (const char *start = text; (start = strstr(start, def)); start++) {
+            const char *end = strstr(start, "\n}\n");
+            if (end && strcspn(start, ";{") < strlen(start) && start[strcspn(start, ";{")] == '{') { /* not a declaration */
+                *len = (size_t)(end - start);
+                return start;
+            }
+        }
+    }
+    return NULL;
+}
+
+#define MAX_FLAGS 160
+
+typedef struct {
+    char *flag[MAX_FLAGS];
+    int n;
+} flag_set;
+
+static void add_flag(flag_set *s, const char *f, size_t n) {
+    for (int i = 0; i < s->n; i++)
+        if (strlen(s->flag[i]) == n && !strncmp(s->flag[i], f, n)) return;
+    if (s->n < MAX_FLAGS) s->flag[s->n++] = strndup(f, n);
+}
+
+static int has_flag(const flag_set *s, const char *f, size_t n) {
+    for (int i = 0; i < s->n; i++)
+        if (strlen(s->flag[i]) == n && !strncmp(s->flag[i], f, n)) return 1;
+    return 0;
+}
+
+static void free_flags(flag_set *s) {
+    for (int i = 0; i < s->n; i++) free(s->flag[i]);
+    s->n = 0;
+}
+
+static void add_functions(flag_set *s, const char *file, const char *names);
+
+/* The flags a parser function tests its argument against (flag_is(a, "-x"), is_flag(a, "-x"),
+ * strcmp(a, "-x"), strncmp(a, "--x=", n)), and those of the shared parsers it calls: engine_flag
+ * (every row of the options table), sampling_flag and draft_flag (their bodies in tools/cli.c). */
+static void add_function(flag_set *s, const char *file, const char *name) {
+    char *text = slurp(file);
+    size_t len = 0;
+    const char *found = function_body(text, name, &len);
+    CHECK(found != NULL, "%s: no function %s", file, name);
+    const char *open = found ? memchr(found, '{', len) : NULL; /* the body, not the definition's name */
+    char *body = open ? strndup(open, len - (size_t)(open - found)) : NULL;
+    free(text);
+    if (!body) return;
+    static const char *const calls[] = {"flag_is(a, \"", "is_flag(a, \"", "strcmp(a, \"", "strncmp(a, \""};
+    for (size_t c = 0; c < sizeof calls / sizeof *calls; c++)
+        for (const char *p = body; (p = strstr(p, calls[c]));) {
+            p += strlen(calls[c]);
+            size_t n = strcspn(p, "\"=");
+            if (p[0] == '-') add_flag(s, p, n);
+        }
+    if (strstr(body, "engine_flag(a"))
+        for (int i = 0; i < g4_option_count(); i++) {
+            const g4_option_info *o = g4_option_at(i);
+            char f[64];
+            int n = snprintf(f, sizeof f, "--%s", o->name);
+            for (int k = 2; k < n; k++) f[k] = f[k] == '_' ? '-' : f[k];
+            add_flag(s, f, (size_t)n);
+            if (o->short_flag) add_flag(s, o->short_flag, strlen(o->short_flag));
+        }
+    if (strstr(body, "sampling_flag(a")) add_functions(s, "tools/cli.c", "sampling_flag");
+    if (strstr(body, "draft_flag(a")) add_functions(s, "tools/cli.c", "draft_flag");
+    free(body);
+}
+
+static void add_functions(flag_set *s, const char *file, const char *names) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", names);
+    for (char *save = NULL, *n = strtok_r(buf, " ", &save); n; n = strtok_r(NULL, " ", &save)) add_function(s, file, n);
+}
+
+/* `flag` appears in text as a word of its own ("-n" not inside "--max-tokens" or "-n8"). */
+static int names_word(const char *text, const char *flag) {
+    size_t n = strlen(flag);
+    for (const char *p = text; (p = strstr(p, flag)); p++) {
+        char before = p == text ? ' ' : p[-1], after = p[n];
+        if (strchr(" ,[(|\n", before) && (after == 0 || strchr(" ,])|=\n", after))) return 1;
+    }
+    return 0;
+}
+
+/* The flags at the start of the usage's flag lines ("  -m, --model DIR  ..."). */
+static void usage_flags(const char *out, flag_set *s) {
+    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, "  -", 3) != 0) continue;
+        for (const char *p = line + 2; *p == '-';) {
+            size_t n = strcspn(p, " ,\n");
+            add_flag(s, p, n);
+            p += n;
+            if (*p != ',') break;
+            p += strspn(p, ", ");
+        }
+    }
+}
+
+static void test_help(void) {
+    /* each command, and its parser functions in the sources */
+    static const struct {
+        const char *cmd, *file, *funcs, *file2, *funcs2;
+    } cmds[] = {
+        {"run", "tools/g4.c", "parse_run", "tools/text_cmds.c", "cmd_run_text text_flag"},
+        {"chat", "tools/text_cmds.c", "cmd_chat text_flag", NULL, NULL},
+        {"tokenize", "tools/text_cmds.c", "cmd_tokenize", NULL, NULL},
+        {"inspect", "tools/g4.c", "cmd_inspect", NULL, NULL},
+        {"bench", "tools/bench_cmd.c", "parse_bench", NULL, NULL},
+        {"eval gsm8k", "tools/eval_cmd.c", "eval_flag", NULL, NULL},
+        {"eval merge", NULL, NULL, NULL, NULL},
+        {"eval compare", NULL, NULL, NULL, NULL},
+        {"eval", NULL, NULL, NULL, NULL},
+        {"serve", "tools/serve_cmd.c", "parse_serve_args", NULL, NULL},
+        {"synth", "tools/synth_cmd.c", "g4_cmd_synth", NULL, NULL},
+        {"quantize", "tools/quantize_cmd.c", "g4_cmd_quantize", NULL, NULL},
+    };
+    int checked = 0;
+    for (size_t c = 0; c < sizeof cmds / sizeof *cmds; c++) {
+        flag_set parsed = {0}, listed = {0};
+        add_flag(&parsed, "-h", 2);
+        add_flag(&parsed, "--help", 6);
+        if (cmds[c].file) add_functions(&parsed, cmds[c].file, cmds[c].funcs);
+        if (cmds[c].file2) add_functions(&parsed, cmds[c].file2, cmds[c].funcs2);
+        const char *forms[] = {"%s --help", "%s -h", "help %s"};
+        char *first = NULL;
+        for (int f = 0; f < 3; f++) {
+            char args[256], want[128];
+            snprintf(args, sizeof args, forms[f], cmds[c].cmd);
+            int rc = run(args);
+            char *out = slurp(out_path), *err = slurp(err_path);
+            snprintf(want, sizeof want, "usage: g4 %s", cmds[c].cmd);
+            CHECK(rc == 0 && !strncmp(out, want, strlen(want)) && !*err, "g4 %s: exit %d, stdout %.80s, stderr %s", args, rc, out, err);
+            CHECK(!first || !strcmp(first, out), "g4 %s: not the usage of g4 %s --help", args, cmds[c].cmd);
+            free(err);
+            if (first) free(out);
+            else first = out;
+        }
+        for (int i = 0; i < parsed.n; i++)
+            CHECK(names_word(first, parsed.flag[i]), "g4 %s --help does not name %s, which its parser accepts", cmds[c].cmd, parsed.flag[i]);
+        usage_flags(first, &listed);
+        for (int i = 0; i < listed.n; i++)
+            CHECK(has_flag(&parsed, listed.flag[i], strlen(listed.flag[i])), "g4 %s --help lists %s, which its parser does not accept",
+                  cmds[c].cmd, listed.flag[i]);
+        checked += parsed.n;
+        free(first);
+        free_flags(&parsed);
+        free_flags(&listed);
+    }
+    /* a "--help" that is a flag's value is that value */
+    char args[8192];
+    snprintf(args, sizeof args, "run -m %s -p --help -n 1 --chat-form e2b", tiny_dir());
+    int rc = run(args);
+    char *out = slurp(out_path);
+    CHECK(strncmp(out, "usage:", 6) != 0, "g4 run -p --help printed the usage");
+    free(out);
+    (void)rc;
+    printf("ok help: %d flags of 12 commands named in their usage\n", checked);
+}
+
+/* Without -m, inspect, bench and run --ids use the built-in model ($G4_MODEL here, the tiny
+ * fixture): the same output as with -m (tokenize: test_text_cli, the fixture has no tokenizer). */
+static void test_default_model(void) {
+    char args[8192];
+    const char *m = tiny_dir();
+    setenv("G4_MODEL", m, 1);
+    snprintf(args, sizeof args, "inspect -m %s", m);
+    CHECK(run(args) == 0, "inspect -m failed");
+    char *with = slurp(out_path);
+    CHECK(run("inspect") == 0, "inspect without -m failed");
+    char *without = slurp(out_path);
+    /* all but the last line, which has the load time */
+    char *a = strstr(with, "  load time:"), *b = strstr(without, "  load time:");
+    CHECK(a && b && a - with == b - without && !strncmp(with, without, (size_t)(a - with)), "inspect without -m: %s", without);
+    free(with);
+    free(without);
+    CHECK(run("run --ids 2,3 -n 4") == 0, "run --ids without -m failed");
+    without = slurp(out_path);
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 -n 4", m);
+    CHECK(run(args) == 0, "run --ids -m failed");
+    with = slurp(out_path);
+    CHECK(!strcmp(with, without) && *with, "run --ids without -m: %s, with: %s", without, with);
+    free(with);
+    free(without);
+    CHECK(run("bench -p 4 -n 2 -r 1 --bandwidth off --json") == 0, "bench without -m failed");
+    char *json = slurp(out_path);
+    cJSON *j = cJSON_Parse(json);
+    const char *model = cJSON_GetStringValue(cJSON_GetObjectItem(j, "model"));
+    CHECK(j && model && !strcmp(model, m), "bench without -m: %s", json);
+    cJSON_Delete(j);
+    free(json);
+    unsetenv("G4_MODEL");
+    printf("ok default model: inspect, run --ids and bench without -m\n");
 }
 
 static void test_errors(void) {
@@ -285,7 +491,6 @@ static void test_errors(void) {
     CHECK(rc == 0 && ids == 3 && strstr(err, "context of 4 tokens is full"), "ctx-limited run: exit %d, %d ids, stderr %s", rc, ids, err);
     free(out);
     free(err);
-    expect_error("run --ids 2,3", "-m");
     /* the KV cache is checked against the memory available before it is allocated:
      * 8192 tokens x 224 B = 1.75 MiB, above a 1 MiB limit */
     snprintf(args, sizeof args, "run -m %s --ids 2,3 --ctx 8192", m);
@@ -293,7 +498,6 @@ static void test_errors(void) {
     expect_error(args, "needs 2 MiB, but only 1 MiB of memory are available");
     unsetenv("G4_MEMORY_LIMIT_MB");
     expect_error("inspect -m /nonexistent/folder", "/nonexistent/folder");
-    expect_error("inspect", "-m");
 }
 
 int main(void) {
@@ -310,6 +514,8 @@ int main(void) {
     test_inspect();
     test_bench();
     test_errors();
+    test_help();
+    test_default_model();
     cJSON_Delete(golden);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -716,8 +717,7 @@ static void test_refusals(const char *full) {
     free(after);
     /* a second run on a file in use */
     int fd = open(copy, O_RDWR);
-    struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    CHECK(fd >= 0 && fcntl(fd, F_SETLK, &lock) == 0, "cannot lock %s", copy);
+    CHECK(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0, "cannot lock %s", copy);
     CHECK(eval_cmd(copy, "") == 1, "a locked file was written");
     char *locked = err_of(copy);
     CHECK(one_error_line(locked, "is in use by another g4 eval"), "%s", locked);
@@ -742,6 +742,116 @@ static void test_refusals(const char *full) {
     CHECK(!strcmp(kept, "{\"question\": \"x\", \"answer\": \"#### 1\"}\n"), "foreign file changed");
     free(kept);
     free(before);
+}
+
+/* A run holds the lock on its --out file for as long as it runs: stopped (SIGSTOP) mid-run, after
+ * it has read the file back and written records, it still holds it, so a second run on the file
+ * is refused at once and leaves it alone; let go on, the first ends with the records of an
+ * uninterrupted run. */
+static void test_lock_held(void) {
+    char ref[700], out[700];
+    path_in_tmp(ref, sizeof ref, "kill-ref.jsonl"); /* test_kill's uninterrupted run */
+    path_in_tmp(out, sizeof out, "held.jsonl");
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *null = freopen("/dev/null", "w", stderr);
+        (void)null;
+        execl(bin, bin, "eval", "gsm8k", "-m", model, "--data", data, "--n", "6", "--out", out, "--max-tokens", "800", "--batch", "2",
+              (char *)NULL);
+        _exit(127);
+    }
+    int exited, seen = wait_first_record(out, pid, &exited), st = 0;
+    CHECK(seen && !exited, "no record before the run ended");
+    if (exited) return;
+    kill(pid, SIGSTOP);
+    char *before = slurp(out);
+    CHECK(eval_cmd(out, KILL_FLAGS) == 1, "a second run on a file in use was not refused");
+    char *err = err_of(out), *after = slurp(out);
+    CHECK(one_error_line(err, "held.jsonl is in use by another g4 eval"), "second run said: %s", err);
+    CHECK(!strcmp(before, after), "the refused run changed the file");
+    free(err);
+    free(before);
+    free(after);
+    kill(pid, SIGCONT);
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the first run failed (status %d)", st);
+    expect_same_run(ref, out, "run next to a refused second run");
+    printf("ok lock held for the whole run\n");
+}
+
+/* Files that are not what they should be: a device as --data, --out or a compared file is refused
+ * before anything is read (/dev/zero and /dev/full read back endlessly); a results file past the
+ * 1 GiB bound is refused before it is read; a write that fails (the file size limit, as a full disk
+ * would) ends the run with one line, and a rerun completes the file. */
+static void test_files(const char *full) {
+    char cmd[4096], out[700], big[700];
+    path_in_tmp(out, sizeof out, "files.jsonl");
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s --data /dev/zero --out %s 2> %s.err", bin, model, out, out);
+    CHECK(sh(cmd) == 1, "--data /dev/zero accepted");
+    char *err = err_of(out);
+    CHECK(one_error_line(err, "/dev/zero: not a regular file"), "--data /dev/zero: %s", err);
+    free(err);
+    CHECK(access(out, F_OK) != 0, "a failed run left %s", out);
+    /* the lock (and so the file) comes before the model: a run that fails to load it removes it */
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s/nonexistent --data %s --out %s 2> %s.err", bin, tmp, data, out, out);
+    CHECK(sh(cmd) == 1, "a missing model accepted");
+    CHECK(access(out, F_OK) != 0, "a run that could not load its model left %s", out);
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s --data %s --out /dev/full 2> %s.err", bin, model, data, out);
+    CHECK(sh(cmd) == 1, "--out /dev/full accepted");
+    err = err_of(out);
+    CHECK(one_error_line(err, "--out /dev/full: not a regular file"), "--out /dev/full: %s", err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s eval compare /dev/zero %s > /dev/null 2> %s.err", bin, full, out);
+    CHECK(sh(cmd) == 1, "compare /dev/zero accepted");
+    err = err_of(out);
+    CHECK(one_error_line(err, "/dev/zero: not a regular file"), "compare /dev/zero: %s", err);
+    free(err);
+    path_in_tmp(big, sizeof big, "big.jsonl");
+    snprintf(cmd, sizeof cmd, "cp %s %s && truncate -s 1073741825 %s", full, big, big); /* sparse: 1 GiB + 1 byte */
+    if (sh(cmd) != 0) exit(2);
+    snprintf(cmd, sizeof cmd, "%s eval compare %s %s > /dev/null 2> %s.err", bin, big, full, out);
+    CHECK(sh(cmd) == 1, "a results file past the bound was compared");
+    err = err_of(out);
+    CHECK(one_error_line(err, "big.jsonl: larger than 1 GiB, the limit for this file"), "compare big: %s", err);
+    free(err);
+    unlink(big);
+    /* writes fail past 2 KiB (a 512-byte block count, SIGXFSZ ignored so write returns EFBIG) */
+    snprintf(cmd, sizeof cmd, "sh -c \"ulimit -f 4; trap '' XFSZ; exec %s eval gsm8k -m %s --data %s --n 6 --max-tokens 24 --out %s\" 2> %s.err",
+             bin, model, data, out, out);
+    CHECK(sh(cmd) == 1, "a failed write was not an error");
+    err = err_of(out);
+    const char *last = err;
+    for (const char *p = err; *p; p++)
+        if (*p == '\n' && p[1]) last = p + 1;
+    CHECK(one_error_line(last, "files.jsonl: cannot write: File too large"), "write error: %s", err);
+    free(err);
+    CHECK(eval_cmd(out, "") == 0, "the rerun after a failed write failed");
+    expect_same_run(full, out, "rerun after a failed write");
+    printf("ok files: devices refused, results bounded, write errors reported\n");
+}
+
+/* Without --data, a model folder's own test.jsonl is the data (as models/gemma4-tiny-math ships
+ * one): the same records as with --data naming that file; a folder without one is an error. */
+static void test_default_data(const char *full) {
+    char cmd[4096], out[700];
+    path_in_tmp(out, sizeof out, "default-data.jsonl");
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s --n 6 --max-tokens 24 --out %s 2> %s.err", bin, model, out, out);
+    CHECK(sh(cmd) == 1, "a model folder without test.jsonl and no --data accepted");
+    char *err = err_of(out);
+    CHECK(one_error_line(err, "needs --data FILE"), "no --data: %s", err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "cp %s %s/test.jsonl", data, model);
+    if (sh(cmd) != 0) exit(2);
+    snprintf(cmd, sizeof cmd, "%s eval gsm8k -m %s --n 6 --max-tokens 24 --out %s 2> %s.err", bin, model, out, out);
+    CHECK(sh(cmd) == 0, "g4 eval gsm8k with the model's test.jsonl failed: %s.err", out);
+    expect_same_run(full, out, "the model's own test set");
+    char *text = slurp(out), want[800];
+    snprintf(want, sizeof want, "\"path\":\"%s/test.jsonl\"", model);
+    CHECK(strstr(text, want) != NULL, "the header does not name %s/test.jsonl", model);
+    free(text);
+    snprintf(cmd, sizeof cmd, "%s/test.jsonl", model);
+    unlink(cmd);
+    printf("ok default data: the model's test.jsonl\n");
 }
 
 static void test_batch(const char *full) {
@@ -797,7 +907,10 @@ int main(void) {
         test_eval_right_answers(full);
         test_resume(full);
         test_kill();
+        test_lock_held();
         test_refusals(full);
+        test_files(full);
+        test_default_data(full);
         test_batch(full);
         test_bad_flags();
     }

@@ -106,6 +106,20 @@ static void test_tokenize(void) {
 
 /* `g4 tokenize` on a private tokenizer.json: G4_TOKENIZER_CACHE=off leaves no cache beside it,
  * without the switch the cache appears (so the check above is not vacuous). */
+/* Without -m, tokenize uses the built-in model ($G4_MODEL here): the ids of -m's. */
+static void test_tokenize_default_model(void) {
+    char cmd[4096], with_path[700], without_path[700];
+    snprintf(with_path, sizeof with_path, "%s/tok-with.txt", tmp);
+    snprintf(without_path, sizeof without_path, "%s/tok-without.txt", tmp);
+    snprintf(cmd, sizeof cmd, "echo '\"hello world\"' | %s tokenize -m %s > %s && echo '\"hello world\"' | G4_MODEL=%s %s tokenize > %s", bin,
+             model, with_path, model, bin, without_path);
+    CHECK(sh(cmd) == 0, "tokenize without -m failed");
+    char *with = slurp(with_path), *without = slurp(without_path);
+    CHECK(!strcmp(with, without) && with[0] == '[', "tokenize without -m: %s, with -m: %s", without, with);
+    free(with);
+    free(without);
+}
+
 static void test_tokenize_cache_switch(void) {
     char cmd[4096], tok[700], cache[800];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", model);
@@ -411,6 +425,53 @@ static void test_non_finite(void) {
     free(e);
     remove_overflowing_copy(dir);
     printf("ok non-finite output: run (4 forms) and chat exit 1 with one line\n");
+/* `g4 ARGS` must fail with one line "g4: error: ..." containing `what`. */
+static void expect_one_error(const char *args, const char *what) {
+    char out[700], err[700];
+    snprintf(out, sizeof out, "%s/bound.out", tmp);
+    snprintf(err, sizeof err, "%s/bound.err", tmp);
+    int rc = run_into(bin, args, out, err);
+    char *text = slurp(err);
+    const char *nl = strchr(text, '\n');
+    CHECK(rc == 1 && !strncmp(text, "g4: error: ", 11) && strstr(text, what) && nl && !nl[1], "g4 %s: exit %d, stderr: %s", args, rc,
+          text);
+    free(text);
+}
+
+/* Whole-file reads are bounded (G4_READ_FILE_MAX, 64 MiB): an endless prompt file (/dev/zero) is
+ * refused once it has given more, a larger regular one (sparse, so the test writes nothing) before
+ * it is read, and so is a checkpoint whose config.json is endless; so are the lines tokenize and
+ * chat read from standard input. */
+static void test_read_bounds(void) {
+    char args[4096], big[700], dir[700];
+    snprintf(args, sizeof args, "run -m %s -f /dev/zero -n 1", model);
+    expect_one_error(args, "/dev/zero: larger than 64 MiB, the limit for this file");
+    snprintf(big, sizeof big, "%s/big-prompt.txt", tmp);
+    snprintf(args, sizeof args, "truncate -s 67108865 %s", big);
+    if (sh(args) != 0) exit(2);
+    snprintf(args, sizeof args, "run -m %s -f %s -n 1", model, big);
+    expect_one_error(args, "big-prompt.txt: larger than 64 MiB, the limit for this file");
+    unlink(big);
+    snprintf(dir, sizeof dir, "%s/endless-config", tmp);
+    snprintf(args, sizeof args, "cp -r %s %s && ln -sf /dev/zero %s/config.json", model, dir, dir);
+    if (sh(args) != 0) exit(2);
+    snprintf(args, sizeof args, "inspect -m %s", dir);
+    expect_one_error(args, "config.json: larger than 64 MiB, the limit for this file");
+    /* lines from standard input: an endless one is refused at 64 MiB */
+    const char *line_cmds[][2] = {{"tokenize", "line 1 is longer than 64 MiB, the limit for a line"},
+                                  {"chat", "a line longer than 64 MiB, the limit for a turn"}};
+    for (int i = 0; i < 2; i++) {
+        char err[700];
+        snprintf(err, sizeof err, "%s/line.err", tmp);
+        snprintf(args, sizeof args, "%s %s -m %s < /dev/zero > /dev/null 2> %s", bin, line_cmds[i][0], model, err);
+        int rc = sh(args);
+        char *text = slurp(err);
+        const char *nl = strchr(text, '\n');
+        CHECK(rc == 1 && !strncmp(text, "g4: error: standard input: ", 27) && strstr(text, line_cmds[i][1]) && nl && !nl[1],
+              "g4 %s < /dev/zero: exit %d, stderr: %s", line_cmds[i][0], rc, text);
+        free(text);
+    }
+    printf("ok read bounds\n");
 }
 
 int main(void) {
@@ -424,12 +485,14 @@ int main(void) {
     if (sh(cmd) != 0) return 2;
     test_tokenize();
     test_tokenize_cache_switch();
+    test_tokenize_default_model();
     test_chat_pipe();
     test_chat_interrupt();
     test_run_interrupt();
     test_run_prompt_sources();
     test_non_finite();
     test_temperature_flag();
+    test_read_bounds();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
     return check_report("text_cli");

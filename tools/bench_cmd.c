@@ -243,6 +243,26 @@ static int parse_levels(const char *v, bench_args *b) {
     return b->n_levels ? 0 : die("g4 bench: --kernels needs at least one level%s", "");
 }
 
+const command_usage usage_bench = {
+    "bench [-m DIR]... [-t N] [-p 512] [-n 128] [-r 3] [flags]",
+    "Load, prefill and decode speed, memory and per-operation time; reps alternate between the --kernels levels, the\n"
+    "-m models, or with and without --draft, and each one's speed is given over the first's.",
+    (const usage_line[]){
+        {"-m, --model DIR", "the checkpoint folder (default: the built-in model); several -m compare models"},
+        {"-p, --prompt-tokens N", "prompt length (default 512)"},
+        {"-n, --gen-tokens N", "decoded tokens (default 128)"},
+        {"-r, --reps N", "repetitions (default 3)"},
+        {"--json", "one JSON object on stdout"},
+        {"--bandwidth on|off", "measure the memory bandwidth (in a child process; default on)"},
+        {"--logits greedy|full|top", "full: every logit (sampling without top-k); top: what top-k sampling needs (g4 run's)"},
+        {"--kernels LEVEL,LEVEL...", "alternate between these kernel levels"},
+        {"--alternate reps|steps", "with --kernels: alternate whole reps or decode steps"},
+        {"--draft-costs", "with --draft: time verifying K+1 rows (K = 0..8) and one draft step after a -p prompt"},
+        {NULL, NULL},
+    },
+    USAGE_ENGINE | USAGE_DRAFT,
+};
+
 static int parse_bench(args_t *a, bench_args *b) {
     int bad = 0;
     memset(b, 0, sizeof *b);
@@ -281,7 +301,7 @@ static int parse_bench(args_t *a, bench_args *b) {
     if (bad) return 1;
     /* said explicitly, so the bandwidth probe measures with the threads the decode uses */
     if (!b->o.threads) b->o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (!b->dir) return die("g4 bench needs -m DIR%s", "");
+    if (!b->n_models) b->dirs[b->n_models++] = default_model_dir();
     b->dir = b->dirs[0];
     if (b->n_models > 1 && b->n_levels) return die("g4 bench: --kernels compares levels on one model; several -m compare models%s", "");
     if (b->alt_steps && b->n_models > 1) return die("g4 bench: --alternate steps alternates levels, not models%s", "");

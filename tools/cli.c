@@ -245,8 +245,118 @@ void sampling_override(g4_sampling *to, const g4_sampling *from, int given) {
 }
 
 int unknown_flag(const args_t *a) {
-    fprintf(stderr, "g4 %s: error: unknown flag %s (see g4 help)\n", a->cmd, a->argv[a->i]);
+    fprintf(stderr, "g4 %s: error: unknown flag %s (see g4 %s --help)\n", a->cmd, a->argv[a->i], a->cmd);
     return 1;
+}
+
+long read_line_max(FILE *f, char **line, size_t *cap, size_t max) {
+    size_t len = 0;
+    for (int c; (c = getc(f)) != EOF;) {
+        if (len >= max) return LINE_TOO_LONG;
+        if (len + 2 > *cap) {
+            size_t grow = *cap < 128 ? 256 : *cap * 2;
+            if (grow > max + 2) grow = max + 2;
+            char *bigger = realloc(*line, grow);
+            if (!bigger) return LINE_TOO_LONG;
+            *line = bigger;
+            *cap = grow;
+        }
+        (*line)[len++] = (char)c;
+        if (c == '\n') break;
+    }
+    if (!len) return -1;
+    (*line)[len] = 0;
+    return (long)len;
+}
+
+/* ---- usage ---- */
+
+/* The flags sampling_flag and draft_flag parse. */
+static const usage_line sampling_usage[] = {
+    {"--temp, --temperature T", "sampling temperature; 0 is greedy"},
+    {"--top-k K", "sample among the K most likely tokens (0: all)"},
+    {"--top-p P", "nucleus: the fewest tokens whose probability adds up to P, in (0, 1]"},
+    {"--min-p P", "drop tokens below P times the most likely one's probability, in [0, 1]"},
+    {"--repeat-penalty R", "divide the logits of recent tokens by R (HF rule; 1: off)"},
+    {"--repeat-last-n N", "how many recent tokens the penalty looks at"},
+    {"--seed S", "random seed: the same seed gives the same output"},
+    {NULL, NULL},
+};
+static const usage_line draft_usage[] = {
+    {"--draft DIR", "a gemma4_assistant drafter made for the model: greedy decoding verifies its drafts (the same tokens)"},
+    {"--draft-tokens K", "tokens a drafting round proposes (1-16, default 3)"},
+    {NULL, NULL},
+};
+static const usage_line help_usage[] = {{"-h, --help", "this help"}, {NULL, NULL}};
+
+/* Whether the line names the flag arg[0..n) (its words that start with '-'); *takes_value is set
+ * when the line has a placeholder word. */
+static int line_names(const char *flags, const char *arg, size_t n, int *takes_value) {
+    int found = 0;
+    *takes_value = 0;
+    for (const char *p = flags; *p;) {
+        p += strspn(p, " ,");
+        size_t len = strcspn(p, " ,");
+        if (!len) break;
+        if (p[0] == '-') found |= len == n && !strncmp(p, arg, n);
+        else *takes_value = 1;
+        p += len;
+    }
+    return found;
+}
+
+static int table_takes_value(const usage_line *lines, const char *arg, size_t n) {
+    int value;
+    for (int i = 0; lines[i].flags; i++)
+        if (line_names(lines[i].flags, arg, n, &value)) return value;
+    return 0;
+}
+
+/* Whether argv word arg is a flag of the command that takes its value from the next word. */
+static int takes_value(const command_usage *u, const char *arg) {
+    size_t n = strcspn(arg, "=");
+    if (arg[0] != '-' || arg[n] == '=') return 0; /* not a flag, or --flag=value */
+    char flag[64];
+    if (n < sizeof flag && (u->groups & USAGE_ENGINE)) {
+        memcpy(flag, arg, n);
+        flag[n] = 0;
+        if (g4_option_find(flag)) return 1; /* every engine option takes a value */
+    }
+    return table_takes_value(u->lines, arg, n) || ((u->groups & USAGE_SAMPLING) && table_takes_value(sampling_usage, arg, n)) ||
+           ((u->groups & USAGE_DRAFT) && table_takes_value(draft_usage, arg, n));
+}
+
+int asks_help(const command_usage *u, int argc, char **argv, int first) {
+    for (int k = first; k < argc; k++) {
+        if (!strcmp(argv[k], "-h") || !strcmp(argv[k], "--help")) return 1;
+        if (takes_value(u, argv[k])) k++;
+    }
+    return 0;
+}
+
+static void print_lines(FILE *f, const usage_line *lines) {
+    for (int i = 0; lines[i].flags; i++) {
+        if (strlen(lines[i].flags) <= 24) fprintf(f, "  %-24s  %s\n", lines[i].flags, lines[i].help);
+        else fprintf(f, "  %s\n  %-24s  %s\n", lines[i].flags, "", lines[i].help);
+    }
+}
+
+void print_command_usage(FILE *f, const command_usage *u) {
+    fprintf(f, "usage: g4 %s\n%s\n", u->synopsis, u->about);
+    print_lines(f, u->lines);
+    print_lines(f, help_usage);
+    if (u->groups & USAGE_SAMPLING) {
+        fprintf(f, "sampling (unset flags take the model's generation_config.json values):\n");
+        print_lines(f, sampling_usage);
+    }
+    if (u->groups & USAGE_DRAFT) {
+        fprintf(f, "multi-token prediction:\n");
+        print_lines(f, draft_usage);
+    }
+    if (u->groups & USAGE_ENGINE) {
+        fprintf(f, "engine options (--NAME VALUE or --NAME=VALUE):\n");
+        print_engine_options(f);
+    }
 }
 
 

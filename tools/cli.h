@@ -42,6 +42,10 @@ int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad);
 /* Copies the fields marked in `given` from `from` into `to`. */
 void sampling_override(g4_sampling *to, const g4_sampling *from, int given);
 int unknown_flag(const args_t *a);
+/* getline with a bound: the line's length (newline included), -1 at the end of the input or on an
+ * interrupted read, -2 when the line runs past max bytes (what is read is kept within max). */
+enum { LINE_TOO_LONG = -2 };
+long read_line_max(FILE *f, char **line, size_t *cap, size_t max);
 /* The MTP drafter flags: --draft DIR (a gemma4_assistant folder for the model) and --draft-tokens K
  * (the tokens a round drafts, 1..G4_MAX_DRAFT_TOKENS; default G4_DRAFT_TOKENS_DEFAULT). */
 typedef struct {
@@ -60,6 +64,30 @@ void draft_apply(const draft_args *d, g4_generate_params *p);
 void draft_close(draft_args *d);
 /* The folder `run`, `chat` and `eval` use when -m is not given: the built-in trained model. */
 const char *default_model_dir(void);
+
+/* ---- usage: one table per command ----
+ * A line is a flag as typed with its value's placeholder ("-m, --model DIR"; none: the flag takes
+ * no value) and what it does. The same table prints `g4 COMMAND --help` and tells which flags take
+ * a value, so that a "--help" given as a value (g4 run -p --help) is not taken for the flag. */
+typedef struct {
+    const char *flags, *help;
+} usage_line;
+enum { USAGE_ENGINE = 1, USAGE_SAMPLING = 2, USAGE_DRAFT = 4 }; /* the shared flag groups a command takes */
+typedef struct {
+    const char *synopsis;    /* after "usage: g4 " */
+    const char *about;       /* what the command does, one or more lines */
+    const usage_line *lines; /* ends with {NULL, NULL} */
+    unsigned groups;         /* USAGE_* */
+} command_usage;
+void print_command_usage(FILE *f, const command_usage *u);
+/* 1 when argv[first..] ask for help: -h or --help where a flag stands, not as a flag's value. */
+int asks_help(const command_usage *u, int argc, char **argv, int first);
+extern const command_usage usage_run, usage_chat, usage_tokenize;                              /* text_cmds.c */
+extern const command_usage usage_eval, usage_eval_gsm8k, usage_eval_merge, usage_eval_compare; /* eval_cmd.c */
+extern const command_usage usage_bench;                                                         /* bench_cmd.c */
+extern const command_usage usage_serve;                                                         /* serve_cmd.c */
+extern const command_usage usage_synth;                                                         /* synth_cmd.c */
+extern const command_usage usage_quantize;                                                      /* quantize_cmd.c */
 
 int g4_cmd_synth(int argc, char **argv);     /* tools/synth_cmd.c */
 int g4_cmd_quantize(int argc, char **argv);  /* tools/quantize_cmd.c */

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -37,6 +39,49 @@ typedef struct {
 
 static const char *const onoff[] = {"off", "on", NULL};
 static const char *const progress_modes[] = {"auto", "on", "off", NULL};
+
+/* ---------------------------------------------------------------- usage */
+
+const command_usage usage_eval = {
+    "eval gsm8k [flags] | merge OUT.jsonl SHARD.jsonl... | compare A.jsonl B.jsonl",
+    "Quality runs: g4 eval gsm8k --help, g4 eval merge --help, g4 eval compare --help.",
+    (const usage_line[]){{NULL, NULL}},
+    0,
+};
+
+const command_usage usage_eval_gsm8k = {
+    "eval gsm8k [-m DIR] [--data test.jsonl] --out run.jsonl [flags]",
+    "GSM8K quality run (the protocol's prompt, greedy, its answer extractor): one JSON record per question in --out,\n"
+    "written as it is done; rerun the same command to resume. The run holds a lock on --out to its end.",
+    (const usage_line[]){
+        {"-m, --model DIR", "the checkpoint folder (default: the built-in model)"},
+        {"--data FILE", "GSM8K-format JSON lines (default: the model folder's test.jsonl when it has one)"},
+        {"-o, --out FILE", "the results, JSON lines (a regular file; rerun to resume)"},
+        {"--n N", "the first N questions of the selection (default: all)"},
+        {"--offset K", "start at line K of --data (0-based)"},
+        {"--max-tokens N", "the budget of a reply (default 1024 thinking off, 4096 on)"},
+        {"--think off|on", "thinking (default off)"},
+        {"--batch B", "decode B questions at once (1-64; the same records)"},
+        {"--shard I/N", "run only the questions qK with K mod N = I"},
+        {"--progress auto|on|off", "a progress line on stderr (auto: on a terminal)"},
+        {NULL, NULL},
+    },
+    USAGE_ENGINE | USAGE_DRAFT,
+};
+
+const command_usage usage_eval_merge = {
+    "eval merge OUT.jsonl SHARD.jsonl...",
+    "The finished shards of one run into the file the unsharded run writes (OUT must not exist).",
+    (const usage_line[]){{NULL, NULL}},
+    0,
+};
+
+const command_usage usage_eval_compare = {
+    "eval compare A.jsonl B.jsonl",
+    "Per-question differences of two runs, the accuracy delta and the exact McNemar p-value.",
+    (const usage_line[]){{NULL, NULL}},
+    0,
+};
 
 /* Returns 1 if argv[i] was an eval flag or an engine flag; sets *bad on a bad value. */
 static int eval_flag(args_t *a, eval_args *e, int *bad) {
@@ -68,6 +113,14 @@ static int eval_flag(args_t *a, eval_args *e, int *bad) {
     return 1;
 }
 
+/* The test set a model folder ships (DIR/test.jsonl, as models/gemma4-tiny-math does), if any. */
+static int model_test_set(eval_args *e) {
+    static char path[4096];
+    if (g4_path_join(path, sizeof path, e->dir, "test.jsonl") != 0) return -1;
+    if (g4_file_exists(path)) e->data = path;
+    return 0;
+}
+
 static int parse_eval(args_t *a, eval_args *e) {
     memset(e, 0, sizeof *e);
     g4_options_default(&e->o);
@@ -79,7 +132,8 @@ static int parse_eval(args_t *a, eval_args *e) {
         if (!eval_flag(a, e, &bad)) return unknown_flag(a);
     if (bad) return 1;
     if (!e->dir) e->dir = default_model_dir();
-    if (!e->data) return die("g4 eval gsm8k needs --data FILE (GSM8K test.jsonl)%s", "");
+    if (!e->data && model_test_set(e) != 0) return die_lib();
+    if (!e->data) return die("g4 eval gsm8k needs --data FILE (GSM8K test.jsonl; %s has no test.jsonl)", e->dir);
     if (!e->out) return die("g4 eval gsm8k needs --out FILE (the results, JSON lines; rerun to resume)%s", "");
     /* the protocol's budgets (§4): 1024 new tokens thinking off, 4096 thinking on */
     if (!e->max_tokens) e->max_tokens = e->think ? 4096 : 1024;
@@ -160,6 +214,7 @@ typedef struct {
     int *n_prompts;
     g4_results prev;   /* what the output file already held */
     FILE *out;
+    int created;       /* this run created the results file */
     int n_shard;       /* the selected questions in this shard (all of them unsharded) */
     int prev_correct;  /* of the records already in the file */
     /* the questions of this invocation, and its progress */
@@ -227,22 +282,31 @@ static int write_record(FILE *f, const cJSON *rec, const char *path) {
     return ok ? 0 : g4_fail("%s: cannot write: %s", path, strerror(errno));
 }
 
-/* Opens (or creates) the results file for appending, with a write lock, so that a second run
- * on the same file is refused instead of interleaving duplicate records. */
+/* Opens (or creates) the results file for appending, locked for the whole run, so that a second
+ * run on the same file is refused at once instead of interleaving duplicate records. flock, not
+ * fcntl: an fcntl lock is dropped when the process closes any descriptor of the file, which
+ * reading it back (resume, the summary) does. A results file must be a regular file: a device
+ * would be read back endlessly (/dev/zero) or refuse every write (/dev/full). */
 static int open_locked(eval_run *r) {
     const char *path = r->e->out;
-    int fd = open(path, O_RDWR | O_CREAT | O_APPEND, 0644);
+    int fd = open(path, O_RDWR | O_APPEND);
+    if (fd < 0 && errno == ENOENT && (fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_EXCL, 0644)) >= 0) r->created = 1;
+    if (fd < 0 && errno == EEXIST) fd = open(path, O_RDWR | O_APPEND); /* created meanwhile by another run */
     if (fd < 0) return g4_fail("%s: cannot open: %s", path, strerror(errno));
-    struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    if (fcntl(fd, F_SETLK, &lock) != 0) {
-        close(fd);
-        return g4_fail("%s is in use by another g4 eval (it holds the lock)", path);
-    }
-    if (!(r->out = fdopen(fd, "a"))) {
-        close(fd);
-        return g4_fail("%s: cannot open: %s", path, strerror(errno));
-    }
-    return 0;
+    struct stat st;
+    int rc = fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ? g4_fail("--out %s: not a regular file", path)
+             : flock(fd, LOCK_EX | LOCK_NB) != 0         ? g4_fail("%s is in use by another g4 eval (it holds the lock)", path)
+             : !(r->out = fdopen(fd, "a"))               ? g4_fail("%s: cannot open: %s", path, strerror(errno))
+                                                         : 0;
+    if (rc != 0) close(fd);
+    return rc;
+}
+
+/* A results file this run created and wrote nothing to goes again when the run fails early (a bad
+ * model, data that does not encode): a failed run leaves no file behind. */
+static void remove_if_unused(eval_run *r) {
+    struct stat st;
+    if (r->created && r->out && fstat(fileno(r->out), &st) == 0 && st.st_size == 0) unlink(r->e->out);
 }
 
 static int in_this_shard(const eval_args *e, int index) {
@@ -266,7 +330,7 @@ static int selected(const g4_gsm8k_data *d, int index) {
  * summary are cut off. */
 static int open_output(eval_run *r, const cJSON *header) {
     const char *path = r->e->out;
-    if (open_locked(r) != 0 || g4_results_read(path, G4_RESULTS_DROP_UNTERMINATED, &r->prev) != 0) return -1;
+    if (g4_results_read(path, G4_RESULTS_DROP_UNTERMINATED, &r->prev) != 0) return -1;
     if (r->prev.header) {
         char *diff = g4_eval_header_mismatch(r->prev.header, header);
         if (diff) {
@@ -424,8 +488,10 @@ static int eval_gsm8k(eval_run *r) {
     cJSON *header = NULL;
     g4_eval_timing t;
     int rc = -1;
-    if (g4_gsm8k_data_load(r->e->data, r->e->offset, r->e->n, &r->data) != 0 || open_model(r) != 0 || encode_prompts(r) != 0)
-        return -1;
+    /* the lock before the model: a second run on the file stops at once */
+    if (g4_gsm8k_data_load(r->e->data, r->e->offset, r->e->n, &r->data) != 0 || open_locked(r) != 0 || open_model(r) != 0 ||
+        encode_prompts(r) != 0)
+        goto done;
     if (!(header = header_json(r->e, &r->data, &r->gen)) || open_output(r, header) != 0 || plan_jobs(r) != 0) goto done;
     char shard[80] = "";
     if (r->e->n_shards > 1) snprintf(shard, sizeof shard, ", shard %d/%d: %d of them", r->e->shard, r->e->n_shards, r->n_shard);
@@ -438,6 +504,7 @@ static int eval_gsm8k(eval_run *r) {
     if (run_jobs(r, &t) != 0) goto done;
     rc = finish_output(r, &t, now_s() - r->t0);
 done:
+    if (rc != 0) remove_if_unused(r);
     cJSON_Delete(header);
     return rc;
 }

@@ -17,6 +17,14 @@
 
 /* ---- commands ---- */
 
+static const command_usage usage_inspect = {
+    "inspect [-m DIR]",
+    "Describes the checkpoint as loaded: each layer, every linear with its bit width and bytes, totals, load time\n"
+    "and peak memory.",
+    (const usage_line[]){{"-m, --model DIR", "the checkpoint folder (default: the built-in model)"}, {NULL, NULL}},
+    0,
+};
+
 static int cmd_inspect(args_t *a) {
     const char *dir = NULL;
     int bad = 0;
@@ -25,7 +33,7 @@ static int cmd_inspect(args_t *a) {
         else return unknown_flag(a);
     }
     if (bad) return 1;
-    if (!dir) return die("g4 inspect needs -m DIR%s", "");
+    if (!dir) dir = default_model_dir();
     g4_options o;
     g4_options_default(&o);
     double t0 = now_s();
@@ -65,7 +73,7 @@ static int parse_run(args_t *a, run_args *r) {
             return unknown_flag(a);
     }
     if (bad) return 1;
-    if (!r->dir) return die("g4 run needs -m DIR%s", "");
+    if (!r->dir) r->dir = default_model_dir();
     if (!r->ids) return die("g4 run needs --ids (comma-separated token ids)%s", "");
     return 0;
 }
@@ -154,7 +162,7 @@ static void usage(FILE *f) {
             "        [--max-body-total 64M] [--max-json-values N]     (--host, --api-key repeatable; --host takes IPv6)\n"
             "                                         OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions,\n"
             "                                         /v1/models, /health, /metrics; N conversations batched together\n"
-            "  g4 tokenize (-m DIR | --tokenizer FILE) [--add-bos] [--plain] [--decode]\n"
+            "  g4 tokenize [-m DIR | --tokenizer FILE] [--add-bos] [--plain] [--decode]\n"
             "                                         JSON lines: a string -> its ids (--decode: ids -> string)\n"
             "  g4 eval gsm8k -m DIR --data test.jsonl --out run.jsonl [--n N] [--offset K] [--max-tokens N] [--think off|on]\n"
             "        [--batch B] [--shard I/N] [--progress auto|on|off] [engine options]\n"
@@ -162,7 +170,7 @@ static void usage(FILE *f) {
             "                                         --shard I/N runs the questions qK with K mod N = I\n"
             "  g4 eval merge OUT.jsonl SHARD.jsonl... the finished shards of one run into the file the unsharded run writes\n"
             "  g4 eval compare A.jsonl B.jsonl        per-question differences, accuracy delta, exact McNemar p-value\n"
-            "  g4 inspect -m DIR                      describe the checkpoint as loaded\n"
+            "  g4 inspect [-m DIR]                    describe the checkpoint as loaded\n"
             "  g4 run -m DIR --ids 2,651,9 [-n 16]    greedy-decode from token ids; prints the new ids\n"
             "  g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny -o DIR\n"
             "                                         write a random checkpoint in a real layout (E2B/E4B mobile, E2B as\n"
@@ -188,13 +196,56 @@ static void usage(FILE *f) {
             G4_VERSION);
     fprintf(f, "engine options (run, chat, eval, bench: --NAME VALUE or --NAME=VALUE; g4_options_parse takes NAME=VALUE):\n");
     print_engine_options(f);
+    fprintf(f, "g4 COMMAND --help (or g4 help COMMAND): that command's flags, one line each\n");
+}
+
+typedef struct {
+    const char *name;
+    const command_usage *usage;
+} command_help;
+
+/* Every command's usage; eval's tasks are "eval gsm8k", ... */
+static const command_help helps[] = {
+    {"run", &usage_run},           {"chat", &usage_chat},
+    {"serve", &usage_serve},       {"tokenize", &usage_tokenize},
+    {"eval", &usage_eval},         {"eval gsm8k", &usage_eval_gsm8k},
+    {"eval merge", &usage_eval_merge}, {"eval compare", &usage_eval_compare},
+    {"inspect", &usage_inspect},   {"bench", &usage_bench},
+    {"synth", &usage_synth},       {"quantize", &usage_quantize},
+};
+
+/* The usage of `cmd` (and of its task `sub`, for eval), or NULL; *first is where its flags start. */
+static const command_usage *usage_of(const char *cmd, const char *sub, int *first) {
+    char name[64];
+    *first = 2;
+    if (sub && snprintf(name, sizeof name, "%s %s", cmd, sub) < (int)sizeof name)
+        for (size_t i = 0; i < sizeof helps / sizeof *helps; i++)
+            if (!strcmp(helps[i].name, name)) {
+                *first = 3;
+                return helps[i].usage;
+            }
+    for (size_t i = 0; i < sizeof helps / sizeof *helps; i++)
+        if (!strcmp(helps[i].name, cmd)) return helps[i].usage;
+    return NULL;
 }
 
 int main(int argc, char **argv) {
     args_t a = {.argc = argc, .argv = argv, .i = 1, .cmd = argc > 1 ? argv[1] : ""};
+    int first;
+    const command_usage *u;
+    if (argc > 2 && !strcmp(argv[1], "help")) { /* g4 help COMMAND [TASK] */
+        if (!(u = usage_of(argv[2], argc > 3 ? argv[3] : NULL, &first)))
+            return die("help %s: no such command (commands: run, chat, serve, tokenize, eval, inspect, bench, synth, quantize)", argv[2]);
+        print_command_usage(stdout, u);
+        return 0;
+    }
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 1 : 0;
+    }
+    if ((u = usage_of(argv[1], argc > 2 ? argv[2] : NULL, &first)) && asks_help(u, argc, argv, first)) {
+        print_command_usage(stdout, u);
+        return 0;
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         printf("g4 %s\n", G4_VERSION);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "model/quantize.h"
 #include "util/err.h"
 
@@ -23,14 +24,20 @@ static int quantize_error(const char *fmt, ...) {
     return 1;
 }
 
-static void quantize_usage(FILE *f) {
-    fprintf(f, "usage: g4 quantize --q4_0 IN OUT [--embed q8_0|q4_0|bf16]\n"
-               "  rewrites the BF16 checkpoint folder IN (no quantization_config, e.g. gemma-4-E2B-it-qat-q4_0-unquantized)\n"
-               "  into OUT in the checkpoint format g4 reads: the decoder linears as Q4_0 (int4 codes, one float16 scale\n"
-               "  per block of 32 inputs, llama.cpp's rule), the embeddings and an untied lm_head as --embed (default q8_0,\n"
-               "  llama.cpp's QAT Q4_0 choice; bf16 leaves them as they are), everything else copied, and a\n"
-               "  quantization_config (quant_method gemma, block_size 32) that says so; the folder's other files are copied.\n");
-}
+const command_usage usage_quantize = {
+    "quantize --q4_0 IN OUT [--embed q8_0|q4_0|bf16]",
+    "Rewrites the BF16 checkpoint folder IN (no quantization_config, e.g. gemma-4-E2B-it-qat-q4_0-unquantized)\n"
+    "into OUT in the checkpoint format g4 reads: the decoder linears as Q4_0 (int4 codes, one float16 scale\n"
+    "per block of 32 inputs, llama.cpp's rule), the embeddings and an untied lm_head as --embed, everything\n"
+    "else copied, and a quantization_config (quant_method gemma, block_size 32) that says so; the folder's\n"
+    "other files are copied.",
+    (const usage_line[]){
+        {"--q4_0, --q4-0", "the format to write (the one g4 quantize writes; required)"},
+        {"--embed q8_0|q4_0|bf16", "the embeddings' and an untied lm_head's format (default q8_0, llama.cpp's choice; bf16: as they are)"},
+        {NULL, NULL},
+    },
+    0,
+};
 
 int g4_cmd_quantize(int argc, char **argv) {
     const char *dirs[2] = {NULL, NULL}, *embed_name = "q8_0";
@@ -38,7 +45,7 @@ int g4_cmd_quantize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            quantize_usage(stdout);
+            print_command_usage(stdout, &usage_quantize);
             return 0;
         } else if (!strcmp(a, "--q4_0") || !strcmp(a, "--q4-0")) {
             q4_0 = 1;

@@ -685,6 +685,41 @@ static int read_key_file(serve_args *s, const char *path) {
     }
     return rc;
 }
+const command_usage usage_serve = {
+    "serve [-m DIR] [--host 127.0.0.1] [--port 8080] [--parallel 4] [flags]",
+    "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;\n"
+    "N conversations decoded together. Loopback only unless --host says otherwise.",
+    (const usage_line[]){
+        {"-m, --model DIR", "the checkpoint folder (default: the built-in model); its name is the model id"},
+        {"--alias NAME", "the model id to report instead"},
+        {"--host ADDR", "an IPv4 or IPv6 address to listen on, repeatable (default 127.0.0.1; 0.0.0.0 / ::: every interface)"},
+        {"--port N", "the port (default 8080; 0: any free port, printed on stderr)"},
+        {"--parallel N", "conversations decoded together, each with --ctx tokens of KV cache (default 4)"},
+        {"--queue N", "requests that may wait for a slot; more get 503 (default 4 x --parallel)"},
+        {"--api-key KEY", "every endpoint but /health wants Authorization: Bearer KEY (repeatable; a prompt cache per key)"},
+        {"--api-key-file FILE", "API keys, one a line ('#' comments)"},
+        {"--strict-model", "refuse a model other than the server's (404); without it any name is taken"},
+        {"--max-body BYTES", "request bodies past it get 413 (k, M suffixes; default 4M)"},
+        {"--max-body-total BYTES", "bodies held and parsed at once over every connection; past it 503 (default 64M)"},
+        {"--max-json-values N", "JSON values a body may hold; more get 413 (default 65536 + 2 x --ctx)"},
+        {"--header-timeout S", "a request's headers must arrive within S seconds (default 10)"},
+        {"--body-timeout S", "its body within S seconds of the headers (default 60)"},
+        {"--max-conn-per-ip N", "connections from one client address (default 64; 0: no cap)"},
+        {"--max-messages N", "messages a request may have (default 1024)"},
+        {"--max-tools N", "tools a request may have (default 128)"},
+        {"--timeout S", "an idle or stalled connection is closed after S seconds (default 60)"},
+        {"--drain-timeout S", "after SIGTERM, requests still running after S seconds end (default 30)"},
+        {"--prompt-cache on|off", "reuse idle slots' KV prefixes (default on)"},
+        {"--prompt-chunk N", "prompt tokens fed per step (default 64)"},
+        {"--max-unread BYTES", "a streaming reply's unread bytes past which its client has stopped reading (default 1M)"},
+        {"--verbose", "one line per request on stderr"},
+        {"--test-replies FILE", "tests: replies' text from a JSON array of strings instead of the model's"},
+        {"--test-step-ms N", "tests: a pause after each step"},
+        {"--test-ignore-eos", "tests, benchmarks: no stop ids"},
+        {NULL, NULL},
+    },
+    USAGE_ENGINE | USAGE_DRAFT,
+};
 
 static int parse_serve_args(args_t *a, serve_args *s) {
     memset(s, 0, sizeof *s);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "model/synth.h"
 #include "util/err.h"
 
@@ -54,17 +55,23 @@ static int parse_seed(const char *v, uint64_t *out) {
     return 0;
 }
 
-static void synth_usage(FILE *f) {
-    fprintf(f, "usage: g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE]\n"
-               "  writes DIR/{config.json, generation_config.json, tokenizer.json, model.safetensors}:\n"
-               "  random weights in the exact on-disk layout of a Gemma 4 checkpoint: e2b and e4b, the QAT mobile\n"
-               "  checkpoints (2.1 and 3.2 GB of text tensors); e2b-q4_0, E2B as g4 quantize --q4_0 writes it (4.0 GB);\n"
-               "  e2b-bf16, the plain BF16 E2B (9.3 GB); tiny: the shape of the shared tiny fixture;\n"
-               "  e2b-drafter: E2B's MTP drafter gemma-4-E2B-it-assistant (158 MB BF16; config.json and\n"
-               "  model.safetensors only, as it runs on the target's tokenizer).\n"
-               "  --seed N          values are a function of (preset, seed); default 0\n"
-               "  --tokenizer FILE  copy this tokenizer.json instead of generating a synthetic one\n");
-}
+const command_usage usage_synth = {
+    "synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE]",
+    "Writes DIR/{config.json, generation_config.json, tokenizer.json, model.safetensors}:\n"
+    "random weights in the exact on-disk layout of a Gemma 4 checkpoint: e2b and e4b, the QAT mobile\n"
+    "checkpoints (2.1 and 3.2 GB of text tensors); e2b-q4_0, E2B as g4 quantize --q4_0 writes it (4.0 GB);\n"
+    "e2b-bf16, the plain BF16 E2B (9.3 GB); tiny: the shape of the shared tiny fixture;\n"
+    "e2b-drafter: E2B's MTP drafter gemma-4-E2B-it-assistant (158 MB BF16; config.json and\n"
+    "model.safetensors only, as it runs on the target's tokenizer).",
+    (const usage_line[]){
+        {"--preset NAME", "e2b, e4b, e2b-q4_0, e2b-bf16, tiny or e2b-drafter"},
+        {"-o, --out DIR", "the folder to write"},
+        {"--seed N", "values are a function of (preset, seed); default 0"},
+        {"--tokenizer FILE", "copy this tokenizer.json instead of generating a synthetic one"},
+        {NULL, NULL},
+    },
+    0,
+};
 
 int g4_cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *tok = NULL;
@@ -72,7 +79,7 @@ int g4_cmd_synth(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (is_flag(a, "-h") || is_flag(a, "--help")) {
-            synth_usage(stdout);
+            print_command_usage(stdout, &usage_synth);
             return 0;
         } else if (is_flag(a, "--preset")) {
             if (!(preset = value_of(argc, argv, &i, "--preset"))) return 1;

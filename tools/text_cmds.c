@@ -72,6 +72,59 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     return 1;
 }
 
+/* ---- usage ---- */
+
+/* The flags text_flag parses, shared by run and chat. */
+#define TEXT_USAGE_LINES \
+    {"-m, --model DIR", "the checkpoint folder (default: the built-in model, $G4_MODEL or models/gemma4-tiny-math)"}, \
+    {"--system TEXT", "a system turn before the first user turn"}, \
+    {"--think on|off", "thinking (switched in the system turn; default off)"}, \
+    {"--show-thinking", "print the thought spans too (left out by default)"}, \
+    {"--chat-form e2b|26b", "the template's form of \"thinking off\" (default: the model's)"}, \
+    {"-n, --max-tokens N", "at most N new tokens an answer (default: to the end of the context)"}, \
+    {"--ignore-eos", "no stop ids: generate until -n or the context end"}, \
+    {"--verbose", "prompt and generated ids on stderr"}, \
+    {"--raw", "g4 run: the prompt as it is, without the chat template"}, \
+    {"--parse-special on|off", "g4 run --raw: special-token strings in the prompt as those tokens (default on)"}
+
+const command_usage usage_run = {
+    "run [-m DIR] (-p TEXT | -f FILE | < FILE) [flags]\n       g4 run [-m DIR] --ids 2,651,9 [-n 16] [--logits-npy FILE] [--dump-dir DIR] [flags]",
+    "Answers a prompt through the chat template, streaming the answer; with --ids, decodes from token ids (greedy unless\n"
+    "sampling flags are given) and prints the new ids on one line.",
+    (const usage_line[]){
+        {"-p, --prompt TEXT", "the prompt (- or none: standard input)"},
+        {"-f, --file FILE", "the prompt from a file (at most 64 MiB)"},
+        TEXT_USAGE_LINES,
+        {"--ids IDS", "comma-separated token ids in; the generated ids out"},
+        {"--logits-npy FILE", "with --ids: write the prefill logits [prompt_len, vocab] as .npy"},
+        {"--dump-dir DIR", "with --ids: write intermediate prefill tensors as .npy (golden names)"},
+        {NULL, NULL},
+    },
+    USAGE_ENGINE | USAGE_SAMPLING | USAGE_DRAFT,
+};
+
+const command_usage usage_chat = {
+    "chat [-m DIR] [flags]",
+    "Interactive chat that keeps the KV cache across turns: /reset, /think on|off, /exit; Ctrl-C stops an answer,\n"
+    "Ctrl-C or Ctrl-D at the prompt leaves. Lines from a pipe are turns too.",
+    (const usage_line[]){TEXT_USAGE_LINES, {NULL, NULL}},
+    USAGE_ENGINE | USAGE_SAMPLING | USAGE_DRAFT,
+};
+
+const command_usage usage_tokenize = {
+    "tokenize [-m DIR | --tokenizer FILE] [--add-bos] [--plain] [--decode]",
+    "JSON lines on standard input: each a JSON string, to one JSON array of ids per line; --decode the reverse.",
+    (const usage_line[]){
+        {"-m, --model DIR", "the model's tokenizer.json (default: the built-in model)"},
+        {"--tokenizer FILE", "this tokenizer.json instead"},
+        {"--add-bos", "put <bos> first"},
+        {"--plain", "special-token strings as plain text"},
+        {"--decode", "id arrays in, strings out"},
+        {NULL, NULL},
+    },
+    0,
+};
+
 static void text_args_init(text_args *t) {
     memset(t, 0, sizeof *t);
     g4_options_default(&t->o);
@@ -259,14 +312,19 @@ int cmd_chat(args_t *a) {
     catch_sigint();
     char *line = NULL;
     size_t cap = 0;
-    int first = 1, failed = 0; /* a failed turn (e.g. a non-finite output) makes the exit status 1 */
+    int first = 1, failed = 0, bad_line = 0; /* a failed turn (e.g. a non-finite output) makes the exit status 1 */
     for (;;) {
         if (tty) {
             fputs("> ", stdout);
             fflush(stdout);
         }
         interrupted = 0;
-        ssize_t len = getline(&line, &cap, stdin);
+        long len = read_line_max(stdin, &line, &cap, G4_READ_FILE_MAX);
+        if (len == LINE_TOO_LONG) {
+            fprintf(stderr, "g4: error: standard input: a line longer than %zu MiB, the limit for a turn\n", G4_READ_FILE_MAX >> 20);
+            bad_line = 1;
+            break;
+        }
         if (len < 0) break; /* end of input, or Ctrl-C at the prompt */
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (len == 0) continue;
@@ -311,7 +369,7 @@ int cmd_chat(args_t *a) {
     free(line);
     if (tty) fputc('\n', stdout);
     text_model_free(&t);
-    return failed;
+    return failed || bad_line;
 }
 
 /* ---- g4 tokenize ---- */
@@ -376,7 +434,8 @@ int cmd_tokenize(args_t *a) {
         else return unknown_flag(a);
     }
     if (bad) return 1;
-    if (!dir == !file) return die("g4 tokenize needs -m DIR or --tokenizer FILE%s", "");
+    if (dir && file) return die("g4 tokenize takes -m DIR or --tokenizer FILE, not both%s", "");
+    if (!dir && !file) dir = default_model_dir();
     char path[4096];
     if (dir && g4_path_join(path, sizeof path, dir, "tokenizer.json") != 0) return die_lib();
     g4_tokenizer *tok = g4_tokenizer_load(dir ? path : file);
@@ -386,12 +445,17 @@ int cmd_tokenize(args_t *a) {
     size_t cap = 0;
     long lineno = 0;
     int rc = 0;
-    ssize_t len;
-    while (rc == 0 && (len = getline(&line, &cap, stdin)) >= 0) {
+    long len = 0;
+    while (rc == 0 && (len = read_line_max(stdin, &line, &cap, G4_READ_FILE_MAX)) >= 0) {
         lineno++;
         if (len == 0 || (len == 1 && line[0] == '\n')) continue;
         if (tokenize_line(tok, line, decode, add_bos, !plain, bos < 0 ? 2 : bos, lineno) != 0) rc = die_lib();
         fflush(stdout);
+    }
+    if (len == LINE_TOO_LONG) {
+        fprintf(stderr, "g4: error: standard input: line %ld is longer than %zu MiB, the limit for a line\n", lineno + 1,
+                G4_READ_FILE_MAX >> 20);
+        rc = 1;
     }
     free(line);
     g4_tokenizer_free(tok);

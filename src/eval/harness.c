@@ -172,7 +172,7 @@ int g4_gsm8k_data_load(const char *path, int offset, int n, g4_gsm8k_data *d) {
     memset(d, 0, sizeof *d);
     char *text;
     size_t size;
-    if (g4_read_file(path, &text, &size) != 0) return -1;
+    if (g4_read_file_bounded(path, G4_READ_FILE_MAX, G4_READ_REGULAR, &text, &size) != 0) return -1;
     g4_sha256 all;
     g4_sha256_init(&all);
     g4_sha256_update(&all, text, size);

@@ -89,7 +89,7 @@ static int read_shard(shard_file *f) {
                            f->shard, f->n_shards, f->r.q[i].index, f->n_shards, f->r.q[i].index % f->n_shards);
     if (summary_count(f->r.summary) != f->r.n_q)
         return g4_fail("%s: its summary counts %d questions, the file holds %d", f->path, summary_count(f->r.summary), f->r.n_q);
-    return g4_read_file(f->path, &f->text, &f->size);
+    return g4_read_file_bounded(f->path, G4_RESULTS_FILE_MAX, G4_READ_REGULAR, &f->text, &f->size);
 }
 
 /* A copy of the header without its shard option: what every shard shares, and what the

@@ -201,7 +201,7 @@ int g4_results_read(const char *path, unsigned flags, g4_results *out) {
     char *text = NULL;
     size_t size = 0;
     if (!(out->path = strdup(path))) return g4_fail("out of memory");
-    if (g4_read_file(path, &text, &size) != 0) {
+    if (g4_read_file_bounded(path, G4_RESULTS_FILE_MAX, G4_READ_REGULAR, &text, &size) != 0) {
         g4_results_free(out);
         return -1;
     }

@@ -61,36 +61,78 @@ void g4_unmap_file(g4_mapped_file *f) {
     f->size = 0;
 }
 
-int g4_read_file(const char *path, char **out, size_t *size) {
-    *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return g4_fail("%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        size_t got = fread(buf + len, 1, cap - len, fp);
-        len += got;
-        if (len < cap) break;
-        char *bigger = realloc(buf, cap * 2 + 1);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
+/* "1 GiB", "64 MiB" for whole numbers of those, else the bytes. */
+static void size_text(size_t bytes, char *buf, size_t cap) {
+    if (bytes >= (1u << 30) && bytes % (1u << 30) == 0) snprintf(buf, cap, "%zu GiB", bytes >> 30);
+    else if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) snprintf(buf, cap, "%zu MiB", bytes >> 20);
+    else snprintf(buf, cap, "%zu bytes", bytes);
+}
+
+static int too_large(const char *path, size_t max) {
+    char limit[48];
+    size_text(max, limit, sizeof limit);
+    return g4_fail("%s: larger than %s, the limit for this file", path, limit);
+}
+
+/* Reads fd to its end into *buf, growing it up to max + 1 bytes: one more than max means too
+ * large. Returns the bytes read, or -1 with errno. */
+static ssize_t read_all(int fd, size_t max, size_t cap, char **buf) {
+    size_t len = 0;
+    for (;;) {
+        if (len == cap) {
+            if (cap > max) return (ssize_t)len;
+            size_t grow = cap > max / 2 ? max + 1 : cap * 2;
+            char *bigger = realloc(*buf, grow + 1);
+            if (!bigger) {
+                errno = ENOMEM;
+                return -1;
+            }
+            *buf = bigger;
+            cap = grow;
         }
-        buf = bigger;
-        cap *= 2;
+        ssize_t got = read(fd, *buf + len, cap - len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return -1;
+        if (got == 0) return (ssize_t)len;
+        len += (size_t)got;
     }
-    int bad = ferror(fp);
-    fclose(fp);
-    if (!buf) return g4_fail("%s: out of memory reading the file", path);
-    if (bad) {
+}
+
+int g4_read_file_bounded(const char *path, size_t max, unsigned flags, char **out, size_t *size) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return g4_fail("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) != 0) rc = g4_fail("%s: cannot read: %s", path, strerror(errno));
+    else if (S_ISDIR(st.st_mode)) rc = g4_fail("%s: is a folder, not a file", path);
+    else if ((flags & G4_READ_REGULAR) && !S_ISREG(st.st_mode)) rc = g4_fail("%s: not a regular file", path);
+    else if (S_ISREG(st.st_mode) && (uintmax_t)st.st_size > max) rc = too_large(path, max);
+    if (rc != 0) {
+        close(fd);
+        return rc;
+    }
+    /* a regular file's size first (it may still grow), else pieces of 64 KiB upward */
+    size_t cap = S_ISREG(st.st_mode) ? (size_t)st.st_size + 1 : (size_t)1 << 16;
+    if (cap > max + 1) cap = max + 1;
+    char *buf = malloc(cap + 1);
+    ssize_t len = buf ? read_all(fd, max, cap, &buf) : (errno = ENOMEM, -1);
+    int err = errno;
+    close(fd);
+    if (len < 0 || (size_t)len > max) {
         free(buf);
-        return g4_fail("%s: read error", path);
+        if (len < 0 && err == ENOMEM) return g4_fail("%s: out of memory reading the file", path);
+        if (len < 0) return g4_fail("%s: read error: %s", path, strerror(err));
+        return too_large(path, max);
     }
     buf[len] = 0;
     *out = buf;
-    if (size) *size = len;
+    if (size) *size = (size_t)len;
     return 0;
+}
+
+int g4_read_file(const char *path, char **out, size_t *size) {
+    return g4_read_file_bounded(path, G4_READ_FILE_MAX, 0, out, size);
 }
 
 int g4_file_exists(const char *path) {

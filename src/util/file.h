@@ -15,7 +15,17 @@ void g4_unmap_file(g4_mapped_file *f);
 /* Copies len bytes at p, which lies inside f's mapping, from the file instead of through the
  * mapping: the pages stay out of the process's resident set. 0 on success. */
 int g4_pread_mapped(const g4_mapped_file *f, const void *p, size_t len, void *out);
-/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+/* Bounds on what one whole-file read takes into memory, far above any real file of the kind, so
+ * that only a wrong or endless one (/dev/zero, a pipe that never ends) reaches them. */
+#define G4_READ_FILE_MAX ((size_t)64 << 20)     /* a checkpoint's JSON and text (tokenizer.json, the largest, is
+                                                  * 33 MB), a prompt, an eval data set (GSM8K's test set: 0.7 MB) */
+#define G4_RESULTS_FILE_MAX ((size_t)1 << 30)   /* a g4 eval results file (one reply of up to 4096 tokens a line) */
+enum { G4_READ_REGULAR = 1u }; /* refuse what is not a regular file (a device, a pipe) */
+/* Reads a whole file into a NUL-terminated malloc'd buffer, at most max bytes: a larger regular
+ * file is refused before reading, anything else once it has given more; -1 with a message naming
+ * the file and the limit. */
+int g4_read_file_bounded(const char *path, size_t max, unsigned flags, char **out, size_t *size);
+/* g4_read_file_bounded with G4_READ_FILE_MAX and no flags. */
 int g4_read_file(const char *path, char **out, size_t *size);
 int g4_file_exists(const char *path);
 /* Copies the file src to dst (created or replaced). */
