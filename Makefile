@@ -10,7 +10,7 @@ CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iincl
 LDLIBS  = -lcjson -lpcre2-8 -lm -pthread
 # g4 serve's HTTP (libmicrohttpd): the g4 command and the server's tests only, not the library
 SERVE_LIBS = -lmicrohttpd
-SERVE_OBJ = $(OUT)/tools/serve_cmd.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/engine.o
+SERVE_OBJ = $(OUT)/tools/serve_cmd.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/engine.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/serve/chat_html.o
 
 BUILD ?= release
 ifeq ($(BUILD),asan)
@@ -50,6 +50,19 @@ $(OUT)/libg4.a: $(LIB_OBJ)
 
 $(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(SERVE_OBJ) $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(SERVE_LIBS)
+
+# g4 serve's chat page (GET /), one HTML file built into the binary as a C array (od and sed, so
+# no tool beyond coreutils; #embed is not C11)
+$(OUT)/tools/serve/chat_html.c: tools/serve/chat.html
+	@mkdir -p $(dir $@)
+	@{ echo '/* generated from tools/serve/chat.html by the Makefile */'; \
+	   echo 'const unsigned char g4_chat_html[] = {'; \
+	   od -An -v -tx1 $< | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+	   echo '};'; \
+	   echo "const unsigned int g4_chat_html_len = $$(wc -c < $<);"; } > $@
+
+$(OUT)/tools/serve/chat_html.o: $(OUT)/tools/serve/chat_html.c
+	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -c $< -o $@
 
 # the server's request parser and reply writer (no HTTP in them) under their unit test
 $(OUT)/tests/test_serve: $(OUT)/tests/test_serve.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/cli.o $(OUT)/libg4.a

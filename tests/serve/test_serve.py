@@ -26,6 +26,7 @@ import time
 import openai
 
 import serve_util
+import test_endpoints
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -262,7 +263,7 @@ def test_errors(sv):
         ("completions: a token id outside the vocabulary", "POST", "/v1/completions", {"model": MODEL_ID, "prompt": [2, 10 ** 7]}, 400, None,
          "prompt"),
         ("completions: echo", "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "x", "echo": True}, 400, None, "echo"),
-        ("unknown path", "GET", "/v1/embeddings", None, 404, "not_found", None),
+        ("unknown path", "GET", "/v1/images/generations", None, 404, "not_found", None),
         ("wrong method", "GET", "/v1/chat/completions", None, 405, "method_not_allowed", None),
         ("wrong method on models", "POST", "/v1/models", "{}", 405, "method_not_allowed", None),
     ]
@@ -667,6 +668,7 @@ def main():
     test_load(int(os.environ.get("SERVE_LOAD_N", "500")))
     # Further test modules of tests/serve (each a run() over serve_util's check and Server):
     # one line each here.
+    test_endpoints.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

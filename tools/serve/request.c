@@ -594,3 +594,5 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
     *max_tokens = budget;
     return 0;
 }
+
+int serve_check_body(const char *body, size_t len, serve_error *e) { return check_body_text(body, len, e); }

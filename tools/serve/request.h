@@ -25,6 +25,9 @@ int serve_fail(serve_error *e, int status, const char *type, const char *code, c
 /* The error's JSON body (malloc'd). */
 char *serve_error_json(const serve_error *e);
 
+/* A body's text before its JSON is read: whole UTF-8, no escaped NUL (cJSON takes both silently). */
+int serve_check_body(const char *body, size_t len, serve_error *e);
+
 /* What requests may hold (g4 serve's flags). */
 typedef struct {
     const char *model_id; /* the name /v1/models lists; a request must name it */
