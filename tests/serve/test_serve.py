@@ -27,6 +27,7 @@ import openai
 
 import serve_util
 import test_endpoints
+import test_page
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -669,6 +670,7 @@ def main():
     # Further test modules of tests/serve (each a run() over serve_util's check and Server):
     # one line each here.
     test_endpoints.run()
+    test_page.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 
