@@ -257,6 +257,10 @@ static enum MHD_Result get_metrics(request_ctx *rc, struct MHD_Connection *c) {
     addf(&t, "g4_requests_cancelled_total %ld\n", st.cancelled);
     metric(&t, "g4_requests_rejected_busy_total", "counter", "Requests refused with 503 because every slot and queue place was taken.");
     addf(&t, "g4_requests_rejected_busy_total %ld\n", st.rejected_busy);
+    metric(&t, "g4_embedding_inputs_total", "counter", "Inputs embedded (/v1/embeddings).");
+    addf(&t, "g4_embedding_inputs_total %ld\n", st.embedded_inputs);
+    metric(&t, "g4_embedding_tokens_total", "counter", "Tokens of the inputs embedded.");
+    addf(&t, "g4_embedding_tokens_total %ld\n", st.embedded_tokens);
     metric(&t, "g4_queue_depth", "gauge", "Requests waiting for a slot.");
     addf(&t, "g4_queue_depth %d\n", st.queued);
     metric(&t, "g4_slots_active", "gauge", "Slots running a request.");

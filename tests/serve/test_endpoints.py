@@ -288,7 +288,10 @@ def test_embeddings(sv):
     check(status == 400 and is_error_shape(out, 400, code="context_length_exceeded", param="input[0]"), "an input past the context: 400 context_length_exceeded",
           (status, out))
     m = sv.metrics()
-    check(m.get('g4_requests_total{endpoint="/v1/embeddings",status="200"}', 0) >= 6, "/metrics counts the embeddings answered", m)
+    # 3 single texts, 3 batches of the 3 and one of 1 answered: 13 inputs, the 3 texts' tokens 4 times and the first's once more
+    check(m.get('g4_requests_total{endpoint="/v1/embeddings",status="200"}') == 7 and m.get("g4_embedding_inputs_total") == 13 and
+          m.get("g4_embedding_tokens_total") == 4 * sum(len(x) for x in ids) + len(ids[0]),
+          "/metrics counts the embeddings answered, their inputs and tokens", {k: v for k, v in m.items() if "embed" in k})
 
 
 def f32(x):
