@@ -51,15 +51,11 @@ $(OUT)/libg4.a: $(LIB_OBJ)
 $(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(SERVE_OBJ) $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(SERVE_LIBS)
 
-# g4 serve's chat page (GET /), one HTML file built into the binary as a C array (od and sed, so
-# no tool beyond coreutils; #embed is not C11)
-$(OUT)/tools/serve/chat_html.c: tools/serve/chat.html
+# g4 serve's chat page (GET /), one HTML file built into the binary as a C array, with the
+# Content-Security-Policy that names its inline script and style by their SHA-256 (perl's Digest::SHA)
+$(OUT)/tools/serve/chat_html.c: tools/serve/chat.html tools/serve/embed_page.pl
 	@mkdir -p $(dir $@)
-	@{ echo '/* generated from tools/serve/chat.html by the Makefile */'; \
-	   echo 'const unsigned char g4_chat_html[] = {'; \
-	   od -An -v -tx1 $< | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
-	   echo '};'; \
-	   echo "const unsigned int g4_chat_html_len = $$(wc -c < $<);"; } > $@
+	@perl tools/serve/embed_page.pl $< > $@.tmp && mv $@.tmp $@
 
 $(OUT)/tools/serve/chat_html.o: $(OUT)/tools/serve/chat_html.c
 	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -c $< -o $@

@@ -459,19 +459,20 @@ static enum MHD_Result get_props(request_ctx *rc, struct MHD_Connection *c) {
 
 /* ---------------------------------------------------------------- the chat page */
 
-/* tools/serve/chat.html, made into a C array at build time (the Makefile's rule) */
+/* tools/serve/chat.html, made into a C array at build time, and its policy
+ * (tools/serve/embed_page.pl) */
 extern const unsigned char g4_chat_html[];
 extern const unsigned int g4_chat_html_len;
+extern const char g4_chat_csp[];
 
 /* GET /: the chat page. Its script and style are inline and it loads nothing else: the policy
- * lets it talk to this server only and keeps it out of other sites' frames. */
+ * runs that script and style only (by their hashes), lets the page talk to this server only and
+ * keeps it out of other sites' frames. */
 static enum MHD_Result get_page(request_ctx *rc, struct MHD_Connection *c) {
     struct MHD_Response *r = MHD_create_response_from_buffer(g4_chat_html_len, (void *)g4_chat_html, MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
-    MHD_add_response_header(r, "Content-Security-Policy",
-                            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'; "
-                            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    MHD_add_response_header(r, "Content-Security-Policy", g4_chat_csp);
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
     MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
     MHD_add_response_header(r, "Cache-Control", "no-cache");

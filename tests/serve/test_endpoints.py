@@ -287,11 +287,43 @@ def test_embeddings(sv):
     status, out = sv.http("POST", "/v1/embeddings", {"model": MODEL_ID, "input": [[2] * 2049]})
     check(status == 400 and is_error_shape(out, 400, code="context_length_exceeded", param="input[0]"), "an input past the context: 400 context_length_exceeded",
           (status, out))
+    test_embeddings_beside_chats(sv, texts, vec)
     m = sv.metrics()
-    # 3 single texts, 3 batches of the 3 and one of 1 answered: 13 inputs, the 3 texts' tokens 4 times and the first's once more
-    check(m.get('g4_requests_total{endpoint="/v1/embeddings",status="200"}') == 7 and m.get("g4_embedding_inputs_total") == 13 and
-          m.get("g4_embedding_tokens_total") == 4 * sum(len(x) for x in ids) + len(ids[0]),
+    # 3 single texts, 5 batches of the 3 and one of 1 answered: 19 inputs, the 3 texts' tokens 6 times and the first's once more
+    check(m.get('g4_requests_total{endpoint="/v1/embeddings",status="200"}') == 9 and m.get("g4_embedding_inputs_total") == 19 and
+          m.get("g4_embedding_tokens_total") == 6 * sum(len(x) for x in ids) + len(ids[0]),
           "/metrics counts the embeddings answered, their inputs and tokens", {k: v for k, v in m.items() if "embed" in k})
+
+
+def test_embeddings_beside_chats(sv, texts, vec):
+    """Embeddings computed while chats stream in the other slots: each side gets what it gets alone
+    (the inputs' rows share the engine's steps, never a sequence)."""
+    import threading
+    client = sv.client()
+    question = serve_util.problem(3)
+    alone = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": question}], temperature=0).choices[0].message.content
+    chats, embeds, errors = [], [], []
+
+    def chat():
+        try:
+            parts = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": question}], temperature=0, stream=True)
+            chats.append("".join(c.choices[0].delta.content or "" for c in parts if c.choices))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def embed():
+        try:
+            embeds.append([d.embedding for d in client.embeddings.create(model=MODEL_ID, input=texts).data])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (chat, embed, chat, embed)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(not errors and chats == [alone, alone] and embeds == [vec, vec],
+          "two streamed chats and two embeddings at once: each equal to its answer alone", (errors, chats == [alone, alone], embeds == [vec, vec]))
 
 
 def f32(x):

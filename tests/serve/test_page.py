@@ -112,13 +112,31 @@ def run():
     except Exception as e:  # noqa: BLE001 (any failure to start the browser is this check's failure)
         check(False, "headless Chromium starts (chromium, chromedriver)", e)
         return
+    try:
+        test_chat(b)
+        test_thought(b)
+    finally:
+        b.close()
+    test_stop()
+
+
+def test_chat(b):
+    """Greedy answers typed into the page, a second turn, an error."""
     sv = Server("--parallel", "2")
     try:
         status, text = sv.http("GET", "/")
         check(status == 200 and "<script>" in text and "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text and
               "src=" not in text, "GET / is one page with no external assets", status)
+        c = http.client.HTTPConnection("127.0.0.1", sv.port, timeout=TIMEOUT)
+        c.request("GET", "/")
+        csp = c.getresponse().getheader("Content-Security-Policy") or ""
+        c.close()
+        check("default-src 'none'" in csp and "script-src 'sha256-" in csp and "unsafe" not in csp and "connect-src 'self'" in csp,
+              "the page's policy runs its own script and style only (by hash)", csp)
         b.open(sv.url + "/")
+        # the script ran and the style applied under that policy: their hashes are right
         check(b.wait("return document.getElementById('model').textContent") == MODEL_ID, "the page shows the model's name (from /v1/models)")
+        check(b.js("return getComputedStyle(document.body).display") == "flex", "the page's style applies under its policy")
         client = sv.client()
         # greedy, thinking off: the streamed answer in the page equals the API's
         b.type("#temperature", "0")
@@ -145,11 +163,6 @@ def run():
         check(state == "error" and "context" in err, "a refused request shows the server's error in the page", (state, err))
     finally:
         check(sv.stop() == 0, "the page's server stops cleanly")
-    try:
-        test_thought(b)
-    finally:
-        b.close()
-    test_stop()
 
 
 def test_thought(b):
