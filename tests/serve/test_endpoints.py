@@ -8,9 +8,12 @@ import json
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
+import threading
+import time
 
 import serve_util
 from serve_util import G4, MODEL, MODEL_ID, ROOT, TIMEOUT, Server, check, g4_tokens, is_error_shape
@@ -334,6 +337,45 @@ def g4_tokens_many(texts):
     return [g4_tokens(t) for t in texts]
 
 
+def test_embeddings_cancel_and_drain():
+    """A client that leaves mid-way stops its embedding job and frees its slot; a drain past
+    --drain-timeout ends a running one with a 503 (each engine step paused 50 ms, so that the
+    40 inputs of 100 tokens take about 60 steps)."""
+    import socket
+    body = json.dumps({"model": MODEL_ID, "input": [[2] + [100 + i] * 99 for i in range(40)]}).encode()
+    req = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    sv = Server("--parallel", "2", "--test-step-ms", "50", "--drain-timeout", "1")
+    try:
+        s = socket.create_connection(("127.0.0.1", sv.port))
+        s.sendall(req)
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and sv.metrics().get("g4_slots_active") != 1:
+            time.sleep(0.02)
+        s.close()
+        while time.time() < deadline and sv.metrics().get("g4_requests_cancelled_total") != 1:
+            time.sleep(0.05)
+        m = sv.metrics()
+        check(m.get("g4_requests_cancelled_total") == 1 and m.get("g4_slots_active") == 0 and m.get("g4_embedding_inputs_total") == 0,
+              "a client leaving mid-way stops its embedding job and frees the slot", m)
+        status, body_ok = sv.http("POST", "/v1/embeddings", {"model": MODEL_ID, "input": "after"})
+        check(status == 200 and len(body_ok["data"]) == 1, "the next embedding request is answered", status)
+        result = {}
+
+        def long_one():
+            result["r"] = sv.http("POST", "/v1/embeddings", json.loads(body))
+
+        t = threading.Thread(target=long_one)
+        t.start()
+        while time.time() < deadline and sv.metrics().get("g4_slots_active") != 1:
+            time.sleep(0.02)
+        sv.proc.send_signal(signal.SIGTERM)
+        t.join(TIMEOUT)
+        status, out = result.get("r", (None, None))
+        check(status == 503 and is_error_shape(out, 503), "a drain past --drain-timeout ends a running embedding job with a 503", (status, out))
+    finally:
+        check(sv.stop() == 0, "the server exits 0 after the drain", "".join(sv.log[-5:]))
+
+
 def run():
     sv = Server("--ctx", "2048", "--parallel", "4")
     try:
@@ -346,3 +388,4 @@ def run():
     test_cors()
     test_props()
     test_embeddings_golden()
+    test_embeddings_cancel_and_drain()
