@@ -45,7 +45,7 @@ typedef struct {
 /* ---------------------------------------------------------------- what was answered (/metrics) */
 
 /* Answers are counted per route (the index of its row in the route table below; EP_OTHER for a
- * path no row takes) and status. */
+ * path no row takes) and status. N_ROUTES is the table's size: a row past it does not compile. */
 enum { N_ROUTES = 10, EP_OTHER = N_ROUTES, EP_COUNT };
 static const int statuses[] = {200, 204, 400, 401, 404, 405, 413, 500, 503};
 #define N_STATUSES (int)(sizeof statuses / sizeof *statuses)
@@ -126,7 +126,7 @@ static int peer_gone(int fd) {
 static enum MHD_Result send_text(request_ctx *rc, struct MHD_Connection *c, int status, const char *type, const char *body) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
-    if (type) MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Content-Type", type);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405 && rc->route) MHD_add_response_header(r, "Allow", !strcmp(rc->route->method, "POST") ? "POST, OPTIONS" : "GET, OPTIONS");
     add_common_headers(rc, r);
@@ -506,7 +506,7 @@ static int path_is(const char *url, const char *path, int sub) {
 /* The row whose path or alias the URL names; EP_OTHER for none. */
 static int find_route(const char *url) {
     for (int i = 0; i < N_ROUTES; i++)
-        if (path_is(url, routes[i].path, routes[i].sub) || (routes[i].alias && path_is(url, routes[i].alias, routes[i].sub))) return i;
+        if ((routes[i].path && path_is(url, routes[i].path, routes[i].sub)) || (routes[i].alias && path_is(url, routes[i].alias, routes[i].sub))) return i;
     return EP_OTHER;
 }
 
@@ -686,7 +686,7 @@ static int parse_serve_args(args_t *a, serve_args *s) {
             if (s->n_cors == (int)(sizeof s->cors / sizeof *s->cors)) return die("g4 serve: --cors-origin: at most 16 origins%s", "");
             if ((v = flag_value(a, "--cors-origin", &bad)) && !cors_origin_ok(v))
                 return die("g4 serve: --cors-origin %s: expected * or an origin such as http://localhost:3000 (scheme://host[:port], no path)", v);
-            s->cors[s->n_cors++] = v;
+            if (v) s->cors[s->n_cors++] = v;
         } else if (flag_is(a, "--pooling")) bad = !(v = flag_value(a, "--pooling", &bad)) || parse_choice(a->cmd, "--pooling", v, pooling_names, &s->pooling);
         else if (flag_is(a, "--test-replies")) s->test_replies = flag_value(a, "--test-replies", &bad);
         else if (flag_is(a, "--verbose")) s->verbose = 1;

@@ -30,6 +30,15 @@ class Browser:
             self.port = s.getsockname()[1]
         self.profile = tempfile.mkdtemp(prefix="g4-chromium-")
         self.proc = subprocess.Popen([driver, "--port=%d" % self.port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            self._start(chromium)
+        except BaseException:
+            self.proc.terminate()
+            self.proc.wait(timeout=TIMEOUT)
+            shutil.rmtree(self.profile, ignore_errors=True)
+            raise
+
+    def _start(self, chromium):
         deadline = time.time() + TIMEOUT
         while True:
             try:
