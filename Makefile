@@ -10,7 +10,7 @@ CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iincl
 LDLIBS  = -lcjson -lpcre2-8 -lm -pthread
 # g4 serve's HTTP (libmicrohttpd): the g4 command and the server's tests only, not the library
 SERVE_LIBS = -lmicrohttpd
-SERVE_OBJ = $(OUT)/tools/serve_cmd.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/engine.o
+SERVE_OBJ = $(OUT)/tools/serve_cmd.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/engine.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/serve/chat_html.o
 
 BUILD ?= release
 ifeq ($(BUILD),asan)
@@ -24,7 +24,7 @@ OUT = build/$(BUILD)
 
 include sources.mk
 
-TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft
+TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_serve_tokens test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
@@ -51,8 +51,20 @@ $(OUT)/libg4.a: $(LIB_OBJ)
 $(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(SERVE_OBJ) $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(SERVE_LIBS)
 
+# g4 serve's chat page (GET /), one HTML file built into the binary as a C array, with the
+# Content-Security-Policy that names its inline script and style by their SHA-256 (perl's Digest::SHA)
+$(OUT)/tools/serve/chat_html.c: tools/serve/chat.html tools/serve/embed_page.pl
+	@mkdir -p $(dir $@)
+	@perl tools/serve/embed_page.pl $< > $@.tmp && mv $@.tmp $@
+
+$(OUT)/tools/serve/chat_html.o: $(OUT)/tools/serve/chat_html.c
+	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -c $< -o $@
+
 # the server's request parser and reply writer (no HTTP in them) under their unit test
 $(OUT)/tests/test_serve: $(OUT)/tests/test_serve.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/cli.o $(OUT)/libg4.a
+	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(OUT)/tests/test_serve_tokens: $(OUT)/tests/test_serve_tokens.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/serve/request.o $(OUT)/tools/cli.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a

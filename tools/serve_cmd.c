@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "serve/engine.h"
 #include "serve/request.h"
+#include "serve/tokens.h"
 #include "util/err.h"
 #include "util/file.h"
 
@@ -43,6 +44,9 @@ typedef struct {
     int header_timeout_s, body_timeout_s, max_conn_per_ip;
     double drain_s;
     size_t max_body, max_body_total, max_unread;
+    const char *cors[16]; /* --cors-origin: origins (or "*") whose browsers may read the replies */
+    int n_cors;
+    int pooling;          /* --pooling: SERVE_POOL_MEAN or SERVE_POOL_LAST (/v1/embeddings) */
     serve_limits lim;
     g4_options o;
     draft_args draft;
@@ -50,9 +54,10 @@ typedef struct {
 
 /* ---------------------------------------------------------------- what was answered (/metrics) */
 
-enum { EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_OTHER, EP_COUNT };
-static const char *const endpoint_names[EP_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "other"};
-static const int statuses[] = {200, 400, 401, 404, 405, 413, 500, 503};
+/* Answers are counted per route (the index of its row in the route table below; EP_OTHER for a
+ * path no row takes) and status. N_ROUTES is the table's size: a row past it does not compile. */
+enum { N_ROUTES = 10, EP_OTHER = N_ROUTES, EP_COUNT };
+static const int statuses[] = {200, 204, 400, 401, 404, 405, 413, 500, 503};
 #define N_STATUSES (int)(sizeof statuses / sizeof *statuses)
 
 typedef struct {
@@ -84,15 +89,49 @@ static void count_answer(server *sv, int ep, int status) {
 
 /* ---------------------------------------------------------------- one connection's request */
 
+typedef struct request_ctx request_ctx;
+typedef enum MHD_Result (*route_handler)(request_ctx *rc, struct MHD_Connection *c);
+
+/* One row of the route table: a new endpoint is a row and its handler. */
 typedef struct {
+    const char *path;
+    const char *alias;    /* another path it answers (OpenAI clients' base URLs with or without /v1), or NULL */
+    int sub;              /* path/NAME is taken too (/v1/models/ID) */
+    const char *method;   /* "GET" or "POST" (a body, read before the handler runs) */
+    route_handler handler;
+    int open;             /* answered without the API key: health checks, the chat page */
+} route_def;
+
+static const route_def routes[N_ROUTES];
+
+struct request_ctx {
     server *sv;
     int ep, fd, api_key;
+    const route_def *route; /* NULL: no route takes the path */
+    const char *origin;     /* the Origin header's value when --cors-origin allows it, else NULL */
     char *body;
     size_t len, cap, reserved; /* reserved: what it counts in sv->body_bytes */
     int too_big, too_busy;
     double t0;
     const char *method, *url, *version;
-} request_ctx;
+};
+
+/* The value of Access-Control-Allow-Origin for a request from origin (NULL: no CORS headers):
+ * "*" when --cors-origin * was given, the origin itself when it was listed. */
+static const char *cors_allowed(const serve_args *a, const char *origin) {
+    if (!origin) return NULL;
+    for (int i = 0; i < a->n_cors; i++)
+        if (!strcmp(a->cors[i], "*")) return "*";
+        else if (!strcmp(a->cors[i], origin)) return origin;
+    return NULL;
+}
+
+/* The headers every answer carries: CORS's, when the request's origin is allowed. */
+static void add_common_headers(const request_ctx *rc, struct MHD_Response *r) {
+    if (!rc->origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", rc->origin);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
 
 /* The client closed its end (or the connection broke): nobody will read the reply. */
 static int peer_gone(int fd) {
@@ -125,7 +164,8 @@ static enum MHD_Result send_text(request_ctx *rc, struct MHD_Connection *c, int 
     MHD_add_response_header(r, "Content-Type", type);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 503) MHD_add_response_header(r, "Retry-After", "1"); /* busy or draining: a slot, or another replica, soon */
-    if (status == 405) MHD_add_response_header(r, "Allow", rc->ep == EP_CHAT || rc->ep == EP_COMPLETIONS ? "POST" : "GET");
+    if (status == 405 && rc->route) MHD_add_response_header(r, "Allow", !strcmp(rc->route->method, "POST") ? "POST, OPTIONS" : "GET, OPTIONS");
+    add_common_headers(rc, r);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_answer(rc->sv, rc->ep, status);
@@ -175,8 +215,8 @@ static enum MHD_Result send_cjson(request_ctx *rc, struct MHD_Connection *c, int
     return ok;
 }
 
-static enum MHD_Result get_models(request_ctx *rc, struct MHD_Connection *c, const char *url) {
-    const char *id = url + strlen("/v1/models");
+static enum MHD_Result get_models(request_ctx *rc, struct MHD_Connection *c) {
+    const char *id = rc->url + strlen(rc->url[1] == 'v' ? "/v1/models" : "/models");
     if (*id == '/' && id[1]) {
         if (strcmp(id + 1, rc->sv->a.lim.model_id) != 0)
             return fail(rc, c, 404, "invalid_request_error", "model_not_found", "The model '%.200s' does not exist", id + 1);
@@ -237,7 +277,9 @@ static enum MHD_Result get_metrics(request_ctx *rc, struct MHD_Connection *c) {
     pthread_mutex_lock(&sv->count_mu);
     for (int ep = 0; ep < EP_COUNT; ep++)
         for (int k = 0; k < N_STATUSES; k++)
-            if (sv->answered[ep][k]) addf(&t, "g4_requests_total{endpoint=\"%s\",status=\"%d\"} %ld\n", endpoint_names[ep], statuses[k], sv->answered[ep][k]);
+            if (sv->answered[ep][k])
+                addf(&t, "g4_requests_total{endpoint=\"%s\",status=\"%d\"} %ld\n", ep < N_ROUTES ? routes[ep].path : "other", statuses[k],
+                     sv->answered[ep][k]);
     pthread_mutex_unlock(&sv->count_mu);
     metric(&t, "g4_prompt_tokens_total", "counter", "Prompt tokens of the requests started, the cached ones included.");
     addf(&t, "g4_prompt_tokens_total %ld\n", st.prompt_tokens);
@@ -255,6 +297,10 @@ static enum MHD_Result get_metrics(request_ctx *rc, struct MHD_Connection *c) {
     pthread_mutex_lock(&sv->watch_mu);
     addf(&t, "g4_connections_timed_out_total %ld\n", sv->timed_out);
     pthread_mutex_unlock(&sv->watch_mu);
+    metric(&t, "g4_embedding_inputs_total", "counter", "Inputs embedded (/v1/embeddings).");
+    addf(&t, "g4_embedding_inputs_total %ld\n", st.embedded_inputs);
+    metric(&t, "g4_embedding_tokens_total", "counter", "Tokens of the inputs embedded.");
+    addf(&t, "g4_embedding_tokens_total %ld\n", st.embedded_tokens);
     metric(&t, "g4_queue_depth", "gauge", "Requests waiting for a slot.");
     addf(&t, "g4_queue_depth %d\n", st.queued);
     metric(&t, "g4_slots_active", "gauge", "Slots running a request.");
@@ -312,14 +358,14 @@ static void stream_free(void *cls) {
 }
 
 /* Parses, renders and admits the request; streams its reply, or waits for it and sends it whole. */
-static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c) {
+static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c, serve_kind kind) {
     server *sv = rc->sv;
     serve_request r;
     serve_error e;
     int32_t *ids;
     int n_ids, opens, max_tokens;
     char *prefill;
-    if (serve_parse_request(rc->body ? rc->body : "", rc->len, rc->ep == EP_CHAT ? SERVE_CHAT : SERVE_COMPLETION, &sv->a.lim, &r, &e))
+    if (serve_parse_request(rc->body ? rc->body : "", rc->len, kind, &sv->a.lim, &r, &e))
         return send_error(rc, c, &e);
     r.api_key = rc->api_key; /* the prompt cache's scope: this key's and r.cache_salt's */
     if (serve_prompt(&r, sv->tok, sv->form, sv->vocab, &sv->a.lim, &ids, &n_ids, &opens, &prefill, &max_tokens, &e)) {
@@ -348,6 +394,7 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no"); /* nginx: pass events on at once */
+        add_common_headers(rc, resp);
         enum MHD_Result ok = MHD_queue_response(c, 200, resp);
         MHD_destroy_response(resp);
         count_answer(sv, rc->ep, 200);
@@ -366,15 +413,168 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
     return ok;
 }
 
+static enum MHD_Result post_chat(request_ctx *rc, struct MHD_Connection *c) { return post_completion(rc, c, SERVE_CHAT); }
+static enum MHD_Result post_completions(request_ctx *rc, struct MHD_Connection *c) { return post_completion(rc, c, SERVE_COMPLETION); }
+
+/* ---------------------------------------------------------------- tokens, embeddings, settings */
+
+/* A reply computed from the body alone (tokens.h): its JSON, or its error. */
+static enum MHD_Result send_computed(request_ctx *rc, struct MHD_Connection *c, char *json, const serve_error *e) {
+    enum MHD_Result ok = json ? send_json(rc, c, 200, json) : send_error(rc, c, e);
+    free(json);
+    return ok;
+}
+
+static enum MHD_Result post_tokenize(request_ctx *rc, struct MHD_Connection *c) {
+    serve_error e;
+    return send_computed(rc, c, serve_tokenize(rc->body ? rc->body : "", rc->len, rc->sv->tok, &e), &e);
+}
+
+static enum MHD_Result post_detokenize(request_ctx *rc, struct MHD_Connection *c) {
+    serve_error e;
+    return send_computed(rc, c, serve_detokenize(rc->body ? rc->body : "", rc->len, rc->sv->tok, &e), &e);
+}
+
+/* The inputs go to the engine as one job (a slot of their own, fed between the generations'
+ * steps); the reply waits for all of them. */
+static enum MHD_Result post_embeddings(request_ctx *rc, struct MHD_Connection *c) {
+    server *sv = rc->sv;
+    serve_embed_request r;
+    serve_error e;
+    if (serve_parse_embeddings(rc->body ? rc->body : "", rc->len, sv->tok, sv->vocab, &sv->a.lim, &r, &e)) return send_error(rc, c, &e);
+    serve_job *j = serve_embed_job_new(&r, (serve_pooling)sv->a.pooling, sv->a.lim.model_id);
+    if (!j) {
+        serve_embed_request_free(&r);
+        return fail(rc, c, 500, "server_error", NULL, "out of memory");
+    }
+    if (serve_engine_submit(sv->engine, j, &e)) {
+        serve_job_release(sv->engine, j);
+        return send_error(rc, c, &e);
+    }
+    while (!serve_job_wait(sv->engine, j, 100))
+        if (peer_gone(rc->fd)) {
+            serve_job_release(sv->engine, j);
+            return MHD_NO;
+        }
+    size_t len;
+    enum MHD_Result ok = send_json(rc, c, serve_job_status(j), serve_job_output(j, &len));
+    serve_job_release(sv->engine, j);
+    return ok;
+}
+
+/* A read-only view of the settings (llama-server's /props, its field names where it has them);
+ * never the API key, only whether one is needed. */
+static enum MHD_Result get_props(request_ctx *rc, struct MHD_Connection *c) {
+    const serve_args *a = &rc->sv->a;
+    g4_sampling d;
+    g4_model_sampling_defaults(rc->sv->m, &d);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "model_alias", a->lim.model_id);
+    cJSON_AddStringToObject(root, "model_path", a->dir);
+    cJSON_AddNumberToObject(root, "total_slots", a->parallel);
+    cJSON_AddNumberToObject(root, "n_ctx", a->lim.ctx);
+    cJSON_AddStringToObject(root, "build_info", g4_version());
+    cJSON *gen = cJSON_AddObjectToObject(root, "default_generation_settings");
+    cJSON_AddNumberToObject(gen, "n_ctx", a->lim.ctx);
+    cJSON *params = cJSON_AddObjectToObject(gen, "params");
+    cJSON_AddNumberToObject(params, "temperature", d.temperature);
+    cJSON_AddNumberToObject(params, "top_k", d.top_k);
+    cJSON_AddNumberToObject(params, "top_p", d.top_p);
+    cJSON_AddNumberToObject(params, "min_p", d.min_p);
+    cJSON_AddNumberToObject(params, "repeat_penalty", d.repeat_penalty);
+    cJSON_AddNumberToObject(params, "repeat_last_n", d.repeat_last_n);
+    cJSON *srv = cJSON_AddObjectToObject(root, "server");
+    cJSON_AddNumberToObject(srv, "queue", a->queue);
+    cJSON_AddNumberToObject(srv, "timeout", a->timeout_s);
+    cJSON_AddNumberToObject(srv, "drain_timeout", a->drain_s);
+    cJSON_AddNumberToObject(srv, "max_body", (double)a->max_body);
+    cJSON_AddNumberToObject(srv, "max_unread", (double)a->max_unread);
+    cJSON_AddNumberToObject(srv, "max_messages", a->lim.max_messages);
+    cJSON_AddNumberToObject(srv, "max_tools", a->lim.max_tools);
+    cJSON_AddBoolToObject(srv, "prompt_cache", a->prompt_cache);
+    cJSON_AddStringToObject(srv, "pooling", a->pooling == SERVE_POOL_LAST ? "last" : "mean");
+    cJSON_AddBoolToObject(srv, "api_key_required", a->n_keys > 0);
+    cJSON_AddBoolToObject(srv, "strict_model", a->lim.strict_model);
+    cJSON_AddNumberToObject(srv, "max_body_total", (double)a->max_body_total);
+    cJSON_AddNumberToObject(srv, "max_json_values", a->lim.max_json_values);
+    cJSON_AddNumberToObject(srv, "header_timeout", a->header_timeout_s);
+    cJSON_AddNumberToObject(srv, "body_timeout", a->body_timeout_s);
+    cJSON_AddNumberToObject(srv, "max_conn_per_ip", a->max_conn_per_ip);
+    cJSON *cors = cJSON_AddArrayToObject(srv, "cors_origins");
+    for (int i = 0; i < a->n_cors; i++) cJSON_AddItemToArray(cors, cJSON_CreateString(a->cors[i]));
+    return send_cjson(rc, c, 200, root);
+}
+
+/* ---------------------------------------------------------------- the chat page */
+
+/* tools/serve/chat.html, made into a C array at build time, and its policy
+ * (tools/serve/embed_page.pl) */
+extern const unsigned char g4_chat_html[];
+extern const unsigned int g4_chat_html_len;
+extern const char g4_chat_csp[];
+
+/* GET /: the chat page. Its script and style are inline and it loads nothing else: the policy
+ * runs that script and style only (by their hashes), lets the page talk to this server only and
+ * keeps it out of other sites' frames. */
+static enum MHD_Result get_page(request_ctx *rc, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(g4_chat_html_len, (void *)g4_chat_html, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Content-Security-Policy", g4_chat_csp);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    add_common_headers(rc, r);
+    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    count_answer(rc->sv, rc->ep, 200);
+    return ok;
+}
+
 /* ---------------------------------------------------------------- routing */
 
-static int route(const char *url) {
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return EP_CHAT;
-    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return EP_COMPLETIONS;
-    if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11) || !strcmp(url, "/models")) return EP_MODELS;
-    if (!strcmp(url, "/health")) return EP_HEALTH;
-    if (!strcmp(url, "/metrics")) return EP_METRICS;
+static const route_def routes[N_ROUTES] = {
+    {"/v1/chat/completions", "/chat/completions", 0, "POST", post_chat, 0},
+    {"/v1/completions", "/completions", 0, "POST", post_completions, 0},
+    {"/v1/models", "/models", 1, "GET", get_models, 0},
+    {"/v1/embeddings", "/embeddings", 0, "POST", post_embeddings, 0},
+    {"/tokenize", NULL, 0, "POST", post_tokenize, 0},
+    {"/detokenize", NULL, 0, "POST", post_detokenize, 0},
+    {"/props", NULL, 0, "GET", get_props, 0},
+    {"/health", NULL, 0, "GET", get_health, 1},
+    {"/metrics", NULL, 0, "GET", get_metrics, 0},
+    {"/", NULL, 0, "GET", get_page, 1},
+};
+
+static int path_is(const char *url, const char *path, int sub) {
+    size_t n = strlen(path);
+    return !strncmp(url, path, n) && (url[n] == 0 || (sub && url[n] == '/'));
+}
+
+/* The row whose path or alias the URL names; EP_OTHER for none. */
+static int find_route(const char *url) {
+    for (int i = 0; i < N_ROUTES; i++)
+        if ((routes[i].path && path_is(url, routes[i].path, routes[i].sub)) || (routes[i].alias && path_is(url, routes[i].alias, routes[i].sub))) return i;
     return EP_OTHER;
+}
+
+/* A browser's CORS preflight (OPTIONS): 204 with what the route takes, unauthenticated (browsers
+ * send no credentials with it); the Access-Control-Allow-* headers only for an allowed origin. */
+static enum MHD_Result answer_preflight(request_ctx *rc, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    const char *methods = !strcmp(rc->route->method, "POST") ? "POST, OPTIONS" : "GET, OPTIONS";
+    MHD_add_response_header(r, "Allow", methods);
+    add_common_headers(rc, r);
+    if (rc->origin) {
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    enum MHD_Result ok = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    count_answer(rc->sv, rc->ep, 204);
+    return ok;
 }
 
 /* Constant-time comparison, so the key cannot be guessed a byte at a time from timings. */
@@ -527,16 +727,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(rc = calloc(1, sizeof *rc))) return MHD_NO;
         *con_cls = rc;
         rc->sv = sv, rc->t0 = now_s(), rc->method = method, rc->url = url, rc->version = version;
-        rc->ep = route(url);
+        rc->ep = find_route(url);
+        rc->route = rc->ep < N_ROUTES ? &routes[rc->ep] : NULL;
+        rc->origin = cors_allowed(&sv->a, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"));
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         rc->fd = ci ? ci->connect_fd : -1;
-        int post = rc->ep == EP_CHAT || rc->ep == EP_COMPLETIONS;
+        int post = rc->route && !strcmp(rc->route->method, "POST");
         set_deadline(sv, c, post ? sv->a.body_timeout_s : 0);
-        if (rc->ep != EP_HEALTH && (rc->api_key = api_key_of(sv, c)) < 0)
+        if (!rc->route) return fail(rc, c, 404, "invalid_request_error", "not_found", "no such endpoint: %.200s %.200s", method, url);
+        if (!strcmp(method, "OPTIONS")) return answer_preflight(rc, c);
+        if (!rc->route->open && (rc->api_key = api_key_of(sv, c)) < 0)
             return fail(rc, c, 401, "invalid_request_error", "invalid_api_key", "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
-        if (rc->ep == EP_OTHER) return fail(rc, c, 404, "invalid_request_error", "not_found", "no such endpoint: %.200s %.200s", method, url);
-        if (strcmp(method, post ? "POST" : "GET") != 0)
-            return fail(rc, c, 405, "invalid_request_error", "method_not_allowed", "%.200s takes %s, not %.20s", url, post ? "POST" : "GET", method);
+        if (strcmp(method, rc->route->method) != 0)
+            return fail(rc, c, 405, "invalid_request_error", "method_not_allowed", "%.200s takes %s, not %.20s", url, rc->route->method, method);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
         if (post && n > sv->a.max_body)
@@ -556,18 +759,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     set_deadline(sv, c, 0); /* the request is in: its reply takes what it takes */
-    switch (rc->ep) {
-    case EP_MODELS: return get_models(rc, c, url);
-    case EP_HEALTH: return get_health(rc, c);
-    case EP_METRICS: return get_metrics(rc, c);
-    default: break;
-    }
     if (rc->too_big)
         return fail(rc, c, 413, "invalid_request_error", "request_too_large", "the request body is over the limit of %zu bytes (--max-body)", sv->a.max_body);
-    if (rc->too_busy) return busy_reading(rc, c);
-    /* cJSON's nodes for the parse, counted with the body (released in on_completed) */
-    if (!reserve_body(rc, parse_cost(sv, rc->body ? rc->body : "", rc->len) - rc->len)) return busy_reading(rc, c);
-    return post_completion(rc, c);
+    if (!strcmp(rc->route->method, "POST")) {
+        if (rc->too_busy) return busy_reading(rc, c);
+        /* cJSON's nodes for the parse, counted with the body (released in on_completed) */
+        if (!reserve_body(rc, parse_cost(sv, rc->body ? rc->body : "", rc->len) - rc->len)) return busy_reading(rc, c);
+    }
+    return rc->route->handler(rc, c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
@@ -687,7 +886,8 @@ static int read_key_file(serve_args *s, const char *path) {
 }
 const command_usage usage_serve = {
     "serve [-m DIR] [--host 127.0.0.1] [--port 8080] [--parallel 4] [flags]",
-    "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics;\n"
+    "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /tokenize,\n"
+    "/detokenize, /props, /health, /metrics, a chat page at /;\n"
     "N conversations decoded together. Loopback only unless --host says otherwise.",
     (const usage_line[]){
         {"-m, --model DIR", "the checkpoint folder (default: the built-in model); its name is the model id"},
@@ -705,6 +905,8 @@ const command_usage usage_serve = {
         {"--header-timeout S", "a request's headers must arrive within S seconds (default 10)"},
         {"--body-timeout S", "its body within S seconds of the headers (default 60)"},
         {"--max-conn-per-ip N", "connections from one client address (default 64; 0: no cap)"},
+        {"--cors-origin ORIGIN", "browsers from ORIGIN (or *) may read the replies; repeatable (default: none)"},
+        {"--pooling mean|last", "/v1/embeddings: the mean of the hidden states or the last one (default mean)"},
         {"--max-messages N", "messages a request may have (default 1024)"},
         {"--max-tools N", "tools a request may have (default 128)"},
         {"--timeout S", "an idle or stalled connection is closed after S seconds (default 60)"},
@@ -720,6 +922,16 @@ const command_usage usage_serve = {
     },
     USAGE_ENGINE | USAGE_DRAFT,
 };
+
+/* An origin as browsers send it: "*", or scheme://host[:port] with nothing after. */
+static int cors_origin_ok(const char *v) {
+    if (!strcmp(v, "*")) return 1;
+    const char *host = strstr(v, "://");
+    if (!host || host == v || !host[3]) return 0;
+    for (const char *p = host + 3; *p; p++)
+        if (*p == '/' || *p == ' ' || *p == ',' || (unsigned char)*p < 0x21) return 0;
+    return 1;
+}
 
 static int parse_serve_args(args_t *a, serve_args *s) {
     memset(s, 0, sizeof *s);
@@ -739,6 +951,7 @@ static int parse_serve_args(args_t *a, serve_args *s) {
     s->lim = (serve_limits){.max_messages = 1024, .max_tools = 128, .max_stop = 4, .max_stop_len = 256};
     int bad = 0, cache = 1, n, values_given = 0;
     static const char *const onoff[] = {"off", "on", NULL};
+    static const char *const pooling_names[] = {"mean", "last", NULL}; /* serve_pooling's order */
     for (a->i = 2; a->i < a->argc && !bad; a->i++) {
         const char *v;
         if (flag_is(a, "-m") || flag_is(a, "--model")) s->dir = flag_value(a, "-m", &bad);
@@ -761,6 +974,12 @@ static int parse_serve_args(args_t *a, serve_args *s) {
             values_given = 1;
         }
         else if (flag_is(a, "--alias")) s->alias = flag_value(a, "--alias", &bad);
+        else if (flag_is(a, "--cors-origin")) {
+            if (s->n_cors == (int)(sizeof s->cors / sizeof *s->cors)) return die("g4 serve: --cors-origin: at most 16 origins%s", "");
+            if ((v = flag_value(a, "--cors-origin", &bad)) && !cors_origin_ok(v))
+                return die("g4 serve: --cors-origin %s: expected * or an origin such as http://localhost:3000 (scheme://host[:port], no path)", v);
+            if (v) s->cors[s->n_cors++] = v;
+        } else if (flag_is(a, "--pooling")) bad = !(v = flag_value(a, "--pooling", &bad)) || parse_choice(a->cmd, "--pooling", v, pooling_names, &s->pooling);
         else if (flag_is(a, "--test-replies")) s->test_replies = flag_value(a, "--test-replies", &bad);
         else if (flag_is(a, "--verbose")) s->verbose = 1;
         else if (flag_is(a, "--test-ignore-eos")) s->ignore_eos = 1;

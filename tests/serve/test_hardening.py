@@ -419,6 +419,10 @@ def test_model_names():
         check(status == 404 and is_error_shape(body, 404, "model_not_found", "model"), "--strict-model: an unknown model -> 404", body)
         status, body = sv.http("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
         check(status == 400 and is_error_shape(body, 400, None, "model"), "--strict-model: no model -> 400", body)
+        status, body = sv.http("POST", "/v1/embeddings", {"model": "gpt-9", "input": "x"})
+        check(status == 404 and is_error_shape(body, 404, "model_not_found", "model"), "--strict-model: embeddings of an unknown model -> 404", body)
+        status, body = sv.http("POST", "/v1/embeddings", {"input": "x"})
+        check(status == 400 and is_error_shape(body, 400, None, "model"), "--strict-model: embeddings without a model -> 400", body)
         try:
             sv.client().chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
             check(False, "--strict-model: the openai client raises NotFoundError for an unknown model")

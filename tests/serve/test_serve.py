@@ -28,6 +28,8 @@ import openai
 import serve_util
 import test_serve_numerics
 import test_hardening
+import test_endpoints
+import test_page
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -262,7 +264,7 @@ def test_errors(sv):
         ("completions: a token id outside the vocabulary", "POST", "/v1/completions", {"model": MODEL_ID, "prompt": [2, 10 ** 7]}, 400, None,
          "prompt"),
         ("completions: echo", "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "x", "echo": True}, 400, None, "echo"),
-        ("unknown path", "GET", "/v1/embeddings", None, 404, "not_found", None),
+        ("unknown path", "GET", "/v1/images/generations", None, 404, "not_found", None),
         ("wrong method", "GET", "/v1/chat/completions", None, 405, "method_not_allowed", None),
         ("wrong method on models", "POST", "/v1/models", "{}", 405, "method_not_allowed", None),
     ]
@@ -684,6 +686,8 @@ def main():
     # one line each here.
     test_serve_numerics.run()
     test_hardening.run()  # issue 33's transport defects (unknown and missing model names: there, --strict-model)
+    test_endpoints.run()
+    test_page.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

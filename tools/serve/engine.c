@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "serve/engine.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -37,6 +38,12 @@ struct serve_job {
     int slot, n_cached, n_generated;
     int script, script_at; /* test hook: the reply text's index, or -1 */
     double t_submit, t_first;
+    /* an embedding job (embed set): its inputs, the one being fed and how far, the pooled vectors */
+    int embed, at_input, at_token;
+    serve_pooling pooling;
+    serve_embed_request er;
+    double *acc;  /* the input's sum (or last row) so far, dim doubles */
+    float *vecs;  /* n_inputs x dim */
 };
 
 typedef struct {
@@ -56,6 +63,10 @@ struct serve_engine {
     int n_slots, ctx;
     slot *slots;
     g4_step_token *events;
+    g4_batch_row *rows; /* the embedding rows of one g4_decode call */
+    serve_job **row_job; /* each row's job */
+    float *hidden;      /* a row's final hidden state */
+    int dim;
     g4_sampling defaults;
     pthread_t thread;
     int thread_started;
@@ -125,7 +136,27 @@ serve_job *serve_job_new(serve_request *r, int32_t *prompt, int n_prompt, int op
     return j;
 }
 
+serve_job *serve_embed_job_new(serve_embed_request *r, serve_pooling pooling, const char *model_id) {
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j || cond_init(&j->cond) || !(j->model_id = strdup(model_id))) {
+        if (j) free(j->model_id);
+        free(j);
+        return NULL;
+    }
+    j->er = *r;
+    memset(r, 0, sizeof *r);
+    j->embed = 1, j->pooling = pooling;
+    snprintf(j->id, sizeof j->id, "embd-%016llx", (unsigned long long)random64());
+    j->created = (long)time(NULL);
+    j->status = 200;
+    j->refs = 1;
+    j->slot = j->script = -1;
+    return j;
+}
+
 static void job_free(serve_job *j) {
+    serve_embed_request_free(&j->er);
+    free(j->acc), free(j->vecs);
     serve_request_free(&j->req);
     serve_reply_free(j->reply);
     free(j->prompt), free(j->prefill), free(j->model_id), free(j->out.p);
@@ -207,7 +238,8 @@ static void remember_held(serve_engine *e, slot *sl, const serve_job *j) {
 static void finish_job(serve_engine *e, serve_job *j, serve_finish why) {
     if (j->slot >= 0) {
         slot *sl = &e->slots[j->slot];
-        remember_held(e, sl, j);
+        if (j->embed) sl->n_held = 0; /* its cache holds the last input: no prompt's prefix */
+        else remember_held(e, sl, j);
         sl->job = NULL;
         sl->used = ++e->clock;
         e->active--;
@@ -302,9 +334,24 @@ static g4_generate_params job_params(const serve_engine *e, const serve_job *j, 
     return p;
 }
 
+/* An embedding job into a free slot (the least recently used: it keeps no prefix), its vectors'
+ * room made; the engine thread feeds it (feed_embeddings). */
+static void start_embed(serve_engine *e, serve_job *j) {
+    int shared, q = choose_slot(e, j, 0, &shared);
+    j->acc = calloc((size_t)e->dim, sizeof *j->acc);
+    j->vecs = malloc(sizeof *j->vecs * (size_t)e->dim * (size_t)j->er.n_inputs);
+    if (!j->acc || !j->vecs) return fail_job(e, j, 500, "out of memory for the embeddings");
+    g4_session_reset_seq(e->s, q);
+    e->slots[q].n_held = 0;
+    e->slots[q].job = j;
+    j->slot = q;
+    e->active++;
+}
+
 /* Puts the job in a slot: the prompt cache's prefix kept, the rest of the prompt to the stepper. */
 static void start_job(serve_engine *e, serve_job *j) {
     static const int no_stops[1] = {-1};
+    if (j->embed) return start_embed(e, j);
     if (e->c.n_script > 0) j->script = (int)(e->script_next++ % e->c.n_script);
     g4_generate_params p = job_params(e, j, no_stops);
     /* the repetition penalty's window is the prompt the stepper is given: a cached prefix would
@@ -375,7 +422,9 @@ static void drop_cancelled(serve_engine *e) {
  * with finish_reason "length". */
 static void cut_all(serve_engine *e) {
     for (int q = 0; q < e->n_slots; q++)
-        if (e->slots[q].job) {
+        if (e->slots[q].job && e->slots[q].job->embed) {
+            fail_job(e, e->slots[q].job, 503, "the server shut down before the embeddings were computed");
+        } else if (e->slots[q].job) {
             g4_stepper_cancel(e->st, q);
             finish_job(e, e->slots[q].job, SERVE_FINISH_LENGTH);
         }
@@ -428,6 +477,77 @@ static void deliver(serve_engine *e, const g4_step_token *ev) {
     }
 }
 
+/* ---------------------------------------------------------------- embeddings */
+
+/* The rows of the next embedding batch (under the mutex, which guards the slots): up to
+ * EMBED_ROWS tokens of the inputs being fed, slot after slot; a row asks for an output (its
+ * final hidden state) when its pooling reads it. Returns the number of rows. */
+#define EMBED_ROWS 64
+static int plan_embeddings(serve_engine *e) {
+    int n = 0;
+    for (int q = 0; q < e->n_slots && n < EMBED_ROWS; q++) {
+        serve_job *j = e->slots[q].job;
+        if (!j || !j->embed || j->cancel) continue;
+        const int32_t *ids = j->er.ids[j->at_input];
+        int len = j->er.n_ids[j->at_input];
+        for (int t = j->at_token; t < len && n < EMBED_ROWS; t++, n++) {
+            int read = j->pooling == SERVE_POOL_MEAN || t == len - 1;
+            e->rows[n] = (g4_batch_row){.seq = q, .token = ids[t], .output = read ? G4_OUTPUT_ARGMAX : G4_OUTPUT_NONE};
+            e->row_job[n] = j;
+        }
+    }
+    return n;
+}
+
+/* Feeds the planned rows (the engine thread's, without the mutex) and pools what they give; an
+ * input whose last row is in gets its vector, and its sequence starts over for the next input. */
+static int run_embeddings(serve_engine *e, int n) {
+    if (g4_decode(e->s, e->rows, n) != 0) return -1;
+    for (int r = 0; r < n; r++) {
+        serve_job *j = e->row_job[r];
+        if (e->rows[r].output != G4_OUTPUT_NONE) {
+            if (g4_decode_hidden(e->s, r, e->hidden) != 0) return -1;
+            serve_pool_add(j->acc, e->hidden, e->dim, j->pooling);
+        }
+        int len = j->er.n_ids[j->at_input];
+        if (++j->at_token < len) continue;
+        serve_pool_finish(j->acc, e->dim, len, j->pooling, j->vecs + (size_t)j->at_input * (size_t)e->dim);
+        memset(j->acc, 0, sizeof *j->acc * (size_t)e->dim);
+        j->at_input++, j->at_token = 0;
+        g4_session_reset_seq(e->s, e->rows[r].seq);
+    }
+    return 0;
+}
+
+/* After a batch (under the mutex): the jobs whose inputs are all in get their reply; a failed
+ * batch fails its jobs. */
+static void finish_embeddings(serve_engine *e, int n, const char *err) {
+    for (int r = 0; r < n; r++) {
+        serve_job *j = e->row_job[r];
+        if (j->done || (r + 1 < n && e->row_job[r + 1] == j)) continue; /* a job's rows are consecutive: act at its last */
+        if (err) {
+            fail_job(e, j, 500, err);
+        } else if (j->at_input == j->er.n_inputs) {
+            size_t n_vals = (size_t)j->er.n_inputs * (size_t)e->dim, k = 0;
+            while (k < n_vals && isfinite(j->vecs[k])) k++;
+            if (k < n_vals) {
+                fail_job(e, j, 500, "the model's hidden states are not finite numbers (a broken checkpoint?)");
+                continue;
+            }
+            char *json = serve_embeddings_json(&j->er, j->vecs, e->dim, j->model_id);
+            if (!json) {
+                fail_job(e, j, 500, "out of memory while writing the reply");
+                continue;
+            }
+            g4_textbuf_appends(&j->out, json);
+            free(json);
+            e->stats.embedded_inputs += j->er.n_inputs;
+            for (int i = 0; i < j->er.n_inputs; i++) e->stats.embedded_tokens += j->er.n_ids[i];
+            finish_job(e, j, SERVE_FINISH_STOP);
+        }
+    }
+}
+
 static void *engine_main(void *arg) {
     serve_engine *e = arg;
     pthread_mutex_lock(&e->mu);
@@ -441,17 +561,22 @@ static void *engine_main(void *arg) {
             else pthread_cond_wait(&e->work, &e->mu);
             continue;
         }
+        int n_embed = plan_embeddings(e);
         pthread_mutex_unlock(&e->mu);
-        int n = g4_stepper_step(e->st, e->events);
-        if (e->c.step_ms > 0) nanosleep(&(struct timespec){e->c.step_ms / 1000, (long)(e->c.step_ms % 1000) * 1000000L}, NULL);
-        char err[256];
+        /* the generations' step, then a batch of the embedding inputs */
+        int n = g4_stepper_active(e->st) > 0 ? g4_stepper_step(e->st, e->events) : 0;
+        char err[256], embed_err[256];
         if (n < 0) snprintf(err, sizeof err, "generation failed: %s", g4_last_error());
+        if (n_embed > 0 && run_embeddings(e, n_embed) != 0) snprintf(embed_err, sizeof embed_err, "embedding failed: %s", g4_last_error());
+        else embed_err[0] = 0;
+        if (e->c.step_ms > 0) nanosleep(&(struct timespec){e->c.step_ms / 1000, (long)(e->c.step_ms % 1000) * 1000000L}, NULL);
         pthread_mutex_lock(&e->mu);
         g4_stepper_stats ss;
         g4_stepper_get_stats(e->st, &ss);
         e->stats.decode_s = ss.decode_s, e->stats.prefill_s = ss.prefill_s;
         g4_stepper_draft_stats(e->st, &e->stats.draft_rounds, &e->stats.drafted, &e->stats.draft_accepted);
         for (int i = 0; i < n; i++) deliver(e, &e->events[i]);
+        finish_embeddings(e, n_embed, embed_err[0] ? embed_err : NULL);
         if (n < 0)
             for (int q = 0; q < e->n_slots; q++)
                 if (e->slots[q].job) {
@@ -476,7 +601,11 @@ serve_engine *serve_engine_new(g4_session *s, const g4_tokenizer *tok, const ser
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->st = g4_stepper_new(s, c->prompt_chunk);
     e->events = e->st ? calloc((size_t)g4_stepper_max_tokens(e->st), sizeof *e->events) : NULL;
-    int ok = e->slots && e->events && e->st && !pthread_mutex_init(&e->mu, NULL) && !cond_init(&e->work);
+    e->dim = g4_model_hidden_size(g4_session_model(s));
+    e->rows = calloc(EMBED_ROWS, sizeof *e->rows);
+    e->row_job = calloc(EMBED_ROWS, sizeof *e->row_job);
+    e->hidden = malloc(sizeof *e->hidden * (size_t)e->dim);
+    int ok = e->slots && e->events && e->rows && e->row_job && e->hidden && e->st && !pthread_mutex_init(&e->mu, NULL) && !cond_init(&e->work);
     for (int q = 0; ok && q < e->n_slots; q++) ok = (e->slots[q].held = malloc(sizeof *e->slots[q].held * (size_t)(e->ctx + 1))) != NULL;
     e->stats.slots = e->n_slots;
     if (ok && pthread_create(&e->thread, NULL, engine_main, e) == 0) {
@@ -510,6 +639,7 @@ void serve_engine_free(serve_engine *e, double drain_s) {
     for (int q = 0; e->slots && q < e->n_slots; q++) free(e->slots[q].held), free(e->slots[q].held_salt);
     free(e->slots);
     free(e->events);
+    free(e->rows), free(e->row_job), free(e->hidden);
     g4_stepper_free(e->st);
     free(e);
 }

@@ -10,6 +10,7 @@
 
 #include "g4.h"
 #include "serve/request.h"
+#include "serve/tokens.h"
 
 typedef struct serve_engine serve_engine;
 typedef struct serve_job serve_job;
@@ -38,6 +39,7 @@ typedef struct {
 typedef struct {
     int slots, active, queued, draining;
     long admitted, finished, rejected_busy, cancelled;
+    long embedded_inputs, embedded_tokens; /* /v1/embeddings' inputs and their tokens */
     long prompt_tokens, cached_tokens, generated_tokens;
     double decode_s, prefill_s;  /* the stepper's decode and prompt calls */
     long draft_rounds, drafted, draft_accepted; /* --draft: the stepper's drafting totals */
@@ -61,6 +63,10 @@ void serve_engine_stats(serve_engine *e, serve_stats *st);
 /* A job from a parsed request and its prompt (serve_prompt's), all taken over. */
 serve_job *serve_job_new(serve_request *r, int32_t *prompt, int n_prompt, int opens_thought, char *prefill, int max_tokens,
                          const char *model_id);
+/* An embedding job (/v1/embeddings): each input fed into the job's slot's sequence after the
+ * others' steps, its rows' final hidden states pooled (serve_pool_add); the reply, once all are
+ * in, is serve_embeddings_json's. r is taken over. */
+serve_job *serve_embed_job_new(serve_embed_request *r, serve_pooling pooling, const char *model_id);
 /* Admits the job (the engine holds it from now on) or refuses it with a 503 in e (queue full,
  * draining); the caller still holds its reference either way, and must release it. */
 int serve_engine_submit(serve_engine *e, serve_job *j, serve_error *err);

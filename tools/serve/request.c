@@ -194,17 +194,23 @@ static int read_cache_salt(const fields *f, serve_request *r) {
     return 0;
 }
 
+/* A request's `model` (NULL: none given): a one-model server takes any name (clients send their
+ * default, e.g. gpt-3.5-turbo) unless --strict-model; the reply names the model it ran. */
+int serve_check_model(const char *model, const serve_limits *lim, serve_error *e) {
+    if (!lim->strict_model) return 0;
+    if (!model) return serve_fail(e, 400, INVALID, NULL, "model", "you must provide a model parameter ('%s')", lim->model_id);
+    if (strcmp(model, lim->model_id) != 0)
+        return serve_fail(e, 404, INVALID, "model_not_found", "model", "The model '%.200s' does not exist (this server has '%.200s')", model,
+                          lim->model_id);
+    return 0;
+}
+
 /* What every request may carry: model, n, stream, sampling, budget, stop, and the features g4
  * lacks, refused by name. */
 static int read_common(const fields *f, serve_request *r, const serve_limits *lim) {
     const char *model = NULL;
     if (get_string(f, "model", &model) < 0) return -1;
-    /* a one-model server takes any name (clients send their default, e.g. gpt-3.5-turbo) unless
-     * --strict-model; the reply names the model it ran */
-    if (!model && lim->strict_model) return bad(f->e, "model", "you must provide a model parameter ('%s')", lim->model_id);
-    if (model && lim->strict_model && strcmp(model, lim->model_id) != 0)
-        return serve_fail(f->e, 404, INVALID, "model_not_found", "model", "The model '%.200s' does not exist (this server has '%.200s')", model,
-                          lim->model_id);
+    if (serve_check_model(model, lim, f->e)) return -1;
     long long n = 1;
     if (get_int(f, "n", 1, 1e9, &n) < 0) return -1;
     if (n != 1) return bad(f->e, "n", "'%s' > 1 is not supported: ask once per completion", "n");
@@ -631,3 +637,5 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
     *max_tokens = budget;
     return 0;
 }
+
+int serve_check_body(const char *body, size_t len, serve_error *e) { return check_body_text(body, len, e); }

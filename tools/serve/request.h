@@ -25,6 +25,9 @@ int serve_fail(serve_error *e, int status, const char *type, const char *code, c
 /* The error's JSON body (malloc'd). */
 char *serve_error_json(const serve_error *e);
 
+/* A body's text before its JSON is read: whole UTF-8, no escaped NUL (cJSON takes both silently). */
+int serve_check_body(const char *body, size_t len, serve_error *e);
+
 /* What requests may hold (g4 serve's flags). */
 typedef struct {
     const char *model_id; /* the name /v1/models lists, and replies give */
@@ -75,6 +78,8 @@ size_t serve_json_values(const char *body, size_t len);
  * ignored, as OpenAI-compatible servers do. r is zeroed first and freed on failure. */
 int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e);
 void serve_request_free(serve_request *r);
+/* The `model` rule every endpoint applies (NULL: none given): any name unless lim->strict_model. */
+int serve_check_model(const char *model, const serve_limits *lim, serve_error *e);
 
 /* The prompt's tokens (malloc'd), what the engine feeds: the chat template's rendering (form as the
  * checkpoint asks, BOS and generation prompt on), followed, for tool_choice required or a named
