@@ -425,6 +425,8 @@ static void test_non_finite(void) {
     free(e);
     remove_overflowing_copy(dir);
     printf("ok non-finite output: run (4 forms) and chat exit 1 with one line\n");
+}
+
 /* `g4 ARGS` must fail with one line "g4: error: ..." containing `what`. */
 static void expect_one_error(const char *args, const char *what) {
     char out[700], err[700];
