@@ -119,6 +119,11 @@ class Sampling(Structure):
         ("repeat_penalty", c_float),
         ("repeat_last_n", c_int),
         ("seed", c_uint64),
+        ("frequency_penalty", c_float),
+        ("presence_penalty", c_float),
+        ("bias_ids", POINTER(c_int32)),
+        ("bias_values", POINTER(c_float)),
+        ("n_bias", c_int),
     ]
 
 
@@ -132,6 +137,8 @@ class GenerateParams(Structure):
         ("output_k", c_int),
         ("draft", c_void_p),
         ("draft_tokens", c_int),
+        ("logprobs", c_int),
+        ("top_logprobs", c_int),
     ]
 
 
