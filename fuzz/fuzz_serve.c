@@ -28,7 +28,7 @@
 
 static g4_tokenizer *tok;
 static int vocab;
-static const serve_limits LIM = {.model_id = "m", .ctx = 512, .max_messages = 16, .max_tools = 4, .max_stop = 4, .max_stop_len = 32};
+static const serve_limits LIM = {.model_id = "m", .ctx = 512, .max_messages = 16, .max_tools = 4, .max_stop = 4, .max_stop_len = 32, .max_n = 4, .vocab = 512};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;

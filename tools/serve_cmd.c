@@ -31,6 +31,8 @@
 typedef struct {
     const char *dir, *host, *api_key, *alias, *test_replies;
     int port, parallel, queue, timeout_s, prompt_chunk, prompt_cache, verbose, step_ms, ignore_eos;
+    g4_sampling sampling; /* --temp, --top-k, ...: the defaults of requests that do not set them */
+    int sampling_given;
     double drain_s;
     size_t max_body, max_unread;
     serve_limits lim;
@@ -497,15 +499,21 @@ static int parse_serve_args(args_t *a, serve_args *s) {
         else if (flag_is(a, "--max-unread")) bad = !(v = flag_value(a, "--max-unread", &bad)) || parse_size(a->cmd, "--max-unread", v, 1024, 1u << 30, &s->max_unread);
         else if (flag_is(a, "--max-messages")) bad = !(v = flag_value(a, "--max-messages", &bad)) || parse_int(a->cmd, "--max-messages", v, 1, 1 << 20, &s->lim.max_messages);
         else if (flag_is(a, "--max-tools")) bad = !(v = flag_value(a, "--max-tools", &bad)) || parse_int(a->cmd, "--max-tools", v, 0, 1 << 16, &s->lim.max_tools);
-        else if (!engine_flag(a, &s->o, &bad) && !draft_flag(a, &s->draft, &bad)) return unknown_flag(a);
+        else if (flag_is(a, "-n") || flag_is(a, "--max-tokens"))
+            bad = !(v = flag_value(a, "--max-tokens", &bad)) || parse_int(a->cmd, "--max-tokens", v, 1, 1 << 24, &s->lim.max_tokens);
+        else if (!engine_flag(a, &s->o, &bad) && !draft_flag(a, &s->draft, &bad) && !sampling_flag(a, &s->sampling, &s->sampling_given, &bad))
+            return unknown_flag(a);
     }
     if (bad) return 1;
+    if (s->sampling_given & G4_SAMPLE_SEED) return die("g4 serve: --seed: each request has its own seed (the 'seed' field)%s", "");
+    if (s->sampling_given & G4_SAMPLE_BIAS) return die("g4 serve: --logit-bias: each request has its own ('logit_bias')%s", "");
     if (!s->dir) s->dir = default_model_dir();
     if (s->draft.tokens && !s->draft.dir) return die("g4 serve: --draft-tokens needs --draft DIR%s", "");
     if (s->queue < 0) s->queue = 4 * s->parallel;
     s->prompt_cache = cache;
     s->o.n_seq = s->parallel;
     s->lim.ctx = s->o.ctx;
+    s->lim.max_n = s->parallel;
     s->lim.model_id = model_name(s);
     return 0;
 }
@@ -518,6 +526,7 @@ static int open_model(server *sv) {
     draft_args *d = &sv->a.draft;
     if (draft_open(d, sv->m, sv->s) != 0) return -1;
     sv->vocab = g4_model_vocab_size(sv->m);
+    sv->a.lim.vocab = sv->vocab;
     return 0;
 }
 
@@ -569,7 +578,8 @@ int cmd_serve(args_t *a) {
     pthread_mutex_init(&sv.count_mu, NULL);
     sv.started = (long)time(NULL);
     serve_engine_config ec = {.queue = sv.a.queue, .prompt_chunk = sv.a.prompt_chunk, .max_unread = sv.a.max_unread, .prompt_cache = sv.a.prompt_cache,
-                             .step_ms = sv.a.step_ms, .ignore_eos = sv.a.ignore_eos};
+                             .step_ms = sv.a.step_ms, .ignore_eos = sv.a.ignore_eos, .sampling = sv.a.sampling,
+                             .sampling_given = sv.a.sampling_given};
     struct MHD_Daemon *d = NULL;
     int rc = 1;
     if (open_model(&sv) || (sv.a.test_replies && load_script(sv.a.test_replies, sv.tok, &ec))) goto done;
