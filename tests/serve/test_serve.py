@@ -26,6 +26,7 @@ import time
 import openai
 
 import serve_util
+import test_genapi
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -242,7 +243,7 @@ def test_errors(sv):
         ("max_tokens past the context", "POST", "/v1/chat/completions", chat_body("x", max_tokens=10 ** 6), 400, "context_length_exceeded",
          "max_tokens"),
         ("stream not a boolean", "POST", "/v1/chat/completions", chat_body("x", stream="yes"), 400, None, "stream"),
-        ("n past --parallel", "POST", "/v1/chat/completions", chat_body("x", n=3), 400, None, "n"),
+        ("n past --parallel (16)", "POST", "/v1/chat/completions", chat_body("x", n=17), 400, None, "n"),
         ("top_logprobs without logprobs", "POST", "/v1/chat/completions", chat_body("x", top_logprobs=2), 400, None, "top_logprobs"),
         ("top_logprobs 21", "POST", "/v1/chat/completions", chat_body("x", logprobs=True, top_logprobs=21), 400, None, "top_logprobs"),
         ("frequency_penalty out of range", "POST", "/v1/chat/completions", chat_body("x", frequency_penalty=2.5), 400, None, "frequency_penalty"),
@@ -670,6 +671,7 @@ def main():
     test_load(int(os.environ.get("SERVE_LOAD_N", "500")))
     # Further test modules of tests/serve (each a run() over serve_util's check and Server):
     # one line each here.
+    test_genapi.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

@@ -84,7 +84,7 @@ struct serve_reply {
     const g4_tokenizer *tok;
     cJSON *lp_content;
     cJSON *lp_tokens, *lp_token_logprobs, *lp_top, *lp_offset;
-    size_t text_offset;
+    size_t text_offset; /* characters of the text decoded so far: where the next token's begins */
 };
 
 static cJSON *chunk_root(const serve_reply *r) {
@@ -162,12 +162,25 @@ static size_t token_bytes(const serve_reply *r, int32_t id, unsigned char *buf, 
     return n;
 }
 
-/* A token's text as the detokenizer writes it alone (an incomplete UTF-8 byte becomes U+FFFD). */
+/* A token's text as the detokenizer writes it alone; a byte token that is no whole UTF-8
+ * character alone is "bytes:\\xAB" (as vLLM writes it), not U+FFFD: every byte stays apart. */
 static char *token_text(const serve_reply *r, int32_t id) {
+    unsigned char b[8];
     char *text = NULL;
     size_t len;
+    if (token_bytes(r, id, b, sizeof b) == 1 && b[0] >= 0x80) {
+        if ((text = malloc(16))) snprintf(text, 16, "bytes:\\x%02x", b[0]);
+        return text;
+    }
     if (g4_tokenizer_decode(r->tok, &id, 1, &text, &len)) return NULL;
     return text;
+}
+
+/* The characters of UTF-8 text (text_offset counts characters, as OpenAI's and vLLM's do). */
+static size_t utf8_chars(const char *s, size_t len) {
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) n += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return n;
 }
 
 /* chat's {token, logprob, bytes} (top_logprobs added by the caller for the chosen one). */
@@ -203,7 +216,7 @@ static int add_token_logprobs(serve_reply *r, int32_t token, const g4_logprobs *
     cJSON_AddItemToArray(r->lp_token_logprobs, cJSON_CreateNumber(lp->chosen.logprob));
     cJSON_AddItemToArray(r->lp_top, top);
     cJSON_AddItemToArray(r->lp_offset, cJSON_CreateNumber((double)r->text_offset));
-    r->text_offset += strlen(text);
+
     free(text);
     return 0;
 }
@@ -396,6 +409,7 @@ int serve_reply_token_logprobs(serve_reply *r, int32_t token, int is_stop, const
         const char *bytes;
         size_t len;
         if (g4_detokenizer_push(r->detok, token, &bytes, &len) || take_text(r, bytes, len, 0)) return -1;
+        r->text_offset += utf8_chars(bytes, len);
     }
     if (stream_delta(r, out)) return -1;
     return r->stop.matched;
