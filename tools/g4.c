@@ -150,6 +150,7 @@ static void usage(FILE *f) {
             "  g4 serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel 4] [--queue 4xN] [--ctx N] [--api-key KEY]\n"
             "        [--alias NAME] [--max-body 4M] [--max-messages 1024] [--max-tools 128] [--timeout 60] [--drain-timeout 30]\n"
             "        [--prompt-cache on|off] [--prompt-chunk 64] [--max-unread 1M] [--verbose] [engine options]\n"
+            "        [-n/--max-tokens N] [sampling defaults: --temp T ... as below, but --seed and --logit-bias]\n"
             "                                         OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions,\n"
             "                                         /v1/models, /health, /metrics; N conversations batched together\n"
             "  g4 tokenize (-m DIR | --tokenizer FILE) [--add-bos] [--plain] [--decode]\n"
@@ -182,7 +183,8 @@ static void usage(FILE *f) {
             "multi-token prediction (run, chat, eval, bench, serve): --draft DIR  a gemma4_assistant drafter made for the model;\n"
             "  greedy decoding verifies its drafts and gives the same tokens, faster; --draft-tokens K (1-16, default 3)\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
-            "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
+            "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n"
+            "  --frequency-penalty F  --presence-penalty P (OpenAI's, [-2, 2])  --logit-bias ID=B (repeatable, [-100, 100])\n",
             G4_VERSION);
     fprintf(f, "engine options (run, chat, eval, bench: --NAME VALUE or --NAME=VALUE; g4_options_parse takes NAME=VALUE):\n");
     print_engine_options(f);
