@@ -93,6 +93,12 @@ static void openai_penalties(void) {
     p.frequency_penalty = 0.3f;
     p.presence_penalty = 0.4f;
     CHECK(!g4_sampling_is_argmax(&p) && g4_sampling_top_needed(&p, V) == 0, "OpenAI's penalties need every logit");
+    /* even with a top-k or greedy: a penalised or biased token may come from outside the raw top */
+    g4_sampling k = p;
+    k.top_k = 2;
+    CHECK(g4_sampling_top_needed(&k, V) == 0, "top-k 2 with OpenAI's penalties needs every logit");
+    k.temperature = 0;
+    CHECK(g4_sampling_top_needed(&k, V) == 0, "greedy with OpenAI's penalties needs every logit");
     g4_sampler *s = g4_sampler_new(&p, V);
     g4_sampler_set_prompt(s, 1);
     expect_softmax("frequency 0.3, presence 0.4", s, logits, hist, 4, (double[]){2.0, 0.5, 0.3, 0.0, -1.0});
