@@ -320,9 +320,7 @@ static int ranks_before(float la, int32_t a, float lb, int32_t b) { return la > 
  * 262,144 logits), summed in double. */
 static void record_logprobs(const g4_stepper *st, generation *g, const float *logits, int32_t token) {
     int V = st->vocab, n = 0, want = g->top_logprobs;
-    float max = logits[0];
-    for (int v = 1; v < V; v++)
-        if (logits[v] > max) max = logits[v];
+    float max = logits[g4_argmax(logits, V)]; /* the library's vectorised scan */
     double sum = 0;
     for (int v = 0; v < V; v++) sum += expf(logits[v] - max);
     double lse = max + log(sum);
