@@ -795,7 +795,7 @@ typedef struct {
     g4_chat_options chat;   /* form, thinking, tool declarations (borrowed: they must outlive the conversation);
                                add_bos and add_generation_prompt are the conversation's to set */
     g4_generate_params gen; /* every reply's budget, sampling (the generator starts from the seed at each reply) and
-                               stop ids (copied) */
+                               stop ids (copied; the logit bias is not: it must outlive the conversation) */
 } g4_conversation_options;
 
 /* Sequence 0; the model's chat form (g4_model_chat_form), thinking off, no tools; the model's

@@ -444,6 +444,10 @@ static void check_fork(int act) {
     g4_stepper_get_stats(st, &stats);
     CHECK(stats.prompt_tokens == jobs[0].n_prompt + N - 1, "the forks fed %ld prompt tokens; one prompt and %d last tokens are %d",
           stats.prompt_tokens, N - 1, jobs[0].n_prompt + N - 1);
+    int held = g4_session_seq_pos(s, 0);
+    CHECK(g4_session_copy_seq(s, 0, 0, 1) != 0 && g4_session_copy_seq(s, 0, 1, held + 1) != 0 && g4_session_copy_seq(s, 0, N, 1) != 0 &&
+              g4_session_seq_pos(s, 1) != held + 1,
+          "a copy onto itself, of more than the sequence holds or to no sequence was accepted");
     g4_stepper_free(st);
     g4_session_free(s);
     printf("ok act %d: %d generations forked from one prompt give their tokens alone\n", act, N);
