@@ -453,6 +453,37 @@ static void check_fork(int act) {
     printf("ok act %d: %d generations forked from one prompt give their tokens alone\n", act, N);
 }
 
+/* A fork's source that ends at its first token (a budget of 1) and whose sequence is then given
+ * to another generation at once, as g4 serve reuses a finished slot: the forks copied its prompt
+ * in the step that fed it, and give their tokens alone. */
+static void check_fork_source_reused(void) {
+    enum { N = 3, CTX = 96 };
+    job jobs[N + 1];
+    make_jobs(jobs, N + 1);
+    for (int q = 0; q < N; q++) memcpy(jobs[q].prompt, jobs[2].prompt, sizeof jobs[q].prompt), jobs[q].n_prompt = jobs[2].n_prompt;
+    jobs[0].p.max_tokens = 1;
+    g4_session *s = session(G4_ACT_INT, N, CTX);
+    g4_stepper *st = s ? g4_stepper_new(s, 0) : NULL;
+    CHECK(st != NULL, "%s", g4_last_error());
+    if (!st) return;
+    CHECK(g4_stepper_add(st, 0, jobs[0].prompt, jobs[0].n_prompt, &jobs[0].p) == 0, "%s", g4_last_error());
+    for (int q = 1; q < N; q++) CHECK(g4_stepper_add_fork(st, q, 0, &jobs[q].p) == 0, "fork %d: %s", q, g4_last_error());
+    g4_step_token ev[64];
+    for (int steps = 0; g4_stepper_state(st, 0) != G4_SEQ_FINISHED && steps < 100; steps++)
+        CHECK(g4_stepper_step(st, ev) >= 0, "%s", g4_last_error());
+    g4_session_reset_seq(s, 0);
+    CHECK(g4_stepper_add(st, 0, jobs[N].prompt, jobs[N].n_prompt, &jobs[N].p) == 0, "%s", g4_last_error());
+    run_out(st, N);
+    for (int q = 1; q < N; q++) {
+        outcome want = reference(G4_ACT_INT, CTX, &jobs[q]), got = stepped(st, q);
+        CHECK(same_outcome(&want, &got), "fork %d of a source whose sequence was reused: %d tokens, stop %d; alone %d, stop %d", q, got.n,
+              got.stop, want.n, want.stop);
+    }
+    g4_stepper_free(st);
+    g4_session_free(s);
+    printf("ok forks copy their source's prompt in the step that fed it: a source reused at once leaves them whole\n");
+}
+
 /* Log-probabilities: each step's chosen token and top 5 against the log-softmax, in double, of
  * every logit of the reference loop (g4_session_eval), for a greedy and a sampled generation. */
 static void check_logprobs(void) {
@@ -514,6 +545,7 @@ int main(void) {
     check_refusals();
     check_truncate();
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) check_fork(act);
+    check_fork_source_reused();
     check_logprobs();
     g4_model_free(m);
     return check_report("stepper");

@@ -578,7 +578,7 @@ static int waiting(const g4_stepper *st, int *order) {
 }
 
 /* The forks whose source has fed all but its prompt's last token take a copy of its cache up to
- * there, and feed that token themselves; a fork whose source stopped short (cancelled) stops too,
+ * there (before and after each prompt call), and feed that token themselves; a fork whose source stopped short (cancelled) stops too,
  * as a sequence that was cancelled: its event token -1. */
 static int copy_forks(g4_stepper *st, g4_step_token *out) {
     int k = 0;
@@ -627,7 +627,10 @@ static int feed_prompts(g4_stepper *st, g4_step_token *out) {
     }
     st->stats.prompt_tokens += n;
     st->stats.prefill_s += now_s() - t0;
-    return k < 0 ? -1 : forked + k;
+    /* forks whose source fed its prompt in this call copy it now, in the step that fed it: the
+     * source may finish at its first token, and its caller then reuse its sequence */
+    int late = k < 0 ? -1 : copy_forks(st, out + k);
+    return late < 0 ? -1 : forked + k + late;
 }
 
 int g4_stepper_step(g4_stepper *st, g4_step_token *out) {
