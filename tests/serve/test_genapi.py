@@ -153,6 +153,11 @@ def test_n(sv):
             texts[choice.index] += choice.delta.content or ""
             finishes[choice.index] += choice.finish_reason is not None
     check(texts == [ch.message.content for ch in r.choices] and finishes == [1, 1, 1], "n=3 streamed: the choices by index", texts)
+    # a budget of one token: the first choice ends where the others start from its prompt
+    one = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": problem(6)}], temperature=0, max_tokens=1)
+    r = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": problem(6)}], temperature=0, n=3, max_tokens=1)
+    check([ch.message.content for ch in r.choices] == [one.choices[0].message.content] * 3 and r.usage.completion_tokens == 3,
+          "n=3 with max_tokens 1: three one-token choices", r)
     # completions, ids in, n=2 greedy
     status, body2 = sv.http("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "2+2=", "max_tokens": 6, "n": 2, "temperature": 0})
     check(status == 200 and [ch["index"] for ch in body2["choices"]] == [0, 1] and body2["choices"][0]["text"] == body2["choices"][1]["text"],
