@@ -12,7 +12,8 @@
  *         with a model's call fed back in the history). The data as a tool object goes through
  *         g4_tool_declaration too;
  *   3:    model text, tokenized and pushed token by token through serve_reply, streamed and whole,
- *         with stop strings cut from the data (flag bits 2-7): every event is "data: JSON", the
+ *         with stop strings cut from the data (flag bits 2-7) and, for data of odd length, each
+ *         token's log-probabilities written (chat's logprobs.content): every event is "data: JSON", the
  *         stream ends with [DONE], the whole body is JSON, and both carry the same content,
  *         reasoning and calls. */
 #include <cjson/cJSON.h>
@@ -29,7 +30,7 @@
 static g4_tokenizer *tok;
 static int vocab;
 static const serve_limits LIM = {.model_id = "m", .strict_model = 1, .ctx = 512, .max_messages = 16, .max_tools = 4, .max_stop = 4, .max_stop_len = 32,
-                                 .max_json_values = 4096};
+                                 .max_json_values = 4096, .max_n = 4, .vocab = 512};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -186,13 +187,17 @@ static void fuzz_reply(const char *data, size_t n, unsigned flags) {
     memset(got, 0, sizeof got);
     for (int stream = 0; stream < 2; stream++) {
         serve_reply_config c = {.kind = SERVE_CHAT, .stream = stream, .include_usage = stream, .id = "chatcmpl-x", .model = "m", .created = 1,
-                                .stop = stops, .n_stop = n_stop, .tools = (flags >> 4) & 1, .opens_thought = (flags >> 5) & 1};
+                                .stop = stops, .n_stop = n_stop, .tools = (flags >> 4) & 1, .opens_thought = (flags >> 5) & 1,
+                                .logprobs = (int)(n & 1)}; /* the flags are all taken: odd-length data writes logprobs */
         g4_textbuf out = {0};
         serve_reply *r = serve_reply_new(tok, &c, &out);
         FZ_CHECK(r != NULL, "serve_reply_new");
         int stopped = 0;
         for (size_t k = 0; k < n_ids && !stopped; k++) {
-            int rc = serve_reply_token(r, ids[k], 0, &out);
+            /* log-probabilities of the data's own tokens (any ids of the vocabulary) */
+            g4_logprobs lp = {.chosen = {ids[k], -(float)k}, .n_top = (int)(n_ids - k < G4_MAX_TOP_LOGPROBS ? n_ids - k : G4_MAX_TOP_LOGPROBS)};
+            for (int t = 0; t < lp.n_top; t++) lp.top[t] = (g4_token_logprob){ids[k + (size_t)t], -(float)t};
+            int rc = serve_reply_token_logprobs(r, ids[k], 0, &lp, &out);
             FZ_CHECK(rc == 0 || rc == 1, "serve_reply_token %d", rc);
             stopped = rc;
         }

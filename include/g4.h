@@ -206,6 +206,9 @@ void g4_session_reset_seq(g4_session *s, int seq);
  * position n, and the sequence computes what it would after feeding those n tokens alone (a
  * shared prompt prefix reused, g4 serve's prompt cache). Fails when n is past what it holds. */
 int g4_session_truncate_seq(g4_session *s, int seq, int n);
+/* Sequence `to` holds a copy of the first n tokens of sequence `from`'s cache (from's are kept):
+ * a shared prompt computed once. Fails when from holds fewer than n or to == from. */
+int g4_session_copy_seq(g4_session *s, int from, int to, int n);
 
 /* ---- decoding: one call for a batch of rows ----
  *
@@ -586,7 +589,20 @@ typedef struct {
     float repeat_penalty; /* 1 = off: HF rule, logit / p if positive, logit * p if negative */
     int repeat_last_n;    /* how many recent tokens the penalty looks at (0 = all) */
     uint64_t seed;
+    /* OpenAI's penalties, over the tokens generated so far (not the prompt), after the repetition
+     * penalty: a token's logit loses frequency_penalty x its count, and presence_penalty once if
+     * it occurred. 0 = off. */
+    float frequency_penalty;
+    float presence_penalty;
+    /* OpenAI's logit_bias: bias_values[i] (in [-100, 100]) added to token bias_ids[i]'s logit
+     * after the penalties, before the temperature; a later entry for the same id adds to it.
+     * Borrowed: a sampler (and so g4_stepper_add, g4_generate) copies them. */
+    const int32_t *bias_ids;
+    const float *bias_values;
+    int n_bias;
 } g4_sampling;
+
+#define G4_MAX_LOGIT_BIAS 100.0f
 
 /* Greedy decoding (temperature 0), seed 0. */
 void g4_sampling_default(g4_sampling *p);
@@ -597,7 +613,8 @@ void g4_sampling_default(g4_sampling *p);
 #define G4_GREEDY_TEMPERATURE 1e-5f
 /* The bounds every front end applies (flags, server fields, Python arguments, generation_config.json):
  * temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1], repeat_penalty finite
- * and > 0, repeat_last_n >= 0. 0, or -1 with a one-line message naming the first one out of bounds. */
+ * and > 0, repeat_last_n >= 0, finite frequency and presence penalties, logit biases in [-100, 100].
+ * 0, or -1 with a one-line message naming the first one out of bounds. */
 int g4_sampling_check(const g4_sampling *p);
 /* 1 when these parameters decode greedily: temperature below G4_GREEDY_TEMPERATURE. */
 int g4_sampling_greedy(const g4_sampling *p);
@@ -642,7 +659,30 @@ typedef struct {
      * another thread (Ctrl-C). NULL: never asked. */
     int (*cancel)(void *cancel_user);
     void *cancel_user;
+    /* Log-probabilities (g4_stepper_logprobs): non-zero records, for each generated token, its
+     * log-probability and those of the top_logprobs (0..G4_MAX_TOP_LOGPROBS) most likely tokens
+     * under the model's own distribution: the log-softmax of the row's softcapped logits, before
+     * any penalty, bias or temperature (what vLLM reports by default). Its rows then ask for every
+     * logit (G4_OUTPUT_LOGITS) and it does not draft. */
+    int logprobs;
+    int top_logprobs;
 } g4_generate_params;
+
+#define G4_MAX_TOP_LOGPROBS 20
+
+/* A token and its log-probability. */
+typedef struct {
+    int32_t token;
+    float logprob;
+} g4_token_logprob;
+
+/* One generated token's log-probabilities: the chosen token's, then the n_top most likely tokens,
+ * most likely first (the lower id first on equal logits). */
+typedef struct {
+    g4_token_logprob chosen;
+    int n_top;
+    g4_token_logprob top[G4_MAX_TOP_LOGPROBS];
+} g4_logprobs;
 
 #define G4_DRAFT_TOKENS_DEFAULT 3
 #define G4_MAX_DRAFT_TOKENS 16
@@ -705,6 +745,13 @@ void g4_stepper_free(g4_stepper *st);
  * prompt, one that does not fit the context, a token outside the vocabulary or invalid sampling
  * parameters. The prompt and the stop ids are copied. */
 int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p);
+/* Starts a generation in seq on the prompt of sequence `from`'s (added before and not yet
+ * generating: n sequences of one prompt, OpenAI's n): the prompt is computed once. Once `from`
+ * has fed all but its prompt's last token, seq's cache becomes a copy of from's up to there
+ * (g4_session_copy_seq) and seq feeds that last token itself; its own settings p (seed,
+ * sampling, budget). It gives exactly the tokens g4_stepper_add with from's prompt and cache
+ * would. */
+int g4_stepper_add_fork(g4_stepper *st, int seq, int from, const g4_generate_params *p);
 /* One step (above). out: room for g4_stepper_max_tokens entries (a token of every sequence feeding
  * a prompt or generating; a drafting round's tokens, in order); returns how many it wrote (a
  * sequence whose prompt is not in yet writes none), or -1. */
@@ -731,6 +778,10 @@ int g4_stepper_max_tokens(const g4_stepper *st);
 /* Speculative decoding's totals over the stepper's life: rounds run, tokens drafted, drafted
  * tokens the target accepted. */
 void g4_stepper_draft_stats(const g4_stepper *st, long *rounds, long *drafted, long *accepted);
+/* The log-probabilities of the token sequence seq generated last (g4_generate_params.logprobs),
+ * valid until the next step: read them after each g4_stepper_step for each of its tokens. -1
+ * when the generation does not record them or has generated nothing. */
+int g4_stepper_logprobs(const g4_stepper *st, int seq, g4_logprobs *out);
 
 /* Called with each generated token (a stop id included); return non-zero to stop. */
 typedef int (*g4_token_fn)(void *user, int32_t token);
@@ -771,7 +822,7 @@ typedef struct {
     g4_chat_options chat;   /* form, thinking, tool declarations (borrowed: they must outlive the conversation);
                                add_bos and add_generation_prompt are the conversation's to set */
     g4_generate_params gen; /* every reply's budget, sampling (the generator starts from the seed at each reply) and
-                               stop ids (copied) */
+                               stop ids (copied; the logit bias is not: it must outlive the conversation) */
 } g4_conversation_options;
 
 /* Sequence 0; the model's chat form (g4_model_chat_form), thinking off, no tools; the model's

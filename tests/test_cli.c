@@ -478,6 +478,25 @@ static void test_errors(void) {
     expect_error(args, "-n");
     snprintf(args, sizeof args, "run -m %s --ids 2,3 --ctx", m);
     expect_error(args, "--ctx needs a value");
+    /* OpenAI's sampling flags: their ranges, and a bias on a token the model lacks */
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --logit-bias 5", m);
+    expect_error(args, "--logit-bias 5");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --logit-bias 5=101", m);
+    expect_error(args, "--logit-bias 5=101");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --presence-penalty 2.5", m);
+    expect_error(args, "--presence-penalty 2.5");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --frequency-penalty x", m);
+    expect_error(args, "--frequency-penalty x");
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 --temp 0 --logit-bias 600=1", m);
+    expect_error(args, "token id 600 is outside the vocabulary");
+    /* +100 forces its token at every step */
+    snprintf(args, sizeof args, "run -m %s --ids 2,3 -n 4 --temp 0 --logit-bias 7=100", m);
+    {
+        int forced_rc = run(args);
+        char *forced = slurp(out_path);
+        CHECK(forced_rc == 0 && !strcmp(forced, "7 7 7 7\n"), "--logit-bias 7=100 forces token 7: %s", forced);
+        free(forced);
+    }
     snprintf(args, sizeof args, "run -m %s --ids 2,99999", m);
     expect_error(args, "token id 99999");
     snprintf(args, sizeof args, "run -m %s --ids 2,3,4,5,6 --ctx 4", m);

@@ -1,5 +1,6 @@
-/* Sampling against worked examples: greedy and the repetition penalty, and the sampled
- * frequencies of a known distribution under temperature, top-k, top-p and min-p. */
+/* Sampling against worked examples: greedy and the repetition penalty, OpenAI's frequency and
+ * presence penalties and logit bias, and the sampled frequencies of a known distribution under
+ * temperature, top-k, top-p and min-p. */
 #include <math.h>
 #include "generate/sampler.h"
 #include "testutil.h"
@@ -184,12 +185,101 @@ static void temperature_rule(void) {
     CHECK(g4_sampling_check(&rp) == 0, "greedy refused: %s", g4_last_error());
 }
 
+/* The distribution at temperature 1 against the softmax of the logits worked out by hand. */
+static void expect_softmax(const char *what, g4_sampler *s, const float *logits, const int32_t *hist, int n, const double *want_logits) {
+    double probs[V], z = 0;
+    g4_sampler_distribution(s, logits, hist, n, probs);
+    for (int i = 0; i < V; i++) z += exp(want_logits[i]);
+    for (int i = 0; i < V; i++)
+        CHECK(fabs(probs[i] - exp(want_logits[i]) / z) < 1e-6, "%s: token %d probability %.7f, expected %.7f", what, i, probs[i],
+              exp(want_logits[i]) / z);
+}
+
+/* OpenAI's penalties (their API reference): logit - count x frequency_penalty - (count > 0) x
+ * presence_penalty, counting the generated tokens only; logit_bias added to the logit. */
+static void openai_penalties(void) {
+    const float logits[V] = {2.0f, 1.5f, 1.0f, 0.0f, -1.0f};
+    /* prompt [0], then tokens 1, 1, 2 generated: token 0 is the prompt's and keeps its logit;
+     * token 1: 1.5 - 2 x 0.3 - 0.4 = 0.5; token 2: 1.0 - 0.3 - 0.4 = 0.3 */
+    const int32_t hist[4] = {0, 1, 1, 2};
+    g4_sampling p = params(1, 0, 1, 0);
+    p.frequency_penalty = 0.3f;
+    p.presence_penalty = 0.4f;
+    CHECK(!g4_sampling_is_argmax(&p) && g4_sampling_top_needed(&p, V) == 0, "OpenAI's penalties need every logit");
+    /* even with a top-k or greedy: a penalised or biased token may come from outside the raw top */
+    g4_sampling k = p;
+    k.top_k = 2;
+    CHECK(g4_sampling_top_needed(&k, V) == 0, "top-k 2 with OpenAI's penalties needs every logit");
+    k.temperature = 0;
+    CHECK(g4_sampling_top_needed(&k, V) == 0, "greedy with OpenAI's penalties needs every logit");
+    g4_sampler *s = g4_sampler_new(&p, V);
+    g4_sampler_set_prompt(s, 1);
+    expect_softmax("frequency 0.3, presence 0.4", s, logits, hist, 4, (double[]){2.0, 0.5, 0.3, 0.0, -1.0});
+    /* twice in a row: the counts start from zero at each pick */
+    expect_softmax("the same pick again", s, logits, hist, 4, (double[]){2.0, 0.5, 0.3, 0.0, -1.0});
+    /* negative penalties favour what was said: token 1: 1.5 + 2 x 0.3 + 0.4 = 2.5 */
+    g4_sampler_free(s);
+    p.frequency_penalty = -0.3f;
+    p.presence_penalty = -0.4f;
+    s = g4_sampler_new(&p, V);
+    g4_sampler_set_prompt(s, 1);
+    expect_softmax("negative penalties", s, logits, hist, 4, (double[]){2.0, 2.5, 1.7, 0.0, -1.0});
+    g4_sampler_free(s);
+    /* greedy: the prompt's tokens are not penalised (token 0 wins over 1 only when it is) */
+    const float l2[V] = {1.0f, 1.2f, 0.0f, -1.0f, -2.0f};
+    const int32_t h2[1] = {1};
+    g4_sampling g = params(0, 0, 1, 0);
+    g.presence_penalty = 0.5f;
+    s = g4_sampler_new(&g, V);
+    g4_sampler_set_prompt(s, 1);
+    CHECK_EQ_INT(g4_sampler_sample(s, l2, h2, 1), 1);
+    g4_sampler_set_prompt(s, 0);
+    CHECK_EQ_INT(g4_sampler_sample(s, l2, h2, 1), 0);
+    g4_sampler_free(s);
+    /* logit_bias: +100 forces a token, -100 forbids one; entries for one id add up */
+    const int32_t ids[3] = {4, 1, 1};
+    const float up[3] = {100, 0, 0}, down[3] = {0, -60, -40};
+    g = params(0, 0, 1, 0);
+    g.bias_ids = ids, g.bias_values = up, g.n_bias = 3;
+    CHECK(!g4_sampling_is_argmax(&g), "a logit bias is not a plain argmax");
+    s = g4_sampler_new(&g, V);
+    CHECK_EQ_INT(g4_sampler_sample(s, l2, NULL, 0), 4);
+    g4_sampler_free(s);
+    g.bias_values = down;
+    s = g4_sampler_new(&g, V);
+    CHECK_EQ_INT(g4_sampler_sample(s, l2, NULL, 0), 0);
+    g4_sampler_free(s);
+    p = params(1, 0, 1, 0);
+    p.bias_ids = ids, p.bias_values = down, p.n_bias = 3;
+    s = g4_sampler_new(&p, V);
+    expect_softmax("bias -60 - 40", s, l2, NULL, 0, (double[]){1.0, 1.2 - 100, 0.0, -1.0, -2.0});
+    g4_sampler_free(s);
+    /* the sampler copies the bias: the caller's arrays may change after */
+    float changing[3] = {100, 0, 0};
+    g.bias_values = changing;
+    s = g4_sampler_new(&g, V);
+    changing[0] = -100;
+    CHECK_EQ_INT(g4_sampler_sample(s, l2, NULL, 0), 4);
+    g4_sampler_free(s);
+    /* refusals: a bias outside [-100, 100], an id outside the vocabulary, a non-finite penalty */
+    const float too_big[1] = {100.5f};
+    const int32_t outside[1] = {V};
+    g.bias_ids = ids, g.bias_values = too_big, g.n_bias = 1;
+    CHECK(g4_sampler_new(&g, V) == NULL && strstr(g4_last_error(), "[-100, 100]"), "a bias of 100.5 accepted");
+    g.bias_ids = outside, g.bias_values = up;
+    CHECK(g4_sampler_new(&g, V) == NULL && strstr(g4_last_error(), "outside the vocabulary"), "a bias on token %d accepted", V);
+    g.n_bias = 0;
+    g.frequency_penalty = INFINITY;
+    CHECK(g4_sampler_new(&g, V) == NULL, "an infinite frequency penalty accepted");
+}
+
 int main(void) {
     argmax_matches_plain_loop();
     is_argmax_agrees();
     select_stays_inside();
     non_finite_logits();
     temperature_rule();
+    openai_penalties();
     /* probabilities 0.5, 0.3, 0.2, 0, 0 (two tokens at -inf) */
     const float logits[V] = {logf(0.5f), logf(0.3f), logf(0.2f), -INFINITY, -INFINITY};
     double f[V];

@@ -21,7 +21,7 @@
 
 static g4_tokenizer *tok;
 static const serve_limits LIM = {.model_id = "m", .strict_model = 1, .ctx = 256, .max_messages = 8, .max_tools = 2, .max_stop = 4, .max_stop_len = 16,
-                                 .max_json_values = 4096};
+                                 .max_json_values = 4096, .max_n = 2, .vocab = 100};
 
 static int parse(const char *body, serve_kind kind, serve_request *r, serve_error *e) {
     return serve_parse_request(body, strlen(body), kind, &LIM, r, e);
@@ -77,7 +77,19 @@ static void check_refusals(void) {
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":0}", SERVE_CHAT, 400, "top_p", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_k\":1.5}", SERVE_CHAT, 400, "top_k", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":-3}", SERVE_CHAT, 400, "seed", NULL},
-        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":1}", SERVE_CHAT, 400, "presence_penalty", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":2.5}", SERVE_CHAT, 400, "presence_penalty", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"frequency_penalty\":-2.1}", SERVE_CHAT, 400, "frequency_penalty", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", SERVE_CHAT, 400, "top_logprobs", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", SERVE_CHAT, 400,
+         "top_logprobs", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":3}", SERVE_CHAT, 400, "logprobs", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":21}", SERVE_COMPLETION, 400, "logprobs", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":true}", SERVE_COMPLETION, 400, "logprobs", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":101}}", SERVE_CHAT, 400, "logit_bias", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"-5\":1}}", SERVE_CHAT, 400, "logit_bias", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5x\":1}}", SERVE_CHAT, 400, "logit_bias", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":\"1\"}}", SERVE_CHAT, 400, "logit_bias", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":[1]}", SERVE_CHAT, 400, "logit_bias", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":257}", SERVE_CHAT, 400, "max_tokens",
          "context_length_exceeded"},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":\"9\"}", SERVE_CHAT, 400,
@@ -89,7 +101,7 @@ static void check_refusals(void) {
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":1}", SERVE_CHAT, 400, "stream", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"stream_options\":[]}", SERVE_CHAT, 400,
          "stream_options", NULL},
-        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":1}}", SERVE_CHAT, 400, "logit_bias", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"100\":1}}", SERVE_CHAT, 400, "logit_bias", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":\"yes\"}}",
          SERVE_CHAT, 400, "chat_template_kwargs.enable_thinking", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"retrieval\"}]}", SERVE_CHAT, 400, "tools[0]",
@@ -138,7 +150,8 @@ static void check_fields(void) {
     CHECK(r.sampling.temperature == 0.5f && r.sampling.top_p == 0.9f && r.sampling.top_k == 0 && r.sampling.min_p == 0.1f &&
               r.sampling.repeat_penalty == 1.2f && r.sampling.seed == 77 && r.seed_given && r.max_tokens == 9,
           "sampling and budget read");
-    CHECK(r.sampling_given == (G4_SAMPLE_TEMP | G4_SAMPLE_TOP_P | G4_SAMPLE_TOP_K | G4_SAMPLE_MIN_P | G4_SAMPLE_PENALTY), "the fields given: %d",
+    CHECK(r.sampling_given == (G4_SAMPLE_TEMP | G4_SAMPLE_TOP_P | G4_SAMPLE_TOP_K | G4_SAMPLE_MIN_P | G4_SAMPLE_PENALTY | G4_SAMPLE_FREQUENCY),
+          "the fields given: %d",
           r.sampling_given);
     CHECK(r.n_stop == 2 && !strcmp(r.stop[0], "##") && !strcmp(r.stop[1], "\n\n") && r.stream && r.include_usage && r.thinking, "stop, stream, thinking");
     CHECK(r.n_msgs == 5 && r.msgs[0].role == G4_CHAT_SYSTEM && r.msgs[1].role == G4_CHAT_USER && !strcmp(r.msgs[1].content, "ab"),
@@ -156,6 +169,22 @@ static void check_fields(void) {
                 SERVE_CHAT, &r, &e) == 0 &&
               !r.thinking && r.max_tokens == -1 && r.n_stop == 0 && r.sampling_given == 0 && !r.seed_given,
           "enable_thinking wins over reasoning_effort; null is not given: %s", e.message);
+    serve_request_free(&r);
+    /* OpenAI's generation fields: n, penalties, logit_bias (ids to biases), logprobs in both forms */
+    CHECK(parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2,\"frequency_penalty\":-0.5,"
+                "\"presence_penalty\":1.5,\"logit_bias\":{\"7\":-100,\"99\":2.5},\"logprobs\":true,\"top_logprobs\":20}",
+                SERVE_CHAT, &r, &e) == 0 &&
+              r.n == 2 && r.sampling.frequency_penalty == -0.5f && r.sampling.presence_penalty == 1.5f && r.sampling.n_bias == 2 &&
+              r.sampling.bias_ids[0] == 7 && r.sampling.bias_values[0] == -100 && r.sampling.bias_ids[1] == 99 && r.sampling.bias_values[1] == 2.5f &&
+              r.logprobs && r.top_logprobs == 20 && (r.sampling_given & G4_SAMPLE_BIAS),
+          "n, penalties, logit_bias, logprobs read: %s", e.message);
+    serve_request_free(&r);
+    CHECK(parse("{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":0}", SERVE_COMPLETION, &r, &e) == 0 && r.logprobs && r.top_logprobs == 0 && r.n == 1,
+          "completions' logprobs 0: the chosen tokens' only: %s", e.message);
+    serve_request_free(&r);
+    CHECK(parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false}", SERVE_CHAT, &r, &e) == 0 &&
+              !r.logprobs,
+          "logprobs false: %s", e.message);
     serve_request_free(&r);
     CHECK(parse("{\"model\":\"m\",\"prompt\":[2,5,9]}", SERVE_COMPLETION, &r, &e) == 0 && r.n_prompt_ids == 3 && r.prompt_ids[2] == 9 && !r.prompt,
           "a prompt of token ids");
@@ -182,6 +211,17 @@ static void check_prompts(void) {
               !memcmp(ids, want, sizeof *ids * n_want) && !prefill && !opens && budget == LIM.ctx - n + 1,
           "a chat prompt is g4_chat_encode's; the budget is the rest of the context (%d)", budget);
     free(ids), free(want), ids = NULL, want = NULL;
+    /* the server's default budget (--max-tokens) when it is less than the context leaves */
+    serve_limits lim = LIM;
+    lim.max_tokens = 10;
+    rc = serve_prompt(&r, tok, G4_CHAT_FORM_E2B, (int)g4_tokenizer_vocab_size(tok), &lim, &ids, &n, &opens, &prefill, &budget, &e);
+    CHECK(rc == 0 && budget == 10, "--max-tokens 10: a chat reply's default budget is %d", budget);
+    free(ids), ids = NULL;
+    serve_request_free(&r);
+    CHECK(parse("{\"model\":\"m\",\"prompt\":\"x\"}", SERVE_COMPLETION, &r, &e) == 0, "%s", e.message);
+    rc = serve_prompt(&r, tok, G4_CHAT_FORM_E2B, (int)g4_tokenizer_vocab_size(tok), &LIM, &ids, &n, &opens, &prefill, &budget, &e);
+    CHECK(rc == 0 && budget == SERVE_DEFAULT_COMPLETION_TOKENS, "a completion's default budget is OpenAI's 16, not %d", budget);
+    free(ids), ids = NULL;
     serve_request_free(&r);
     /* a named tool: the call opened after the generation prompt */
     CHECK(parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"w\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"

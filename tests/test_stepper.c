@@ -55,6 +55,7 @@ static outcome reference(int act, int ctx, const job *j) {
     outcome o = {.n = 0, .stop = G4_STOP_BUDGET};
     g4_session *s = session(act, 1, ctx);
     g4_sampler *smp = g4_sampler_new(&j->p.sampling, V);
+    if (smp) g4_sampler_set_prompt(smp, j->n_prompt);
     float *logits = malloc(sizeof *logits * (size_t)V);
     int32_t hist[MAX_PROMPT + MAX_GEN];
     memcpy(hist, j->prompt, sizeof *hist * (size_t)j->n_prompt);
@@ -509,6 +510,126 @@ static void check_non_finite(void) {
     printf("ok non-finite logits: greedy, top-k, every-logit and penalised picks end with G4_STOP_ERROR and a message\n");
 }
 
+/* OpenAI's n: three generations forked from one prompt (computed once: the prompt tokens fed are
+ * one prompt's and two last tokens) with their own seeds, penalties and bias, each against its
+ * reference alone; and greedy n = 2 gives the same tokens twice. */
+static void check_fork(int act) {
+    enum { N = 4, CTX = 96 };
+    job jobs[N];
+    make_jobs(jobs, N);
+    const int32_t bias_ids[2] = {5, 9};
+    const float bias_values[2] = {3.5f, -100};
+    for (int q = 0; q < N; q++) {
+        memcpy(jobs[q].prompt, jobs[2].prompt, sizeof jobs[q].prompt);
+        jobs[q].n_prompt = jobs[2].n_prompt;
+        jobs[q].p.sampling = (g4_sampling){.temperature = q == 3 ? 0 : 0.9f, .top_k = 40, .top_p = 1, .repeat_penalty = 1, .repeat_last_n = 64,
+                                           .seed = 100 + (uint64_t)q, .frequency_penalty = 0.5f * (float)q, .presence_penalty = q == 1 ? 1.0f : 0,
+                                           .bias_ids = bias_ids, .bias_values = bias_values, .n_bias = q == 2 ? 2 : 0};
+    }
+    g4_session *s = session(act, N, CTX);
+    g4_stepper *st = s ? g4_stepper_new(s, 0) : NULL;
+    CHECK(st != NULL, "%s", g4_last_error());
+    if (!st) return;
+    CHECK(g4_stepper_add(st, 0, jobs[0].prompt, jobs[0].n_prompt, &jobs[0].p) == 0, "%s", g4_last_error());
+    for (int q = 1; q < N; q++) CHECK(g4_stepper_add_fork(st, q, 0, &jobs[q].p) == 0, "fork %d: %s", q, g4_last_error());
+    CHECK(g4_stepper_add_fork(st, 0, 1, &jobs[0].p) != 0, "a fork of a fork, into a busy sequence, was accepted");
+    run_out(st, N);
+    for (int q = 0; q < N; q++) {
+        outcome want = reference(act, CTX, &jobs[q]), got = stepped(st, q);
+        CHECK(same_outcome(&want, &got), "act %d: fork %d: %d tokens, stop %d; alone %d, stop %d", act, q, got.n, got.stop, want.n, want.stop);
+    }
+    g4_stepper_stats stats;
+    g4_stepper_get_stats(st, &stats);
+    CHECK(stats.prompt_tokens == jobs[0].n_prompt + N - 1, "the forks fed %ld prompt tokens; one prompt and %d last tokens are %d",
+          stats.prompt_tokens, N - 1, jobs[0].n_prompt + N - 1);
+    int held = g4_session_seq_pos(s, 0);
+    CHECK(g4_session_copy_seq(s, 0, 0, 1) != 0 && g4_session_copy_seq(s, 0, 1, held + 1) != 0 && g4_session_copy_seq(s, 0, N, 1) != 0 &&
+              g4_session_seq_pos(s, 1) != held + 1,
+          "a copy onto itself, of more than the sequence holds or to no sequence was accepted");
+    g4_stepper_free(st);
+    g4_session_free(s);
+    printf("ok act %d: %d generations forked from one prompt give their tokens alone\n", act, N);
+}
+
+/* A fork's source that ends at its first token (a budget of 1) and whose sequence is then given
+ * to another generation at once, as g4 serve reuses a finished slot: the forks copied its prompt
+ * in the step that fed it, and give their tokens alone. */
+static void check_fork_source_reused(void) {
+    enum { N = 3, CTX = 96 };
+    job jobs[N + 1];
+    make_jobs(jobs, N + 1);
+    for (int q = 0; q < N; q++) memcpy(jobs[q].prompt, jobs[2].prompt, sizeof jobs[q].prompt), jobs[q].n_prompt = jobs[2].n_prompt;
+    jobs[0].p.max_tokens = 1;
+    g4_session *s = session(G4_ACT_INT, N, CTX);
+    g4_stepper *st = s ? g4_stepper_new(s, 0) : NULL;
+    CHECK(st != NULL, "%s", g4_last_error());
+    if (!st) return;
+    CHECK(g4_stepper_add(st, 0, jobs[0].prompt, jobs[0].n_prompt, &jobs[0].p) == 0, "%s", g4_last_error());
+    for (int q = 1; q < N; q++) CHECK(g4_stepper_add_fork(st, q, 0, &jobs[q].p) == 0, "fork %d: %s", q, g4_last_error());
+    g4_step_token ev[64];
+    for (int steps = 0; g4_stepper_state(st, 0) != G4_SEQ_FINISHED && steps < 100; steps++)
+        CHECK(g4_stepper_step(st, ev) >= 0, "%s", g4_last_error());
+    g4_session_reset_seq(s, 0);
+    CHECK(g4_stepper_add(st, 0, jobs[N].prompt, jobs[N].n_prompt, &jobs[N].p) == 0, "%s", g4_last_error());
+    run_out(st, N);
+    for (int q = 1; q < N; q++) {
+        outcome want = reference(G4_ACT_INT, CTX, &jobs[q]), got = stepped(st, q);
+        CHECK(same_outcome(&want, &got), "fork %d of a source whose sequence was reused: %d tokens, stop %d; alone %d, stop %d", q, got.n,
+              got.stop, want.n, want.stop);
+    }
+    g4_stepper_free(st);
+    g4_session_free(s);
+    printf("ok forks copy their source's prompt in the step that fed it: a source reused at once leaves them whole\n");
+}
+
+/* Log-probabilities: each step's chosen token and top 5 against the log-softmax, in double, of
+ * every logit of the reference loop (g4_session_eval), for a greedy and a sampled generation. */
+static void check_logprobs(void) {
+    enum { CTX = 96, TOP = 5 };
+    job jobs[3];
+    make_jobs(jobs, 3);
+    for (int k = 0; k < 3; k += 2) {
+        job *j = &jobs[k];
+        j->p.logprobs = 1;
+        j->p.top_logprobs = TOP;
+        outcome want = reference(G4_ACT_INT, CTX, j);
+        g4_session *s = session(G4_ACT_INT, 1, CTX), *r = session(G4_ACT_INT, 1, CTX);
+        g4_stepper *st = s ? g4_stepper_new(s, 0) : NULL;
+        float *logits = malloc(sizeof *logits * (size_t)V);
+        CHECK(st && r && logits && g4_stepper_add(st, 0, j->prompt, j->n_prompt, &j->p) == 0, "%s", g4_last_error());
+        CHECK(g4_session_eval(r, j->prompt, j->n_prompt, logits, 0) == 0, "%s", g4_last_error());
+        g4_step_token ev[4];
+        int n_tok = 0, bad = 0;
+        while (st && g4_stepper_active(st) > 0 && n_tok < MAX_GEN) {
+            int n = g4_stepper_step(st, ev);
+            if (n <= 0) continue;
+            g4_logprobs lp;
+            CHECK(g4_stepper_logprobs(st, 0, &lp) == 0 && lp.n_top == TOP, "no log-probabilities after a step");
+            double max = logits[0], z = 0;
+            for (int v = 1; v < V; v++) max = logits[v] > max ? logits[v] : max;
+            for (int v = 0; v < V; v++) z += exp(logits[v] - max);
+            double lse = max + log(z);
+            bad += lp.chosen.token != ev[0].token || fabs(lp.chosen.logprob - (logits[ev[0].token] - lse)) > 1e-5;
+            for (int i = 0; i < TOP; i++) {
+                int32_t t = lp.top[i].token;
+                int above = 0; /* tokens ranked before t: exactly i of them */
+                for (int v = 0; v < V; v++) above += logits[v] > logits[t] || (logits[v] == logits[t] && v < t);
+                bad += above != i || fabs(lp.top[i].logprob - (logits[t] - lse)) > 1e-5;
+            }
+            n_tok++;
+            if (!ev[0].finished) CHECK(g4_session_eval(r, &ev[0].token, 1, logits, 0) == 0, "%s", g4_last_error());
+        }
+        outcome got = st ? stepped(st, 0) : (outcome){0};
+        CHECK(same_outcome(&want, &got), "job %d with log-probabilities: other tokens than without", k);
+        CHECK(bad == 0 && n_tok == want.n, "job %d: %d of %d steps' log-probabilities differ from the log-softmax", k, bad, n_tok);
+        g4_stepper_free(st);
+        g4_session_free(s);
+        g4_session_free(r);
+        free(logits);
+    }
+    printf("ok log-probabilities are the log-softmax of the step's logits\n");
+}
+
 int main(void) {
     g4_model *m = g4_model_load(tiny_dir());
     CHECK(m != NULL, "%s", g4_last_error());
@@ -523,6 +644,9 @@ int main(void) {
     check_truncate();
     check_non_finite();
     check_cancel_callback();
+    for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) check_fork(act);
+    check_fork_source_reused();
+    check_logprobs();
     g4_model_free(m);
     return check_report("stepper");
 }

@@ -176,6 +176,40 @@ void print_engine_options(FILE *f) {
 }
 
 /* Sampling flags. Returns 1 if argv[i] was one; sets *given when any was. */
+/* A finite number, of either sign. */
+static int parse_signed(const char *v, float *out) {
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || end == v || *end || !isfinite(x)) return -1;
+    *out = x;
+    return 0;
+}
+
+/* --logit-bias ID=V: one more entry of the command's bias table (a command parses its flags once). */
+static int logit_bias_flag(const char *cmd, const char *v, g4_sampling *p) {
+    enum { MAX_BIAS = 1024 };
+    static int32_t ids[MAX_BIAS];
+    static float values[MAX_BIAS];
+    static int n;
+    char *end;
+    errno = 0;
+    long id = strtol(v, &end, 10);
+    float x = 0;
+    int ok = !errno && end != v && *end == '=' && id >= 0 && id <= INT32_MAX && !parse_signed(end + 1, &x);
+    if (!ok || !(x >= -G4_MAX_LOGIT_BIAS && x <= G4_MAX_LOGIT_BIAS)) {
+        fprintf(stderr, "g4 %s: error: --logit-bias %s: expected TOKEN_ID=BIAS, the bias in [-100, 100]\n", cmd, v);
+        return 1;
+    }
+    if (n == MAX_BIAS) {
+        fprintf(stderr, "g4 %s: error: --logit-bias: at most %d entries\n", cmd, MAX_BIAS);
+        return 1;
+    }
+    ids[n] = (int32_t)id, values[n] = x, n++;
+    p->bias_ids = ids, p->bias_values = values, p->n_bias = n;
+    return 0;
+}
+
 int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad) {
     const char *v = NULL;
     float f;
@@ -227,6 +261,19 @@ int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad) {
         }
         p->seed = seed;
         field = G4_SAMPLE_SEED;
+    } else if (flag_is(a, "--frequency-penalty") || flag_is(a, "--presence-penalty")) {
+        int freq = flag_is(a, "--frequency-penalty");
+        const char *name = freq ? "--frequency-penalty" : "--presence-penalty";
+        if (!(v = flag_value(a, name, bad))) return *bad = 1;
+        if (parse_signed(v, &f) || !(f >= -2 && f <= 2)) {
+            fprintf(stderr, "g4 %s: error: %s %s: expected a number in [-2, 2] (OpenAI's range)\n", a->cmd, name, v);
+            return *bad = 1;
+        }
+        *(freq ? &p->frequency_penalty : &p->presence_penalty) = f;
+        field = freq ? G4_SAMPLE_FREQUENCY : G4_SAMPLE_PRESENCE;
+    } else if (flag_is(a, "--logit-bias")) {
+        if (!(v = flag_value(a, "--logit-bias", bad)) || logit_bias_flag(a->cmd, v, p)) return *bad = 1;
+        field = G4_SAMPLE_BIAS;
     } else {
         return 0;
     }
@@ -242,6 +289,9 @@ void sampling_override(g4_sampling *to, const g4_sampling *from, int given) {
     if (given & G4_SAMPLE_PENALTY) to->repeat_penalty = from->repeat_penalty;
     if (given & G4_SAMPLE_LAST_N) to->repeat_last_n = from->repeat_last_n;
     if (given & G4_SAMPLE_SEED) to->seed = from->seed;
+    if (given & G4_SAMPLE_FREQUENCY) to->frequency_penalty = from->frequency_penalty;
+    if (given & G4_SAMPLE_PRESENCE) to->presence_penalty = from->presence_penalty;
+    if (given & G4_SAMPLE_BIAS) to->bias_ids = from->bias_ids, to->bias_values = from->bias_values, to->n_bias = from->n_bias;
 }
 
 int unknown_flag(const args_t *a) {
@@ -280,6 +330,9 @@ static const usage_line sampling_usage[] = {
     {"--repeat-penalty R", "divide the logits of recent tokens by R (HF rule; 1: off)"},
     {"--repeat-last-n N", "how many recent tokens the penalty looks at"},
     {"--seed S", "random seed: the same seed gives the same output"},
+    {"--frequency-penalty F", "OpenAI's: a generated token's logit loses F times its count so far (0: off)"},
+    {"--presence-penalty P", "OpenAI's: a generated token's logit loses P once it occurred (0: off)"},
+    {"--logit-bias ID=B", "add B (in [-100, 100]) to token ID's logit; repeatable"},
     {NULL, NULL},
 };
 static const usage_line draft_usage[] = {

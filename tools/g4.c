@@ -160,6 +160,7 @@ static void usage(FILE *f) {
             "        [--prompt-cache on|off] [--prompt-chunk 64] [--max-unread 1M] [--cors-origin ORIGIN]... [--pooling mean|last]\n"
             "        [--api-key-file F] [--strict-model] [--header-timeout 10] [--body-timeout 60] [--max-conn-per-ip 64]\n"
             "        [--max-body-total 64M] [--max-json-values N] [--verbose] [engine options]   (--host, --api-key repeatable)\n"
+            "        [-n/--max-tokens N] [sampling defaults: --temp T ... as below, but --seed and --logit-bias]\n"
             "                                         OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions,\n"
             "                                         /v1/models, /v1/embeddings, /tokenize, /detokenize, /props, /health,\n"
             "                                         /metrics, a chat page at /; N conversations batched together\n"
@@ -193,7 +194,8 @@ static void usage(FILE *f) {
             "multi-token prediction (run, chat, eval, bench, serve): --draft DIR  a gemma4_assistant drafter made for the model;\n"
             "  greedy decoding verifies its drafts and gives the same tokens, faster; --draft-tokens K (1-16, default 3)\n"
             "sampling (run -p, chat; run --ids is greedy unless given):\n"
-            "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n",
+            "  --temp T  --top-k K  --top-p P  --min-p P  --repeat-penalty R  --repeat-last-n N  --seed S\n"
+            "  --frequency-penalty F  --presence-penalty P (OpenAI's, [-2, 2])  --logit-bias ID=B (repeatable, [-100, 100])\n",
             G4_VERSION);
     fprintf(f, "engine options (run, chat, eval, bench: --NAME VALUE or --NAME=VALUE; g4_options_parse takes NAME=VALUE):\n");
     print_engine_options(f);

@@ -42,6 +42,8 @@ typedef struct {
     int n_keys;
     int port, parallel, queue, timeout_s, prompt_chunk, prompt_cache, verbose, step_ms, ignore_eos;
     int header_timeout_s, body_timeout_s, max_conn_per_ip;
+    g4_sampling sampling; /* --temp, --top-k, ...: the defaults of requests that do not set them */
+    int sampling_given;
     double drain_s;
     size_t max_body, max_body_total, max_unread;
     const char *cors[16]; /* --cors-origin: origins (or "*") whose browsers may read the replies */
@@ -914,13 +916,14 @@ const command_usage usage_serve = {
         {"--prompt-cache on|off", "reuse idle slots' KV prefixes (default on)"},
         {"--prompt-chunk N", "prompt tokens fed per step (default 64)"},
         {"--max-unread BYTES", "a streaming reply's unread bytes past which its client has stopped reading (default 1M)"},
+        {"-n, --max-tokens N", "the budget of a reply that sets no max_tokens (default: chat 4096, completions 16; cut to the context)"},
         {"--verbose", "one line per request on stderr"},
         {"--test-replies FILE", "tests: replies' text from a JSON array of strings instead of the model's"},
         {"--test-step-ms N", "tests: a pause after each step"},
         {"--test-ignore-eos", "tests, benchmarks: no stop ids"},
         {NULL, NULL},
     },
-    USAGE_ENGINE | USAGE_DRAFT,
+    USAGE_ENGINE | USAGE_DRAFT | USAGE_SAMPLING, /* the sampling flags: defaults of requests that do not set them (--seed, --logit-bias refused) */
 };
 
 /* An origin as browsers send it: "*", or scheme://host[:port] with nothing after. */
@@ -997,7 +1000,10 @@ static int parse_serve_args(args_t *a, serve_args *s) {
         else if (flag_is(a, "--max-unread")) bad = !(v = flag_value(a, "--max-unread", &bad)) || parse_size(a->cmd, "--max-unread", v, 1024, 1u << 30, &s->max_unread);
         else if (flag_is(a, "--max-messages")) bad = !(v = flag_value(a, "--max-messages", &bad)) || parse_int(a->cmd, "--max-messages", v, 1, 1 << 20, &s->lim.max_messages);
         else if (flag_is(a, "--max-tools")) bad = !(v = flag_value(a, "--max-tools", &bad)) || parse_int(a->cmd, "--max-tools", v, 0, 1 << 16, &s->lim.max_tools);
-        else if (!engine_flag(a, &s->o, &bad) && !draft_flag(a, &s->draft, &bad)) return unknown_flag(a);
+        else if (flag_is(a, "-n") || flag_is(a, "--max-tokens"))
+            bad = !(v = flag_value(a, "--max-tokens", &bad)) || parse_int(a->cmd, "--max-tokens", v, 1, 1 << 24, &s->lim.max_tokens);
+        else if (!engine_flag(a, &s->o, &bad) && !draft_flag(a, &s->draft, &bad) && !sampling_flag(a, &s->sampling, &s->sampling_given, &bad))
+            return unknown_flag(a);
     }
     if (bad) return 1;
     if (s->n_hosts == 0) s->hosts[s->n_hosts++] = "127.0.0.1";
@@ -1006,6 +1012,8 @@ static int parse_serve_args(args_t *a, serve_args *s) {
                 s->max_body);
         return 1;
     }
+    if (s->sampling_given & G4_SAMPLE_SEED) return die("g4 serve: --seed: each request has its own seed (the 'seed' field)%s", "");
+    if (s->sampling_given & G4_SAMPLE_BIAS) return die("g4 serve: --logit-bias: each request has its own ('logit_bias')%s", "");
     if (!s->dir) s->dir = default_model_dir();
     if (s->draft.tokens && !s->draft.dir) return die("g4 serve: --draft-tokens needs --draft DIR%s", "");
     if (s->queue < 0) s->queue = 4 * s->parallel;
@@ -1014,6 +1022,7 @@ static int parse_serve_args(args_t *a, serve_args *s) {
     s->lim.ctx = s->o.ctx;
     /* a completions prompt of token ids takes one value a token */
     if (!values_given) s->lim.max_json_values = 65536 + 2 * s->o.ctx;
+    s->lim.max_n = s->parallel;
     s->lim.model_id = model_name(s);
     return 0;
 }
@@ -1026,6 +1035,7 @@ static int open_model(server *sv) {
     draft_args *d = &sv->a.draft;
     if (draft_open(d, sv->m, sv->s) != 0) return -1;
     sv->vocab = g4_model_vocab_size(sv->m);
+    sv->a.lim.vocab = sv->vocab;
     return 0;
 }
 
@@ -1152,7 +1162,8 @@ int cmd_serve(args_t *a) {
     pthread_cond_init(&sv.watch_stop, NULL);
     sv.started = (long)time(NULL);
     serve_engine_config ec = {.queue = sv.a.queue, .prompt_chunk = sv.a.prompt_chunk, .max_unread = sv.a.max_unread, .prompt_cache = sv.a.prompt_cache,
-                             .step_ms = sv.a.step_ms, .ignore_eos = sv.a.ignore_eos};
+                             .step_ms = sv.a.step_ms, .ignore_eos = sv.a.ignore_eos, .sampling = sv.a.sampling,
+                             .sampling_given = sv.a.sampling_given};
     struct MHD_Daemon *d[MAX_HOSTS] = {0};
     int rc = 1, n_d = 0;
     char where[MAX_HOSTS * (INET6_ADDRSTRLEN + 32)];

@@ -119,6 +119,11 @@ class Sampling(Structure):
         ("repeat_penalty", c_float),
         ("repeat_last_n", c_int),
         ("seed", c_uint64),
+        ("frequency_penalty", c_float),
+        ("presence_penalty", c_float),
+        ("bias_ids", POINTER(c_int32)),
+        ("bias_values", POINTER(c_float)),
+        ("n_bias", c_int),
     ]
 
 
@@ -134,6 +139,8 @@ class GenerateParams(Structure):
         ("draft_tokens", c_int),
         ("cancel", c_void_p),  # a CANCEL_FN's address (a CFUNCTYPE field would not take None)
         ("cancel_user", c_void_p),
+        ("logprobs", c_int),
+        ("top_logprobs", c_int),
     ]
 
 

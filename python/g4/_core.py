@@ -10,7 +10,7 @@ import queue
 import threading
 import warnings
 from contextlib import contextmanager
-from ctypes import POINTER, byref, c_char_p, c_int, c_int32, c_size_t, c_void_p
+from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int32, c_size_t, c_void_p
 from dataclasses import dataclass, field
 from typing import (
     Any,
@@ -611,6 +611,9 @@ class _Settings:
         seed: Optional[int] = None,
         thinking: bool = False,
         tools: Optional[Sequence[str]] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
     ) -> None:
         self.max_tokens = None if max_tokens is None else _int_arg("max_tokens", max_tokens, 1, 2**31 - 1)
         self.sampling: Dict[str, Any] = {}
@@ -622,6 +625,22 @@ class _Settings:
                 self.sampling[name] = _int_arg(name, v, 0, 2**31 - 1)
         if seed is not None:
             self.sampling["seed"] = _int_arg("seed", seed, 0, 2**64 - 1)
+        # OpenAI's penalties, in their range [-2, 2], and logit_bias {token id: bias in [-100, 100]}
+        for name, v in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
+            if v is not None:
+                x = _float_arg(name, v)
+                if not -2 <= x <= 2:
+                    raise OptionError(f"{name} {v}: expected a number in [-2, 2]")
+                self.sampling[name] = x
+        self.bias: List[Tuple[int, float]] = []
+        if logit_bias is not None:
+            if not isinstance(logit_bias, dict):
+                raise OptionError("logit_bias: expected a dict of token ids to biases in [-100, 100]")
+            for k, b in logit_bias.items():
+                x = _float_arg("logit_bias", b)
+                if not -100 <= x <= 100:
+                    raise OptionError(f"logit_bias of token {k}: {b}: expected a number in [-100, 100]")
+                self.bias.append((_int_arg("logit_bias", k, 0, 2**31 - 1), x))
         self.thinking = bool(thinking)
         if tools is None:
             tools = []
@@ -650,6 +669,14 @@ class _Settings:
             co.gen.max_tokens = self.max_tokens
         for name, v in self.sampling.items():
             setattr(co.gen.sampling, name, v)
+        if self.bias:
+            # borrowed by the conversation (each reply's sampler copies them): kept with the tools
+            ids = (c_int32 * len(self.bias))(*(i for i, _ in self.bias))
+            values = (c_float * len(self.bias))(*(b for _, b in self.bias))
+            co.gen.sampling.bias_ids = ctypes.cast(ids, POINTER(c_int32))
+            co.gen.sampling.bias_values = ctypes.cast(values, POINTER(c_float))
+            co.gen.sampling.n_bias = len(self.bias)
+            keep = (keep, ids, values)
         return co, keep
 
 
@@ -804,6 +831,9 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
         stop: Union[str, Sequence[str], None] = None,
         raw: bool = False,
         system: Optional[str] = None,
@@ -824,6 +854,9 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
         stop: Union[str, Sequence[str], None] = None,
         raw: bool = False,
         system: Optional[str] = None,
@@ -843,6 +876,9 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
         stop: Union[str, Sequence[str], None] = None,
         raw: bool = False,
         system: Optional[str] = None,
@@ -861,7 +897,8 @@ class Model:
         is left out). Thoughts are not part of the text (chat() returns them).
         """
         job = self._generation(
-            prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking
+            prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking,
+            frequency_penalty, presence_penalty, logit_bias,
         )
         if stream:
             return Stream(job)
@@ -881,6 +918,9 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
         stop: Union[str, Sequence[str], None] = None,
         raw: bool = False,
         system: Optional[str] = None,
@@ -888,7 +928,8 @@ class Model:
     ) -> Completion:
         """generate() returning the Completion: the text, the token ids, why it ended, timings."""
         job = self._generation(
-            prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking
+            prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking,
+            frequency_penalty, presence_penalty, logit_bias,
         )
         c = _run(job)
         _flush_warnings()
@@ -909,9 +950,13 @@ class Model:
         raw: bool,
         system: Optional[str],
         thinking: bool,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
     ) -> Callable[[Optional[Callable[[str], None]], Optional[threading.Event]], Completion]:
         """generate()'s arguments checked, and the generation to run (here or in a stream's thread)."""
-        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking)
+        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, None,
+                             frequency_penalty, presence_penalty, logit_bias)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if not all(isinstance(s, str) for s in stops):
             raise OptionError("stop: expected a string or a list of strings")
@@ -974,6 +1019,9 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
         stream: Literal[False] = False,
     ) -> ChatReply: ...
 
@@ -992,6 +1040,9 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
         stream: Literal[True],
     ) -> "Stream[ChatDelta, ChatReply]": ...
 
@@ -1009,6 +1060,9 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
         stream: bool = False,
     ) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
         """The model's reply to a conversation: a ChatReply (content, reasoning, tool_calls), or
@@ -1022,7 +1076,8 @@ class Model:
         parameters:{...}}"). Sampling as in generate(). For turns that keep the KV cache of the
         earlier ones, use conversation().
         """
-        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, tools)
+        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, tools,
+                             frequency_penalty, presence_penalty, logit_bias)
         msgs = _messages_from(messages)
         if not msgs:
             raise InputError("chat: no messages")
@@ -1055,10 +1110,14 @@ class Model:
         repeat_penalty: Optional[float] = None,
         repeat_last_n: Optional[int] = None,
         seed: Optional[int] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
     ) -> "Conversation":
         """A conversation that keeps the KV cache of its turns, as `g4 chat` does: each send() feeds
         only the new message. It holds a session of the model until closed."""
-        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, tools)
+        settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, tools,
+                             frequency_penalty, presence_penalty, logit_bias)
         return Conversation(self, settings, system)
 
     # ---- sessions ----

@@ -53,6 +53,21 @@ def test_sampling_is_g4_runs(model: g4.Model) -> None:
     assert len(texts) > 1  # the seed reaches the sampler
 
 
+def test_openai_penalties_and_bias_are_g4_runs(model: g4.Model) -> None:
+    q = questions(2)[1]
+    seven = model.tokenize("7")[-1]
+    for args, kw in [
+        (("--temp", "0", "--frequency-penalty", "1.5"), dict(temperature=0, frequency_penalty=1.5)),
+        (("--temp", "0.9", "--seed", "4", "--presence-penalty", "-1", "--logit-bias", "%d=3" % seven),
+         dict(temperature=0.9, seed=4, presence_penalty=-1, logit_bias={seven: 3})),
+    ]:
+        assert model.generate(q, **kw) == cli_answer(*args, "-p", q), kw
+    assert model.generate(q, temperature=0, max_tokens=4, logit_bias={seven: 100}) == "7777"  # +100 forces a token
+    for bad in (dict(frequency_penalty=2.5), dict(presence_penalty=float("nan")), dict(logit_bias={seven: -101}), dict(logit_bias=[seven])):
+        with pytest.raises(g4.OptionError):
+            model.generate(q, **bad)
+
+
 def test_budget(model: g4.Model, greedy) -> None:
     text, ids = greedy
     c = model.complete(PROMPT, temperature=0, max_tokens=5)

@@ -20,11 +20,21 @@ struct g4_sampler {
     candidate *cand; /* [vocab] */
     float *work;     /* [vocab] logits after the penalty */
     double *prob;    /* [vocab] unnormalised probabilities of the sorted candidates */
+    int *count;      /* [vocab] zero between picks: a token's count among the generated ones */
     int owns_buffers;
+    int n_prompt;    /* history[0, n_prompt) is the prompt, which OpenAI's penalties do not count */
+    int32_t *bias_ids; /* the logit bias, copied (p's pointers point here) */
+    float *bias_values;
 };
 
 void g4_sampling_default(g4_sampling *p) {
     *p = (g4_sampling){.temperature = 0, .top_k = 0, .top_p = 1, .min_p = 0, .repeat_penalty = 1, .repeat_last_n = 64, .seed = 0};
+}
+
+/* OpenAI's processors (frequency and presence penalties, logit bias) are on: they reach tokens
+ * outside any top-k of the raw logits, so the pick needs every logit. */
+static int openai_processors(const g4_sampling *p) {
+    return p->frequency_penalty != 0 || p->presence_penalty != 0 || p->n_bias > 0;
 }
 
 /* splitmix64: a small, well-mixed generator; the sequence depends only on the seed. */
@@ -48,6 +58,12 @@ int g4_sampling_check(const g4_sampling *p) {
     if (!(p->repeat_penalty > 0 && isfinite(p->repeat_penalty)))
         return g4_fail("repeat-penalty %g: expected a finite number > 0", (double)p->repeat_penalty);
     if (p->repeat_last_n < 0) return g4_fail("repeat-last-n %d: expected 0 (all) or more", p->repeat_last_n);
+    if (!isfinite(p->frequency_penalty) || !isfinite(p->presence_penalty))
+        return g4_fail("frequency-penalty %g, presence-penalty %g: expected finite numbers", (double)p->frequency_penalty, (double)p->presence_penalty);
+    if (p->n_bias < 0 || (p->n_bias > 0 && (!p->bias_ids || !p->bias_values))) return g4_fail("invalid logit bias (%d entries)", p->n_bias);
+    for (int i = 0; i < p->n_bias; i++)
+        if (!(p->bias_values[i] >= -G4_MAX_LOGIT_BIAS && p->bias_values[i] <= G4_MAX_LOGIT_BIAS))
+            return g4_fail("logit bias of token %d is %g: expected a number in [-100, 100]", p->bias_ids[i], (double)p->bias_values[i]);
     return 0;
 }
 
@@ -55,25 +71,48 @@ int g4_sampling_greedy(const g4_sampling *p) { return p->temperature < G4_GREEDY
 
 static int valid_params(const g4_sampling *p) { return g4_sampling_check(p) == 0; }
 
+/* The logit bias's entries, each a token of the vocabulary, copied into s (its p points there). */
+static int copy_bias(g4_sampler *s, int vocab) {
+    const int32_t *ids = s->p.bias_ids;
+    const float *values = s->p.bias_values;
+    int n = s->p.n_bias;
+    s->p.bias_ids = NULL, s->p.bias_values = NULL;
+    if (n == 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) return g4_fail("logit bias: token id %d is outside the vocabulary (0..%d)", ids[i], vocab - 1);
+    s->bias_ids = malloc(sizeof *s->bias_ids * (size_t)n);
+    s->bias_values = malloc(sizeof *s->bias_values * (size_t)n);
+    if (!s->bias_ids || !s->bias_values) return g4_fail("out of memory for the logit bias");
+    memcpy(s->bias_ids, ids, sizeof *s->bias_ids * (size_t)n);
+    memcpy(s->bias_values, values, sizeof *s->bias_values * (size_t)n);
+    s->p.bias_ids = s->bias_ids, s->p.bias_values = s->bias_values;
+    return 0;
+}
+
 /* A sampler with its own buffers (shared NULL) or with those of `shared`. */
 static g4_sampler *sampler_new(const g4_sampling *p, int vocab, const g4_sampler *shared) {
     if (!valid_params(p)) return NULL;
     g4_sampler *s = calloc(1, sizeof *s);
     if (s && shared) {
-        s->cand = shared->cand, s->work = shared->work, s->prob = shared->prob;
+        s->cand = shared->cand, s->work = shared->work, s->prob = shared->prob, s->count = shared->count;
     } else if (s) {
         s->owns_buffers = 1;
         s->cand = malloc(sizeof *s->cand * (size_t)vocab);
         s->work = malloc(sizeof *s->work * (size_t)vocab);
         s->prob = malloc(sizeof *s->prob * (size_t)vocab);
+        s->count = calloc((size_t)vocab, sizeof *s->count);
     }
-    if (!s || !s->cand || !s->work || !s->prob) {
+    if (!s || !s->cand || !s->work || !s->prob || !s->count) {
         g4_sampler_free(s);
         g4_fail("out of memory for the sampler");
         return NULL;
     }
     s->p = *p;
     s->vocab = vocab;
+    if (copy_bias(s, vocab) != 0) {
+        g4_sampler_free(s);
+        return NULL;
+    }
     s->rng = p->seed;
     return s;
 }
@@ -90,7 +129,10 @@ void g4_sampler_free(g4_sampler *s) {
         free(s->cand);
         free(s->work);
         free(s->prob);
+        free(s->count);
     }
+    free(s->bias_ids);
+    free(s->bias_values);
     free(s);
 }
 
@@ -125,13 +167,42 @@ static void apply_repeat_penalty(const g4_sampler *s, float *logits, const int32
     }
 }
 
+/* OpenAI's penalties over the generated tokens history[n_prompt, n) (counted in s->count, which
+ * is left zero again), then the logit bias. */
+static void apply_openai(const g4_sampler *s, float *logits, const int32_t *history, int n) {
+    const g4_sampling *p = &s->p;
+    if (p->frequency_penalty != 0 || p->presence_penalty != 0) {
+        int from = s->n_prompt < n ? s->n_prompt : n;
+        for (int i = from; i < n; i++)
+            if (history[i] >= 0 && history[i] < s->vocab) s->count[history[i]]++;
+        for (int i = from; i < n; i++) {
+            int32_t t = history[i];
+            if (t < 0 || t >= s->vocab || s->count[t] == 0) continue; /* out of range, or done */
+            logits[t] -= (float)s->count[t] * p->frequency_penalty + p->presence_penalty;
+            s->count[t] = 0;
+        }
+    }
+    for (int i = 0; i < p->n_bias; i++) logits[p->bias_ids[i]] += p->bias_values[i];
+}
+
+/* Every processor before the temperature, in order, on a copy of the logits in s->work. */
+static void processed(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
+    memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
+    apply_repeat_penalty(s, s->work, history, n_history);
+    apply_openai(s, s->work, history, n_history);
+}
+
+void g4_sampler_set_prompt(g4_sampler *s, int n_prompt) { s->n_prompt = n_prompt > 0 ? n_prompt : 0; }
+
 /* Moves the k best candidates to the front, sorted. */
 static void select_top(candidate *c, int n, int k) {
     g4_select_first(c, (size_t)n, sizeof *c, (size_t)k, by_logit_desc);
     qsort(c, (size_t)k, sizeof *c, by_logit_desc);
 }
 
-int g4_sampling_is_argmax(const g4_sampling *p) { return g4_sampling_greedy(p) && p->repeat_penalty == 1; }
+int g4_sampling_is_argmax(const g4_sampling *p) { return g4_sampling_greedy(p) && p->repeat_penalty == 1 && !openai_processors(p); }
+
+int g4_sampling_history_free(const g4_sampling *p) { return p->repeat_penalty == 1 && p->frequency_penalty == 0 && p->presence_penalty == 0; }
 
 /* The candidates a draw keeps of the n best, sorted in s->cand (softmax, top-p, min-p): their
  * unnormalised probabilities into s->prob, their number returned, their total into *sum. */
@@ -188,8 +259,7 @@ static int32_t draw(g4_sampler *s, int n) {
 }
 
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
-    memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
-    apply_repeat_penalty(s, s->work, history, n_history);
+    processed(s, logits, history, n_history);
     if (g4_sampling_greedy(&s->p)) return g4_argmax(s->work, s->vocab);
     int n = s->vocab;
     for (int i = 0; i < n; i++) s->cand[i] = (candidate){i, s->work[i] / s->p.temperature};
@@ -200,8 +270,7 @@ int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *his
 
 /* s->cand sorted by the processors, the top-k's first; their count. */
 static int ranked(g4_sampler *s, const float *logits, const int32_t *history, int n_history) {
-    memcpy(s->work, logits, sizeof *logits * (size_t)s->vocab);
-    apply_repeat_penalty(s, s->work, history, n_history);
+    processed(s, logits, history, n_history);
     int n = s->vocab;
     for (int i = 0; i < n; i++) s->cand[i] = (candidate){i, s->work[i] / s->p.temperature};
     int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
@@ -238,6 +307,7 @@ int32_t g4_sampler_draw_from(g4_sampler *s, const double *w) {
 }
 
 int g4_sampling_top_needed(const g4_sampling *p, int vocab) {
+    if (openai_processors(p)) return 0;
     if (g4_sampling_greedy(p)) return 1;
     return p->top_k > 0 && p->top_k < vocab ? p->top_k : 0;
 }
@@ -253,7 +323,7 @@ int g4_sampling_penalized(const g4_sampling *p, const int32_t *history, int n_hi
 int32_t g4_sampler_sample_top(g4_sampler *s, const int32_t *ids, const float *logits, int m, float bound, const int32_t *history,
                               int n_history) {
     int k = g4_sampling_top_needed(&s->p, s->vocab);
-    if (k == 0 || m < k || m > s->vocab || isnan(bound)) return -1;
+    if (k == 0 || openai_processors(&s->p) || m < k || m > s->vocab || isnan(bound)) return -1;
     for (int i = 0; i < m; i++) {
         if (isnan(logits[i]) || ids[i] < 0 || ids[i] >= s->vocab) return -1;
         s->work[i] = logits[i];

@@ -16,6 +16,9 @@ g4_sampler *g4_sampler_new(const g4_sampling *params, int vocab);
  * tokens one thread picks one after another. shared must outlive it. */
 g4_sampler *g4_sampler_new_sharing(const g4_sampling *params, const g4_sampler *shared);
 void g4_sampler_free(g4_sampler *s);
+/* history[0, n_prompt) of the calls below is the prompt (0 until set): OpenAI's frequency and
+ * presence penalties count the tokens after it only. */
+void g4_sampler_set_prompt(g4_sampler *s, int n_prompt);
 /* Picks the next token from `logits` (left unchanged); `history` are the tokens so far (prompt
  * and generated) for the repetition penalty. */
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits, const int32_t *history, int n_history);
@@ -35,6 +38,9 @@ int32_t g4_sampler_sample_top(g4_sampler *s, const int32_t *ids, const float *lo
 /* 1 when sampling with these parameters is g4_argmax of the logits, whatever the history (greedy
  * without a repetition penalty): a caller may then ask the session for the argmax alone. */
 int g4_sampling_is_argmax(const g4_sampling *p);
+/* 1 when a pick's processors do not depend on the history (no repetition, frequency or presence
+ * penalty): a drafted token then leaves the next one's distribution as it is. */
+int g4_sampling_history_free(const g4_sampling *p);
 
 /* Speculative sampling's pieces (stepper.c): the distribution g4_sampler_sample draws from, over
  * the whole vocabulary (probs[vocab], 0 outside the tokens it keeps, summing to 1; the generator

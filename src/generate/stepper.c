@@ -53,6 +53,14 @@ typedef struct {
     int32_t draft[G4_MAX_DRAFT_TOKENS];
     int n_draft, row0, pos0; /* drafts this round; the sequence's first row in the call and its position before it */
     char error[160];      /* why it stopped with G4_STOP_ERROR */
+    int base;             /* the sequence's position where its prompt goes */
+    /* g4_stepper_add_fork: the sequence whose prompt's cache it copies (-1: none, or copied) and
+     * that generation's `added` (it must still be the same one) */
+    int fork_from;
+    long fork_added;
+    /* log-probabilities: wanted, the top entries wanted, the last token's */
+    int logprobs, top_logprobs, has_lp;
+    g4_logprobs lp;
 } generation;
 
 struct g4_stepper {
@@ -144,6 +152,7 @@ static int choose_output(const g4_generate_params *p, int vocab, g4_output *out,
     case G4_OUTPUT_TOP: *out = G4_OUTPUT_TOP; break;
     default: return g4_fail("unknown output %d", (int)p->output);
     }
+    if (p->logprobs) *out = G4_OUTPUT_LOGITS; /* they are read from every logit of the row */
     if (*out == G4_OUTPUT_TOP) *top_k = p->output_k > needed ? p->output_k : needed > 0 ? needed : 1;
     return 0;
 }
@@ -184,8 +193,9 @@ static int alloc_generation(g4_stepper *st, generation *g, int cap) {
  * rows ask for every logit). A penalty would make each drafted token change the next one's
  * distribution, drafter's and target's alike: such generations decode a token a step. */
 static int can_draft(const generation *g) {
+    if (g->logprobs) return 0; /* one token, one row of logits, a step */
     if (g4_sampling_is_argmax(&g->sampling)) return g->output == G4_OUTPUT_ARGMAX || g->output == G4_OUTPUT_LOGITS;
-    return g->sampling.repeat_penalty == 1;
+    return g4_sampling_history_free(&g->sampling);
 }
 
 /* The drafting settings of a new generation: its drafter becomes the stepper's. */
@@ -224,25 +234,33 @@ static int copy_stops(generation *g, const int *ids, int n) {
     return 0;
 }
 
-int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p) {
-    if (seq < 0 || seq >= st->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, st->n_seq);
+/* Starts a generation in seq whose prompt goes in at position base. */
+static int start(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, int base, const g4_generate_params *p) {
     generation *g = &st->seq[seq];
     if (g->state == G4_SEQ_PROMPT || g->state == G4_SEQ_GENERATING) return g4_fail("sequence %d is still generating", seq);
     if (n_prompt < 1) return g4_fail("empty prompt");
-    int left = st->ctx - g4_session_seq_pos(st->s, seq);
+    int left = st->ctx - base;
     if (n_prompt > left) return g4_fail("prompt of %d tokens does not fit the context: %d of %d tokens left (--ctx)", n_prompt, left, st->ctx);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= st->vocab) return g4_fail("token id %d is outside the vocabulary (0..%d)", prompt[i], st->vocab - 1);
+    if (p->logprobs && (p->top_logprobs < 0 || p->top_logprobs > G4_MAX_TOP_LOGPROBS))
+        return g4_fail("top_logprobs %d: expected 0 to %d", p->top_logprobs, G4_MAX_TOP_LOGPROBS);
     g4_output out = G4_OUTPUT_NONE;
     int top_k;
     if (choose_output(p, st->vocab, &out, &top_k) != 0) return -1;
     g4_sampler *sampler = g4_sampler_new_sharing(&p->sampling, st->buffers);
     if (!sampler) return -1;
+    g4_sampler_set_prompt(sampler, n_prompt);
     g4_sampler_free(g->sampler);
     g->sampler = sampler;
     g->sampling = p->sampling;
+    g->sampling.bias_ids = NULL, g->sampling.bias_values = NULL; /* borrowed: the sampler holds the copy */
     g->output = out;
     g->top_k = top_k;
+    g->logprobs = p->logprobs != 0;
+    g->top_logprobs = g->logprobs ? p->top_logprobs : 0;
+    g->has_lp = 0;
+    g->fork_from = -1;
     /* every generated token but the last takes a place in the context */
     int budget = p->max_tokens > 0 ? p->max_tokens : 0, room = left - n_prompt + 1;
     if (alloc_generation(st, g, n_prompt + (budget < room ? budget : room)) != 0) return -1;
@@ -250,9 +268,10 @@ int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt,
     int n_stops = p->n_stop_ids;
     if (!stops) n_stops = g4_model_stop_ids(g4_session_model(st->s), &stops);
     if (copy_stops(g, stops, n_stops) != 0 || set_draft(st, g, p) != 0) return -1;
-    memcpy(g->history, prompt, sizeof *prompt * (size_t)n_prompt);
+    memmove(g->history, prompt, sizeof *prompt * (size_t)n_prompt);
     g->n_prompt = g->n_hist = n_prompt;
     g->n_fed = 0;
+    g->base = base;
     g->max_tokens = budget;
     g->stop = G4_STOP_BUDGET;
     g->stop_id = 0;
@@ -260,6 +279,23 @@ int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt,
     g->t_start = g->t_first = g->t_end = 0;
     g->error[0] = 0;
     g->state = G4_SEQ_PROMPT;
+    return 0;
+}
+
+int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p) {
+    if (seq < 0 || seq >= st->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, st->n_seq);
+    return start(st, seq, prompt, n_prompt, g4_session_seq_pos(st->s, seq), p);
+}
+
+int g4_stepper_add_fork(g4_stepper *st, int seq, int from, const g4_generate_params *p) {
+    if (seq < 0 || seq >= st->n_seq || from < 0 || from >= st->n_seq || seq == from)
+        return g4_fail("cannot fork sequence %d into %d (the session has %d)", from, seq, st->n_seq);
+    const generation *f = &st->seq[from];
+    if (f->state != G4_SEQ_PROMPT || f->fork_from >= 0) return g4_fail("sequence %d is not feeding a prompt of its own: nothing to fork", from);
+    if (start(st, seq, f->history, f->n_prompt, f->base, p) != 0) return -1;
+    generation *g = &st->seq[seq];
+    g->fork_from = from;
+    g->fork_added = f->added;
     return 0;
 }
 
@@ -303,6 +339,32 @@ static int non_finite(g4_stepper *st, int q, const g4_batch_row *row, int at, co
     return 1;
 }
 
+/* Whether token a (logit la) ranks before token b (lb): higher logit, then lower id. */
+static int ranks_before(float la, int32_t a, float lb, int32_t b) { return la > lb || (la == lb && a < b); }
+
+/* The chosen token's log-probability and the top ones, from every logit of its row: the
+ * log-softmax of the model's distribution as it is (the sampler's processors left out). The
+ * exponentials are expf's (within an ulp; exp in double costs three times as much over E2B's
+ * 262,144 logits), summed in double. */
+static void record_logprobs(const g4_stepper *st, generation *g, const float *logits, int32_t token) {
+    int V = st->vocab, n = 0, want = g->top_logprobs;
+    float max = logits[g4_argmax(logits, V)]; /* the library's vectorised scan */
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += expf(logits[v] - max);
+    double lse = max + log(sum);
+    g4_token_logprob *top = g->lp.top;
+    for (int v = 0; v < V && want > 0; v++) {
+        if (n == want && !ranks_before(logits[v], v, logits[top[n - 1].token], top[n - 1].token)) continue;
+        int at = n < want ? n++ : n - 1; /* insertion: the last one drops out when full */
+        for (; at > 0 && ranks_before(logits[v], v, logits[top[at - 1].token], top[at - 1].token); at--) top[at] = top[at - 1];
+        top[at].token = v;
+    }
+    for (int i = 0; i < n; i++) top[i].logprob = (float)((double)logits[top[i].token] - lse);
+    g->lp.n_top = n;
+    g->lp.chosen = (g4_token_logprob){token, (float)((double)logits[token] - lse)};
+    g->has_lp = 1;
+}
+
 /* Sequence q's next token from what row `at` of the last call gave: the greedy token, the
  * sampler's pick from the candidates when they decide it (the pick it makes from every logit, bit
  * for bit), else its pick from every logit. 1 when the row's output is not finite (non_finite). */
@@ -326,6 +388,7 @@ static int pick(g4_stepper *st, int q, const g4_batch_row *row, int at, int32_t 
         logits = st->fallback;
     }
     *token = g4_sampler_sample(g->sampler, logits, g->history, g->n_hist);
+    if (g->logprobs) record_logprobs(st, g, logits, *token);
     return 0;
 }
 
@@ -553,7 +616,7 @@ static int decode_step(g4_stepper *st, g4_step_token *out) {
 static int waiting(const g4_stepper *st, int *order) {
     int n = 0;
     for (int q = 0; q < st->n_seq; q++) {
-        if (st->seq[q].state != G4_SEQ_PROMPT) continue;
+        if (st->seq[q].state != G4_SEQ_PROMPT || st->seq[q].fork_from >= 0) continue;
         int at = n++;
         for (; at > 0 && st->seq[order[at - 1]].added > st->seq[q].added; at--) order[at] = order[at - 1];
         order[at] = q;
@@ -561,9 +624,36 @@ static int waiting(const g4_stepper *st, int *order) {
     return n;
 }
 
+/* The forks whose source has fed all but its prompt's last token take a copy of its cache up to
+ * there (before and after each prompt call), and feed that token themselves; a fork whose source stopped short (cancelled) stops too,
+ * as a sequence that was cancelled: its event token -1. */
+static int copy_forks(g4_stepper *st, g4_step_token *out) {
+    int k = 0;
+    for (int q = 0; q < st->n_seq; q++) {
+        generation *g = &st->seq[q];
+        if (g->state != G4_SEQ_PROMPT || g->fork_from < 0) continue;
+        const generation *f = &st->seq[g->fork_from];
+        int need = g->base + g->n_prompt - 1;
+        if (f->added == g->fork_added && f->state == G4_SEQ_PROMPT && f->n_fed < g->n_prompt - 1) continue; /* not there yet */
+        if (f->added != g->fork_added || g4_session_seq_pos(st->s, g->fork_from) < need) {
+            finish(g, G4_STOP_USER, now_s());
+            out[k++] = (g4_step_token){.seq = q, .token = -1, .finished = 1, .stop = G4_STOP_USER};
+            continue;
+        }
+        if (g4_session_copy_seq(st->s, g->fork_from, q, need) != 0) return -1;
+        g->fork_from = -1;
+        g->n_fed = g->n_prompt - 1;
+        g->t_start = now_s();
+    }
+    return k;
+}
+
 /* Up to prompt_chunk tokens of the waiting prompts in one call; a prompt's last token asks for
  * the sequence's first pick. A budget of 0 ends at the prompt, with no token. */
 static int feed_prompts(g4_stepper *st, g4_step_token *out) {
+    int forked = copy_forks(st, out);
+    if (forked < 0) return -1;
+    out += forked;
     int order[64], n_wait = waiting(st, order), n = 0, n_logits = 0, k = 0;
     double t0 = now_s();
     for (int w = 0; w < n_wait && n < st->prompt_chunk; w++) {
@@ -574,7 +664,7 @@ static int feed_prompts(g4_stepper *st, g4_step_token *out) {
         for (int j = 0; j < take; j++) st->rows[n++] = (g4_batch_row){.seq = q, .token = g->history[g->n_fed++]};
         if (g->n_fed == g->n_prompt && g->max_tokens > 0) ask(st, q, &st->rows[n - 1], n_logits++);
     }
-    if (n == 0) return 0;
+    if (n == 0) return forked;
     if (g4_decode(st->s, st->rows, n) != 0 || (k = take_tokens(st, n, out)) < 0) k = -1;
     for (int w = 0; k >= 0 && w < n_wait; w++) {
         generation *g = &st->seq[order[w]];
@@ -584,7 +674,10 @@ static int feed_prompts(g4_stepper *st, g4_step_token *out) {
     }
     st->stats.prompt_tokens += n;
     st->stats.prefill_s += now_s() - t0;
-    return k;
+    /* forks whose source fed its prompt in this call copy it now, in the step that fed it: the
+     * source may finish at its first token, and its caller then reuse its sequence */
+    int late = k < 0 ? -1 : copy_forks(st, out + k);
+    return late < 0 ? -1 : forked + k + late;
 }
 
 int g4_stepper_step(g4_stepper *st, g4_step_token *out) {
@@ -664,4 +757,10 @@ void g4_stepper_draft_stats(const g4_stepper *st, long *rounds, long *drafted, l
     *rounds = st->rounds;
     *drafted = st->drafted;
     *accepted = st->accepted;
+}
+
+int g4_stepper_logprobs(const g4_stepper *st, int seq, g4_logprobs *out) {
+    if (seq < 0 || seq >= st->n_seq || !st->seq[seq].logprobs || !st->seq[seq].has_lp) return -1;
+    *out = st->seq[seq].lp;
+    return 0;
 }

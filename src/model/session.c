@@ -232,6 +232,26 @@ int g4_session_truncate_seq(g4_session *s, int seq, int n) {
     s->argmax_hold[seq] = 0;
     return 0;
 }
+/* The cache is indexed by position: the first n rows of every producer layer's K and V. */
+int g4_session_copy_seq(g4_session *s, int from, int to, int n) {
+    if (from < 0 || from >= s->n_seq || to < 0 || to >= s->n_seq || from == to)
+        return g4_fail("cannot copy sequence %d to %d (the session has %d)", from, to, s->n_seq);
+    if (n < 0 || n > s->seq_pos[from]) return g4_fail("sequence %d holds %d tokens: it cannot give %d", from, s->seq_pos[from], n);
+    const g4_model *m = s->m;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (!g4_layer_is_producer(m, l)) continue;
+        const kv_cache *a = kv_of(s, from, l);
+        kv_cache *b = kv_of(s, to, l);
+        size_t len = (size_t)n * m->layers[l].n_kv_heads * m->layers[l].head_dim;
+        if (a->kf) memcpy(b->kf, a->kf, sizeof *a->kf * len);
+        if (a->kq) memcpy(b->kq, a->kq, sizeof *a->kq * len);
+        if (a->vf) memcpy(b->vf, a->vf, sizeof *a->vf * len);
+        if (a->vq) memcpy(b->vq, a->vq, sizeof *a->vq * len);
+    }
+    s->seq_pos[to] = n;
+    s->argmax_hold[to] = 0;
+    return 0;
+}
 void g4_session_reset(g4_session *s) {
     for (int i = 0; i < s->n_seq; i++) g4_session_reset_seq(s, i);
     s->n_kept = 0;

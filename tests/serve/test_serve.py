@@ -30,6 +30,7 @@ import test_serve_numerics
 import test_hardening
 import test_endpoints
 import test_page
+import test_genapi
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -246,9 +247,12 @@ def test_errors(sv):
         ("max_tokens past the context", "POST", "/v1/chat/completions", chat_body("x", max_tokens=10 ** 6), 400, "context_length_exceeded",
          "max_tokens"),
         ("stream not a boolean", "POST", "/v1/chat/completions", chat_body("x", stream="yes"), 400, None, "stream"),
-        ("n = 2", "POST", "/v1/chat/completions", chat_body("x", n=2), 400, None, "n"),
-        ("logprobs", "POST", "/v1/chat/completions", chat_body("x", logprobs=True), 400, None, "logprobs"),
-        ("frequency_penalty", "POST", "/v1/chat/completions", chat_body("x", frequency_penalty=0.5), 400, None, "frequency_penalty"),
+        ("n past --parallel (16)", "POST", "/v1/chat/completions", chat_body("x", n=17), 400, None, "n"),
+        ("top_logprobs without logprobs", "POST", "/v1/chat/completions", chat_body("x", top_logprobs=2), 400, None, "top_logprobs"),
+        ("top_logprobs 21", "POST", "/v1/chat/completions", chat_body("x", logprobs=True, top_logprobs=21), 400, None, "top_logprobs"),
+        ("frequency_penalty out of range", "POST", "/v1/chat/completions", chat_body("x", frequency_penalty=2.5), 400, None, "frequency_penalty"),
+        ("logit_bias past the vocabulary", "POST", "/v1/chat/completions", chat_body("x", logit_bias={"99999999": 1}), 400, None, "logit_bias"),
+        ("logit_bias over 100", "POST", "/v1/chat/completions", chat_body("x", logit_bias={"5": 101}), 400, None, "logit_bias"),
         ("an empty stop string", "POST", "/v1/chat/completions", chat_body("x", stop=[""]), 400, None, "stop[0]"),
         ("five stop strings", "POST", "/v1/chat/completions", chat_body("x", stop=list("abcde")), 400, None, "stop"),
         ("stream_options without stream", "POST", "/v1/chat/completions", chat_body("x", stream_options={"include_usage": True}), 400, None,
@@ -688,6 +692,7 @@ def main():
     test_hardening.run()  # issue 33's transport defects (unknown and missing model names: there, --strict-model)
     test_endpoints.run()
     test_page.run()
+    test_genapi.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

@@ -18,6 +18,14 @@
 #include "serve/reply.h"
 #include "text/textbuf.h"
 
+/* One of a job's n choices (OpenAI's n): its reply, in a slot of its own while it runs. */
+typedef struct {
+    serve_reply *reply;
+    int slot;             /* -1 before it starts and once it has finished */
+    int n_generated, script_at, finished;
+    serve_finish why;
+} job_choice;
+
 struct serve_job {
     serve_request req;
     int32_t *prompt;
@@ -34,9 +42,9 @@ struct serve_job {
     pthread_cond_t cond; /* output, or done */
     serve_job *next;     /* in the queue */
     /* the engine thread's */
-    serve_reply *reply;
-    int slot, n_cached, n_generated;
-    int script, script_at; /* test hook: the reply text's index, or -1 */
+    job_choice *ch;        /* [n_choices] */
+    int n_choices, n_running, n_cached;
+    int script;            /* test hook: the reply text's index, or -1 */
     double t_submit, t_first;
     /* an embedding job (embed set): its inputs, the one being fed and how far, the pooled vectors */
     int embed, at_input, at_token;
@@ -48,6 +56,7 @@ struct serve_job {
 
 typedef struct {
     serve_job *job;  /* the request it runs, or NULL when idle */
+    int choice;      /* which of the job's choices */
     int32_t *held;   /* what its KV cache holds, for the prompt cache */
     int n_held;
     int held_key;    /* and whose it is: the API key and cache_salt of the request that left it */
@@ -119,11 +128,14 @@ static uint64_t random64(void) {
 serve_job *serve_job_new(serve_request *r, int32_t *prompt, int n_prompt, int opens_thought, char *prefill, int max_tokens,
                          const char *model_id) {
     serve_job *j = calloc(1, sizeof *j);
-    if (!j || cond_init(&j->cond) || !(j->model_id = strdup(model_id))) {
-        if (j) free(j->model_id);
+    int n = r->n > 0 ? r->n : 1;
+    if (!j || !(j->ch = calloc((size_t)n, sizeof *j->ch)) || cond_init(&j->cond) || !(j->model_id = strdup(model_id))) {
+        if (j) free(j->model_id), free(j->ch);
         free(j);
         return NULL;
     }
+    j->n_choices = n;
+    for (int i = 0; i < n; i++) j->ch[i].slot = -1;
     j->req = *r;
     memset(r, 0, sizeof *r);
     j->prompt = prompt, j->n_prompt = n_prompt, j->opens_thought = opens_thought, j->prefill = prefill, j->max_tokens = max_tokens;
@@ -132,17 +144,19 @@ serve_job *serve_job_new(serve_request *r, int32_t *prompt, int n_prompt, int op
     j->seed = j->req.seed_given ? j->req.sampling.seed : random64();
     j->status = 200;
     j->refs = 1;
-    j->slot = j->script = -1;
+    j->script = -1;
     return j;
 }
 
 serve_job *serve_embed_job_new(serve_embed_request *r, serve_pooling pooling, const char *model_id) {
     serve_job *j = calloc(1, sizeof *j);
-    if (!j || cond_init(&j->cond) || !(j->model_id = strdup(model_id))) {
-        if (j) free(j->model_id);
+    if (!j || !(j->ch = calloc(1, sizeof *j->ch)) || cond_init(&j->cond) || !(j->model_id = strdup(model_id))) {
+        if (j) free(j->model_id), free(j->ch);
         free(j);
         return NULL;
     }
+    j->n_choices = 1; /* one slot, no reply of the stepper's */
+    j->ch[0].slot = -1;
     j->er = *r;
     memset(r, 0, sizeof *r);
     j->embed = 1, j->pooling = pooling;
@@ -150,7 +164,7 @@ serve_job *serve_embed_job_new(serve_embed_request *r, serve_pooling pooling, co
     j->created = (long)time(NULL);
     j->status = 200;
     j->refs = 1;
-    j->slot = j->script = -1;
+    j->script = -1;
     return j;
 }
 
@@ -158,7 +172,8 @@ static void job_free(serve_job *j) {
     serve_embed_request_free(&j->er);
     free(j->acc), free(j->vecs);
     serve_request_free(&j->req);
-    serve_reply_free(j->reply);
+    for (int i = 0; i < j->n_choices; i++) serve_reply_free(j->ch[i].reply);
+    free(j->ch);
     free(j->prompt), free(j->prefill), free(j->model_id), free(j->out.p);
     pthread_cond_destroy(&j->cond);
     free(j);
@@ -224,9 +239,10 @@ int serve_job_status(const serve_job *j) { return j->status; }
 /* ---------------------------------------------------------------- finishing */
 
 /* What the slot's cache holds now: the prompt, then the generated tokens the stepper fed. */
-static void remember_held(serve_engine *e, slot *sl, const serve_job *j) {
-    int n_pos = g4_session_seq_pos(e->s, j->slot), n_gen;
-    const int32_t *gen = g4_stepper_tokens(e->st, j->slot, &n_gen);
+static void remember_held(serve_engine *e, int q, const serve_job *j) {
+    slot *sl = &e->slots[q];
+    int n_pos = g4_session_seq_pos(e->s, q), n_gen;
+    const int32_t *gen = g4_stepper_tokens(e->st, q, &n_gen);
     int from_prompt = n_pos < j->n_prompt ? n_pos : j->n_prompt, from_gen = n_pos - from_prompt;
     if (from_gen > n_gen) from_gen = n_gen;
     memcpy(sl->held, j->prompt, sizeof *sl->held * (size_t)from_prompt);
@@ -234,17 +250,30 @@ static void remember_held(serve_engine *e, slot *sl, const serve_job *j) {
     sl->n_held = from_prompt + from_gen;
 }
 
-/* The job's end (under the mutex): the reply's last chunks, its slot free, its reader woken. */
-static void finish_job(serve_engine *e, serve_job *j, serve_finish why) {
-    if (j->slot >= 0) {
-        slot *sl = &e->slots[j->slot];
-        if (j->embed) sl->n_held = 0; /* its cache holds the last input: no prompt's prefix */
-        else remember_held(e, sl, j);
-        sl->job = NULL;
-        sl->used = ++e->clock;
-        e->active--;
+/* Choice i's slot is free (under the mutex), its cache remembered for the prompt cache. */
+static void free_choice_slot(serve_engine *e, serve_job *j, int i) {
+    int q = j->ch[i].slot;
+    if (q < 0) return;
+    if (j->embed) e->slots[q].n_held = 0; /* its cache holds the last input: no prompt's prefix */
+    else remember_held(e, q, j);
+    e->slots[q].job = NULL;
+    e->slots[q].used = ++e->clock;
+    e->active--;
+    j->ch[i].slot = -1;
+}
+
+/* The job's end (under the mutex): every choice's slot free, the replies' last chunks (when
+ * write), its reader woken. */
+static void end_job(serve_engine *e, serve_job *j, int write) {
+    serve_reply *replies[64];
+    serve_finish why[64];
+    int n = 0, generated = 0;
+    for (int i = 0; i < j->n_choices; i++) {
+        free_choice_slot(e, j, i);
+        generated += j->ch[i].n_generated;
+        if (j->ch[i].reply && n < 64) replies[n] = j->ch[i].reply, why[n++] = j->ch[i].why;
     }
-    if (j->reply && serve_reply_finish(j->reply, why, j->n_prompt, j->n_cached, j->n_generated, &j->out) != 0) {
+    if (write && n == j->n_choices && serve_reply_finish_all(replies, n, why, j->n_prompt, j->n_cached, generated, &j->out) != 0) {
         serve_error err;
         serve_fail(&err, 500, "server_error", NULL, NULL, "out of memory while writing the reply");
         g4_textbuf_clear(&j->out);
@@ -257,19 +286,45 @@ static void finish_job(serve_engine *e, serve_job *j, serve_finish why) {
         }
     }
     e->stats.finished++;
-    e->stats.generated_tokens += j->n_generated;
+    e->stats.generated_tokens += generated;
     if (j->t_first > 0) e->stats.ttft_sum += j->t_first - j->t_submit, e->stats.ttft_count++;
     j->done = 1;
     pthread_cond_broadcast(&j->cond);
     job_unref(e, j);
 }
 
+/* Every choice still running stops in the stepper and ends for `why`; then the job ends. */
+static void finish_job(serve_engine *e, serve_job *j, serve_finish why) {
+    for (int i = 0; i < j->n_choices; i++) {
+        job_choice *c = &j->ch[i];
+        if (c->finished) continue;
+        if (c->slot >= 0) g4_stepper_cancel(e->st, c->slot);
+        c->finished = 1, c->why = why;
+    }
+    end_job(e, j, 1);
+}
+
+/* Choice i ended for `why` (its generation stopped); the job ends with its last choice. */
+static void finish_choice(serve_engine *e, serve_job *j, int i, serve_finish why) {
+    job_choice *c = &j->ch[i];
+    if (c->finished) return;
+    c->finished = 1, c->why = why;
+    free_choice_slot(e, j, i);
+    if (--j->n_running == 0) end_job(e, j, 1);
+    else pthread_cond_broadcast(&j->cond);
+}
+
 /* A job that cannot run: its error as the response (or, streaming, as an event after the role). */
 static void fail_job(serve_engine *e, serve_job *j, int status, const char *msg) {
     serve_error err;
     serve_fail(&err, status, status == 500 ? "server_error" : "invalid_request_error", NULL, NULL, "%s", msg);
-    serve_reply_free(j->reply);
-    j->reply = NULL;
+    for (int i = 0; i < j->n_choices; i++) {
+        job_choice *c = &j->ch[i];
+        if (c->slot >= 0 && !c->finished) g4_stepper_cancel(e->st, c->slot);
+        c->finished = 1;
+        serve_reply_free(c->reply);
+        c->reply = NULL;
+    }
     if (j->req.stream) serve_reply_error(&err, &j->out); /* its 200 and event stream began at admission */
     else {
         char *s = serve_error_json(&err);
@@ -278,7 +333,7 @@ static void fail_job(serve_engine *e, serve_job *j, int status, const char *msg)
         free(s);
         j->status = status;
     }
-    finish_job(e, j, SERVE_FINISH_STOP);
+    end_job(e, j, 0);
 }
 
 /* ---------------------------------------------------------------- starting */
@@ -322,11 +377,13 @@ static int choose_slot(const serve_engine *e, const serve_job *j, int use_cache,
     return best;
 }
 
-/* The request's sampling: the model's defaults, each field the request gave in its place. */
-static g4_generate_params job_params(const serve_engine *e, const serve_job *j, const int *no_stops) {
-    g4_generate_params p = {.max_tokens = j->max_tokens, .sampling = e->defaults};
+/* Choice i's settings: the server's defaults (the model's, then its flags), each sampling field
+ * the request gave in its place; the seed the request's (or a fresh one) plus i. */
+static g4_generate_params job_params(const serve_engine *e, const serve_job *j, int i, const int *no_stops) {
+    g4_generate_params p = {.max_tokens = j->max_tokens, .sampling = e->defaults, .logprobs = j->req.logprobs,
+                            .top_logprobs = j->req.top_logprobs};
     sampling_override(&p.sampling, &j->req.sampling, j->req.sampling_given);
-    p.sampling.seed = j->seed;
+    p.sampling.seed = j->seed + (uint64_t)i;
     p.draft = e->c.draft; /* the stepper drafts for greedy requests only */
     p.draft_tokens = e->c.draft_tokens;
     /* the scripted reply decides where it ends; a benchmark's replies all run to their budget */
@@ -334,6 +391,29 @@ static g4_generate_params job_params(const serve_engine *e, const serve_job *j, 
     return p;
 }
 
+/* Choice i's reply (its first chunk written when streaming). */
+static int new_choice_reply(serve_engine *e, serve_job *j, int i) {
+    serve_reply_config rc = {.kind = j->req.kind, .stream = j->req.stream, .include_usage = j->req.include_usage, .id = j->id,
+                             .model = j->model_id, .created = j->created, .stop = j->req.stop, .n_stop = j->req.n_stop,
+                             .tools = j->req.n_tools > 0 && j->req.tool_choice != SERVE_TOOLS_NONE, .opens_thought = j->opens_thought,
+                             .prefill = j->prefill, .index = i, .logprobs = j->req.logprobs};
+    return (j->ch[i].reply = serve_reply_new(e->tok, &rc, &j->out)) ? 0 : -1;
+}
+
+/* Choice i (> 0) in an idle slot, a fork of choice 0's prompt: it copies that prompt's cache. */
+static int start_fork(serve_engine *e, serve_job *j, int i, const int *no_stops) {
+    int shared, q = choose_slot(e, j, 0, &shared);
+    g4_generate_params p = job_params(e, j, i, no_stops);
+    if (q < 0 || take_cache_scope(&e->slots[q], j) || g4_stepper_add_fork(e->st, q, j->ch[0].slot, &p) != 0) return -1;
+    e->slots[q].job = j, e->slots[q].choice = i, e->slots[q].n_held = 0;
+    j->ch[i].slot = q;
+    j->n_running++;
+    e->active++;
+    return 0;
+}
+
+/* Puts the job in slots: the first choice's with the prompt cache's prefix kept and the rest of
+ * the prompt to the stepper, the others forks of it. */
 /* An embedding job into a free slot (the least recently used: it keeps no prefix), its vectors'
  * room made; the engine thread feeds it (feed_embeddings). */
 static void start_embed(serve_engine *e, serve_job *j) {
@@ -344,27 +424,24 @@ static void start_embed(serve_engine *e, serve_job *j) {
     g4_session_reset_seq(e->s, q);
     e->slots[q].n_held = 0;
     e->slots[q].job = j;
-    j->slot = q;
+    e->slots[q].choice = 0;
+    j->ch[0].slot = q;
+    j->n_running = 1;
     e->active++;
 }
 
-/* Puts the job in a slot: the prompt cache's prefix kept, the rest of the prompt to the stepper. */
 static void start_job(serve_engine *e, serve_job *j) {
     static const int no_stops[1] = {-1};
     if (j->embed) return start_embed(e, j);
     if (e->c.n_script > 0) j->script = (int)(e->script_next++ % e->c.n_script);
-    g4_generate_params p = job_params(e, j, no_stops);
+    g4_generate_params p = job_params(e, j, 0, no_stops);
     /* the repetition penalty's window is the prompt the stepper is given: a cached prefix would
      * change it, so such requests start from an empty cache */
     int use_cache = e->c.prompt_cache && p.sampling.repeat_penalty == 1.0f, shared;
     int q = choose_slot(e, j, use_cache, &shared);
     int keep = shared < j->n_prompt ? shared : j->n_prompt - 1; /* the stepper needs a token to feed */
-    serve_reply_config rc = {.kind = j->req.kind, .stream = j->req.stream, .include_usage = j->req.include_usage, .id = j->id,
-                             .model = j->model_id, .created = j->created, .stop = j->req.stop, .n_stop = j->req.n_stop,
-                             .tools = j->req.n_tools > 0 && j->req.tool_choice != SERVE_TOOLS_NONE, .opens_thought = j->opens_thought,
-                             .prefill = j->prefill};
-    j->reply = serve_reply_new(e->tok, &rc, &j->out);
-    if (!j->reply) return fail_job(e, j, 500, "out of memory for the reply");
+    for (int i = 0; i < j->n_choices; i++)
+        if (new_choice_reply(e, j, i)) return fail_job(e, j, 500, "out of memory for the reply");
     if (take_cache_scope(&e->slots[q], j)) keep = 0; /* no salt to mark it with: nothing is reused, nor left to reuse */
     if (keep > 0) g4_session_truncate_seq(e->s, q, keep);
     else g4_session_reset_seq(e->s, q);
@@ -375,16 +452,20 @@ static void start_job(serve_engine *e, serve_job *j) {
         return fail_job(e, j, 400, g4_last_error());
     }
     e->slots[q].job = j;
-    j->slot = q;
+    e->slots[q].choice = 0;
+    j->ch[0].slot = q;
+    j->n_running = 1;
     j->n_cached = keep;
     e->active++;
     e->stats.cached_tokens += keep;
     e->stats.prompt_tokens += j->n_prompt;
+    for (int i = 1; i < j->n_choices; i++)
+        if (start_fork(e, j, i, no_stops) != 0) return fail_job(e, j, 500, g4_last_error());
 }
 
 /* Queued jobs into the free slots, first come first served. */
 static void admit_jobs(serve_engine *e) {
-    while (e->head && e->active < e->n_slots) {
+    while (e->head && e->active + e->head->n_choices <= e->n_slots) {
         serve_job *j = e->head;
         e->head = j->next;
         if (!e->head) e->tail = NULL;
@@ -398,7 +479,6 @@ static void drop_cancelled(serve_engine *e) {
     for (int q = 0; q < e->n_slots; q++) {
         serve_job *j = e->slots[q].job;
         if (j && j->cancel) {
-            g4_stepper_cancel(e->st, q);
             e->stats.cancelled++;
             finish_job(e, j, SERVE_FINISH_STOP);
         }
@@ -422,12 +502,8 @@ static void drop_cancelled(serve_engine *e) {
  * with finish_reason "length". */
 static void cut_all(serve_engine *e) {
     for (int q = 0; q < e->n_slots; q++)
-        if (e->slots[q].job && e->slots[q].job->embed) {
-            fail_job(e, e->slots[q].job, 503, "the server shut down before the embeddings were computed");
-        } else if (e->slots[q].job) {
-            g4_stepper_cancel(e->st, q);
-            finish_job(e, e->slots[q].job, SERVE_FINISH_LENGTH);
-        }
+        if (e->slots[q].job && e->slots[q].job->embed) fail_job(e, e->slots[q].job, 503, "the server shut down before the embeddings were computed");
+        else if (e->slots[q].job) finish_job(e, e->slots[q].job, SERVE_FINISH_LENGTH);
     while (e->head) {
         serve_job *j = e->head;
         e->head = j->next;
@@ -445,32 +521,31 @@ static void cut_all(serve_engine *e) {
 static void deliver(serve_engine *e, const g4_step_token *ev) {
     serve_job *j = e->slots[ev->seq].job;
     if (!j) return;
-    int ended = 0;
+    int i = e->slots[ev->seq].choice, ended = 0;
+    job_choice *c = &j->ch[i];
     if (ev->token >= 0) {
         int32_t t = ev->token;
         int is_stop = ev->finished && ev->stop == G4_STOP_EOS;
-        if (j->script >= 0) t = e->c.script[j->script][j->script_at++], is_stop = 0;
+        g4_logprobs lp;
+        int has_lp = j->req.logprobs && g4_stepper_logprobs(e->st, ev->seq, &lp) == 0;
+        if (j->script >= 0) t = e->c.script[j->script][c->script_at++], is_stop = 0, has_lp = 0;
         if (j->t_first == 0) j->t_first = now_mono();
-        j->n_generated++;
-        int rc = serve_reply_token(j->reply, t, is_stop, &j->out);
-        if (rc < 0) {
-            g4_stepper_cancel(e->st, ev->seq);
-            return fail_job(e, j, 500, "out of memory while writing the reply");
-        }
-        ended = rc == 1 || (j->script >= 0 && j->script_at == e->c.script_len[j->script]);
+        c->n_generated++;
+        int rc = serve_reply_token_logprobs(c->reply, t, is_stop, has_lp ? &lp : NULL, &j->out);
+        if (rc < 0) return fail_job(e, j, 500, "out of memory while writing the reply");
+        ended = rc == 1 || (j->script >= 0 && c->script_at == e->c.script_len[j->script]);
     }
     if (ev->finished && ev->stop == G4_STOP_ERROR && !ended) { /* the model's output turned NaN: this request only */
         const char *why = g4_stepper_error(e->st, ev->seq);
         return fail_job(e, j, 500, why ? why : "the model's output turned non-finite");
     }
     if (ev->finished && !ended) {
-        finish_job(e, j, ev->stop == G4_STOP_EOS || ev->stop == G4_STOP_USER ? SERVE_FINISH_STOP : SERVE_FINISH_LENGTH);
+        finish_choice(e, j, i, ev->stop == G4_STOP_EOS || ev->stop == G4_STOP_USER ? SERVE_FINISH_STOP : SERVE_FINISH_LENGTH);
     } else if (ended) {
         g4_stepper_cancel(e->st, ev->seq);
-        finish_job(e, j, SERVE_FINISH_STOP);
+        finish_choice(e, j, i, SERVE_FINISH_STOP);
     } else if (j->req.stream && j->out.n - j->read_at > e->c.max_unread) {
-        g4_stepper_cancel(e->st, ev->seq); /* its client stopped reading */
-        e->stats.cancelled++;
+        e->stats.cancelled++; /* its client stopped reading */
         finish_job(e, j, SERVE_FINISH_LENGTH);
     } else {
         pthread_cond_broadcast(&j->cond);
@@ -579,10 +654,7 @@ static void *engine_main(void *arg) {
         finish_embeddings(e, n_embed, embed_err[0] ? embed_err : NULL);
         if (n < 0)
             for (int q = 0; q < e->n_slots; q++)
-                if (e->slots[q].job) {
-                    g4_stepper_cancel(e->st, q);
-                    fail_job(e, e->slots[q].job, 500, err);
-                }
+                if (e->slots[q].job) fail_job(e, e->slots[q].job, 500, err);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -598,6 +670,7 @@ serve_engine *serve_engine_new(g4_session *s, const g4_tokenizer *tok, const ser
     e->n_slots = g4_session_n_seq(s);
     e->ctx = g4_session_ctx(s);
     g4_model_sampling_defaults(g4_session_model(s), &e->defaults);
+    sampling_override(&e->defaults, &c->sampling, c->sampling_given);
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->st = g4_stepper_new(s, c->prompt_chunk);
     e->events = e->st ? calloc((size_t)g4_stepper_max_tokens(e->st), sizeof *e->events) : NULL;

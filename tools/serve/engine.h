@@ -33,6 +33,10 @@ typedef struct {
     /* --draft: speculative decoding of every greedy request (g4_generate_params); NULL: none. */
     g4_drafter *draft;
     int draft_tokens;
+    /* --temp, --top-k, ...: the server's sampling defaults, over the model's (G4_SAMPLE_* bits of
+     * the fields set); a request's fields win over both. */
+    g4_sampling sampling;
+    int sampling_given;
 } serve_engine_config;
 
 /* Every counter since the start, and the state now (for /metrics and /health). */

@@ -24,6 +24,8 @@ typedef struct {
     int tools;            /* tools were declared: read tool-call spans as calls */
     int opens_thought;    /* the prompt left a thought open */
     const char *prefill;  /* the call's opening the prompt ends with (tool_choice), or NULL */
+    int index;            /* the choice's index (n > 1) */
+    int logprobs;         /* write the tokens' log-probabilities (serve_reply_token_logprobs) */
 } serve_reply_config;
 
 typedef enum { SERVE_FINISH_STOP = 0, SERVE_FINISH_LENGTH = 1 } serve_finish;
@@ -37,10 +39,20 @@ void serve_reply_free(serve_reply *r);
  * out when streaming. Returns 1 when a stop string matched (the generation ends there), 0, or -1
  * on failure (out of memory). */
 int serve_reply_token(serve_reply *r, int32_t token, int is_stop, g4_textbuf *out);
+/* As serve_reply_token, with the token's log-probabilities (NULL: none) for a reply that writes
+ * them: chat's logprobs.content[] entries {token, logprob, bytes, top_logprobs[]}, completions'
+ * logprobs {tokens, token_logprobs, top_logprobs, text_offset}; streamed with the chunk that
+ * carries the token's text, or the next one. A stop id, which adds no text, adds no entry. */
+int serve_reply_token_logprobs(serve_reply *r, int32_t token, int is_stop, const g4_logprobs *lp, g4_textbuf *out);
 /* The end of the generation: releases what is held back and appends the last chunks, usage and
  * [DONE] (streaming) or the whole response body. finish_reason is "tool_calls" when the reply
  * made calls and stopped by itself, else why's. */
 int serve_reply_finish(serve_reply *r, serve_finish why, int prompt_tokens, int cached_tokens, int completion_tokens, g4_textbuf *out);
+/* The same for the n choices of one request (OpenAI's n), in index order: one response body with
+ * every choice, or each choice's last chunks then the usage (the prompt counted once, the
+ * completions summed) and [DONE]. */
+int serve_reply_finish_all(serve_reply *const *r, int n, const serve_finish *why, int prompt_tokens, int cached_tokens, int completion_tokens,
+                           g4_textbuf *out);
 /* Streaming, a failure after the response began: an error event and [DONE]. */
 int serve_reply_error(const serve_error *e, g4_textbuf *out);
 

@@ -134,12 +134,55 @@ static int read_sampling(const fields *f, serve_request *r) {
     if (rc) r->sampling.repeat_penalty = (float)x, r->sampling_given |= G4_SAMPLE_PENALTY;
     if ((rc = get_int(f, "seed", 0, 9007199254740991.0, &i)) < 0) return -1;
     if (rc) r->sampling.seed = (uint64_t)i, r->seed_given = 1;
-    /* OpenAI's penalties have no g4 counterpart: 0 (their default) is accepted, anything else refused */
-    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
-    for (int k = 0; k < 2; k++) {
-        if ((rc = get_number(f, penalties[k], -2, 2, &x)) < 0) return -1;
-        if (rc && x != 0) return bad(f->e, penalties[k], "'%s' is not supported (only 0); repetition_penalty is", penalties[k]);
+    if ((rc = get_number(f, "frequency_penalty", -2, 2, &x)) < 0) return -1;
+    if (rc) r->sampling.frequency_penalty = (float)x, r->sampling_given |= G4_SAMPLE_FREQUENCY;
+    if ((rc = get_number(f, "presence_penalty", -2, 2, &x)) < 0) return -1;
+    if (rc) r->sampling.presence_penalty = (float)x, r->sampling_given |= G4_SAMPLE_PRESENCE;
+    return 0;
+}
+
+/* logit_bias: {"TOKEN_ID": BIAS, ...}, the ids decimal integers of the vocabulary, the biases in
+ * [-100, 100] (OpenAI's). */
+static int read_logit_bias(const fields *f, serve_request *r, const serve_limits *lim) {
+    const cJSON *bias = field(f, "logit_bias");
+    if (!bias) return 0;
+    if (!cJSON_IsObject(bias)) return bad(f->e, "logit_bias", "'%s' must be an object of token ids to numbers", "logit_bias");
+    int n = cJSON_GetArraySize(bias);
+    if (n == 0) return 0;
+    if (n > SERVE_MAX_LOGIT_BIAS)
+        return serve_fail(f->e, 400, INVALID, NULL, "logit_bias", "'logit_bias' holds %d entries; at most %d", n, SERVE_MAX_LOGIT_BIAS);
+    r->bias_ids = malloc(sizeof *r->bias_ids * (size_t)n);
+    r->bias_values = malloc(sizeof *r->bias_values * (size_t)n);
+    if (!r->bias_ids || !r->bias_values) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+    int i = 0;
+    for (const cJSON *b = bias->child; b; b = b->next, i++) {
+        char *end;
+        const char *key = b->string;
+        long id = key[0] >= '0' && key[0] <= '9' ? strtol(key, &end, 10) : -1;
+        if (id < 0 || *end || id > INT32_MAX || (lim->vocab > 0 && id >= lim->vocab))
+            return serve_fail(f->e, 400, INVALID, NULL, "logit_bias", "'logit_bias': '%.40s' is not a token id (0..%d)", key, lim->vocab - 1);
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+            return serve_fail(f->e, 400, INVALID, NULL, "logit_bias", "'logit_bias': the bias of token %ld must be a number in [-100, 100]", id);
+        r->bias_ids[i] = (int32_t)id, r->bias_values[i] = (float)b->valuedouble;
     }
+    r->sampling.bias_ids = r->bias_ids, r->sampling.bias_values = r->bias_values, r->sampling.n_bias = n;
+    r->sampling_given |= G4_SAMPLE_BIAS;
+    return 0;
+}
+
+/* Chat: logprobs (a boolean) and top_logprobs (0..20, which needs logprobs). Completions:
+ * logprobs N (0..20), the chosen token's and the N most likely. */
+static int read_logprobs(const fields *f, serve_request *r) {
+    long long n = 0;
+    int rc;
+    if (r->kind == SERVE_COMPLETION) {
+        if ((rc = get_int(f, "logprobs", 0, G4_MAX_TOP_LOGPROBS, &n)) < 0) return -1;
+        r->logprobs = rc, r->top_logprobs = (int)n;
+        return 0;
+    }
+    if (get_bool(f, "logprobs", &r->logprobs) < 0 || (rc = get_int(f, "top_logprobs", 0, G4_MAX_TOP_LOGPROBS, &n)) < 0) return -1;
+    if (rc && !r->logprobs) return bad(f->e, "top_logprobs", "'%s' needs 'logprobs' true", "top_logprobs");
+    r->top_logprobs = (int)n;
     return 0;
 }
 
@@ -213,7 +256,10 @@ static int read_common(const fields *f, serve_request *r, const serve_limits *li
     if (serve_check_model(model, lim, f->e)) return -1;
     long long n = 1;
     if (get_int(f, "n", 1, 1e9, &n) < 0) return -1;
-    if (n != 1) return bad(f->e, "n", "'%s' > 1 is not supported: ask once per completion", "n");
+    int max_n = lim->max_n > 0 ? lim->max_n : 1;
+    if (n > max_n)
+        return serve_fail(f->e, 400, INVALID, NULL, "n", "'n' is %lld but this server runs at most %d sequences at once (--parallel)", n, max_n);
+    r->n = (int)n;
     if (get_bool(f, "stream", &r->stream) < 0) return -1;
     const cJSON *so = field(f, "stream_options");
     if (so) {
@@ -222,13 +268,8 @@ static int read_common(const fields *f, serve_request *r, const serve_limits *li
         fields sf = {so, f->e};
         if (get_bool(&sf, "include_usage", &r->include_usage) < 0) return -1;
     }
-    int flag = 0;
-    if (get_bool(f, "logprobs", &flag) < 0) return -1;
-    if (flag) return bad(f->e, "logprobs", "'%s' is not supported", "logprobs");
-    if (field(f, "top_logprobs")) return bad(f->e, "top_logprobs", "'%s' is not supported", "top_logprobs");
-    const cJSON *bias = field(f, "logit_bias");
-    if (bias && (!cJSON_IsObject(bias) || bias->child)) return bad(f->e, "logit_bias", "'%s' is not supported", "logit_bias");
-    return read_sampling(f, r) || read_budget(f, r, lim) || read_stop(f, r, lim) || read_cache_salt(f, r) ? -1 : 0;
+    return read_logprobs(f, r) || read_sampling(f, r) || read_logit_bias(f, r, lim) || read_budget(f, r, lim) || read_stop(f, r, lim) ||
+           read_cache_salt(f, r) ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- messages */
@@ -544,6 +585,8 @@ void serve_request_free(serve_request *r) {
     free(r->prompt);
     free(r->prompt_ids);
     free(r->cache_salt);
+    free(r->bias_ids);
+    free(r->bias_values);
     memset(r, 0, sizeof *r);
 }
 
@@ -593,6 +636,15 @@ static int chat_ids(const serve_request *r, const g4_tokenizer *tok, g4_chat_for
     return 0;
 }
 
+/* A reply without max_tokens: the server's default (--max-tokens), cut to what the context leaves
+ * (every generated token but the last takes a place), so that it neither runs to the context's
+ * end unasked nor is refused for a default nobody asked for. */
+static int default_budget(const serve_request *r, const serve_limits *lim, int n_prompt) {
+    int want = lim->max_tokens > 0 ? lim->max_tokens : r->kind == SERVE_CHAT ? SERVE_DEFAULT_CHAT_TOKENS : SERVE_DEFAULT_COMPLETION_TOKENS;
+    int room = lim->ctx - n_prompt + 1;
+    return want < room || room < 1 ? want : room;
+}
+
 int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form form, int vocab, const serve_limits *lim,
                  int32_t **ids, int *n_ids, int *opens_thought, char **prefill, int *max_tokens, serve_error *e) {
     int32_t *p = NULL;
@@ -615,11 +667,11 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
             return serve_fail(e, 400, INVALID, NULL, "prompt", "token id %d is outside the vocabulary (0..%d)", id, vocab - 1);
         }
     /* every generated token but the last takes a place in the context */
-    int budget = r->max_tokens > 0 ? r->max_tokens : r->kind == SERVE_COMPLETION ? 16 : lim->ctx - (int)n + 1;
+    int budget = r->max_tokens > 0 ? r->max_tokens : default_budget(r, lim, (int)n);
     const char *what = r->kind == SERVE_CHAT ? "messages" : "prompt";
     if (n == 0 || (long)n > lim->ctx || (long)n + budget - 1 > lim->ctx) {
         int rc;
-        if (budget < 1) /* no max_tokens: the reply would take what the prompt leaves, and it leaves nothing */
+        if (r->max_tokens <= 0) /* no max_tokens: the default budget is cut to what the prompt leaves, and it leaves nothing */
             rc = serve_fail(e, 400, INVALID, "context_length_exceeded", what,
                             "This model's maximum context length is %d tokens. However, your %s resulted in %zu tokens. Please reduce the "
                             "length of the %s.", lim->ctx, what, n, what);

@@ -35,7 +35,15 @@ typedef struct {
     int ctx;              /* tokens per conversation: prompt + max_tokens may not exceed it */
     int max_messages, max_tools, max_stop, max_stop_len;
     int max_json_values;  /* values in the body (serve_json_values), bounding cJSON's memory; 0: no bound */
+    int max_n;            /* choices a request may ask for (n): the slots, --parallel */
+    int vocab;            /* token ids logit_bias may name: [0, vocab) (0: not checked here) */
+    int max_tokens;       /* the budget of a reply that sets no max_tokens (-n/--max-tokens; 0: chat 4096, completions 16),
+                             cut to what the context leaves */
 } serve_limits;
+
+#define SERVE_DEFAULT_CHAT_TOKENS 4096
+#define SERVE_DEFAULT_COMPLETION_TOKENS 16
+#define SERVE_MAX_LOGIT_BIAS 1024
 
 typedef enum { SERVE_CHAT = 0, SERVE_COMPLETION = 1 } serve_kind;
 typedef enum { SERVE_TOOLS_AUTO = 0, SERVE_TOOLS_NONE, SERVE_TOOLS_REQUIRED, SERVE_TOOLS_NAMED } serve_tool_choice;
@@ -47,6 +55,11 @@ typedef struct {
     g4_sampling sampling;
     int sampling_given;  /* G4_SAMPLE_* bits (tools/cli.h) of the fields the request set */
     int seed_given;
+    int n;               /* choices (OpenAI's n): sequences forked from the one prompt, seeds seed, seed + 1, ... */
+    int logprobs;        /* log-probabilities asked: chat's logprobs true, completions' logprobs N */
+    int top_logprobs;    /* 0..G4_MAX_TOP_LOGPROBS: chat's top_logprobs, completions' N */
+    int32_t *bias_ids;   /* logit_bias (sampling's bias_ids and bias_values point here; G4_SAMPLE_BIAS) */
+    float *bias_values;
     char **stop;         /* stop strings, matched on the text and not sent */
     int n_stop;
     /* chat */
@@ -73,8 +86,9 @@ size_t serve_json_values(const char *body, size_t len);
 
 /* Checks and reads a request body (len bytes, not NUL-terminated). Fails with e filled: invalid
  * UTF-8 or JSON, a field of the wrong type or out of range, an unknown role, an unknown
- * model (--strict-model), more values than max_json_values (413), more messages, tools or stop strings than the limits, a feature g4 does not have (n > 1, logprobs,
- * images, penalties other than repetition_penalty, JSON response formats). Unknown fields are
+ * model (--strict-model), more values than max_json_values (413), more messages, tools or stop
+ * strings than the limits, a feature g4 does not have (images, JSON response formats, best_of,
+ * echo, suffix). Unknown fields are
  * ignored, as OpenAI-compatible servers do. r is zeroed first and freed on failure. */
 int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e);
 void serve_request_free(serve_request *r);
