@@ -537,7 +537,7 @@ def load_round(sv, first, n, concurrency, failures):
     counter = [first]
 
     def worker():
-        c = sv.client()
+        c = sv.client(timeout=5 * TIMEOUT)  # a hang guard: each request waits its turn behind up to 31 others, on a loaded machine too
         while True:
             with lock:
                 i = counter[0]
