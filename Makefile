@@ -237,7 +237,8 @@ neon-test: $(NEON_TESTS:%=$(A64_OUT)/tests/%)
 
 # Mutation testing (scripts/mutation-test.sh): each mutant of tests/mutations.txt, applied alone to
 # a copy of the tree in a temporary folder (never to this one), must make one of the release TESTS
-# fail. MUTATIONS="NAME ..." runs only those. About 4-5 minutes on 2 cores (the list has its count: `scripts/mutation-test.sh --check`).
+# fail. MUTATIONS="NAME ..." runs only those. Its cost: README, "what make check runs" (the list has its count:
+# `scripts/mutation-test.sh --check`).
 mutation-test:
 	@G4_SHARED=$(SHARED_DIR) scripts/mutation-test.sh $(MUTATIONS)
 

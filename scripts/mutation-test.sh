@@ -17,8 +17,9 @@
 #
 #   scripts/mutation-test.sh --check   only checks that every entry's text occurs exactly once
 # Environment: MUTATION_LIST (default tests/mutations.txt), MUTATION_TIMEOUT (seconds per program,
-# default 600: a hang guard, test_draft takes 35 s idle and 5 minutes on a loaded machine), MUTATION_JOBS (make -j, default the number of CPUs), MUTATION_KEEP=1 (keep the
-# copy, to look at its logs), G4_SHARED (the shared fixtures, default ../shared).
+# default 600: a hang guard; test_draft takes 35 s idle, 5 minutes on a loaded machine),
+# MUTATION_JOBS (make -j, default the number of CPUs), MUTATION_KEEP=1 (keep the copy, to look at
+# its logs), G4_SHARED (the shared fixtures, default ../shared).
 set -u
 export LC_ALL=C
 

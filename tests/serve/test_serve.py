@@ -538,7 +538,7 @@ def load_round(sv, first, n, concurrency, failures):
     counter = [first]
 
     def worker():
-        c = sv.client()
+        c = sv.client(timeout=5 * TIMEOUT)  # a hang guard: each request waits its turn behind up to 31 others, on a loaded machine too
         while True:
             with lock:
                 i = counter[0]
@@ -568,7 +568,7 @@ def test_load(n_requests, concurrency=32):
     is LeakSanitizer's at the server's exit (RSS there is the allocator's quarantine, not the server's). In the release build the
     rounds after the first must not grow the server's memory by more than the first round did (its warm-up: arenas, caches, the
     KV of every slot) plus 8 MiB: a bound from what this run measured that allocator noise stays well under, and that a leak
-    of more than the warm-up each round (a slot's KV kept per request, a cache never pruned) passes. Smaller leaks of lost memory
+    of more than the warm-up each round (a slot's KV kept per request, a cache never pruned) exceeds. Smaller leaks of lost memory
     are LeakSanitizer's, in the ASan build's run of this test."""
     sv = Server("--parallel", "16", "--queue", "32", "--ctx", "1024")
     failures = []
