@@ -539,6 +539,12 @@ def load_round(sv, first, n, concurrency, failures):
 
     def worker():
         c = sv.client(timeout=5 * TIMEOUT)  # a hang guard: each request waits its turn behind up to 31 others, on a loaded machine too
+        try:
+            requests(c)
+        finally:
+            c.close()  # its idle keep-alive connection counts against --max-conn-per-ip until closed
+
+    def requests(c):
         while True:
             with lock:
                 i = counter[0]
