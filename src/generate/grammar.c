@@ -21,13 +21,16 @@
 #define MAX_STACKS 4096
 #define MAX_DEPTH 1024
 #define EXPAND_BUDGET (1u << 20)
+#define MAX_ESCAPE_WORK 20000
 
 enum { E_END = 0, E_ALT = 1, E_REF = 2, E_SET = 3 };
 #define EL(t, v) (((uint32_t)(t) << 28) | (uint32_t)(v))
 #define EL_T(e) ((e) >> 28)
 #define EL_V(e) ((e) & 0x0FFFFFFFu)
 #define NONE 0xFFFFFFFFu
-#define COMPLETE 0xFFFFFFFEu
+#define COMPLETE 0xFFFFFFFEu /* a stack that is empty: the grammar can end */
+#define BOTTOM 0xFFFFFFFDu   /* the parent of a mask walk's cut-off stack (see mask_entry) */
+#define ESCAPE 0xFFFFFFFCu   /* a cut-off stack that returned below its bottom */
 
 struct g4_grammar {
     uint32_t *el;          /* every rule's alternatives, flat: alt ALT alt ... END */
@@ -666,6 +669,10 @@ struct g4_grammar_state {
     uint32_t *mark, stamp; /* per node: the stamp of the list it was last added to */
     u32vec tops;           /* the current stacks (COMPLETE for the empty one) */
     u32vec scratch;        /* lists of stacks being built */
+    struct mask_cache *cache; /* token masks of cut-off stacks, by their positions (mask_entry) */
+    u32vec escapes;        /* the trie nodes where the walk being cached escaped */
+    int record_escapes;
+    uint64_t escape_work;  /* trie nodes below the escapes so far: a walk stops past MAX_ESCAPE_WORK */
     size_t base;           /* where the list being built starts in its vector */
     uint32_t budget, live;
     int over;              /* a limit was hit during the last step */
@@ -693,7 +700,7 @@ static uint32_t intern(g4_grammar_state *st, uint32_t pos, uint32_t parent) {
     uint32_t h = hash_node(pos, parent, st->hbits);
     for (uint32_t i = st->head[h]; i != NONE; i = st->next[i])
         if (st->nodes[i].pos == pos && st->nodes[i].parent == parent) return i;
-    uint32_t depth = parent == NONE ? 1 : st->nodes[parent].depth + 1;
+    uint32_t depth = parent >= BOTTOM ? 1 : st->nodes[parent].depth + 1;
     if (depth > MAX_DEPTH) {
         st->over = 1;
         return NONE;
@@ -730,9 +737,9 @@ static void rollback(g4_grammar_state *st, uint32_t n) {
 }
 
 static void add_top(g4_grammar_state *st, u32vec *out, uint32_t node) {
-    if (node == COMPLETE) {
-        for (size_t i = out->n; i-- > 0;)
-            if (out->p[i] == COMPLETE) return;
+    if (node >= ESCAPE) {
+        for (size_t i = out->n; i-- > st->base;)
+            if (out->p[i] == node) return;
     } else {
         if (st->mark[node] == st->stamp) return;
         st->mark[node] = st->stamp;
@@ -754,6 +761,7 @@ static void expand(g4_grammar_state *st, uint32_t pos, uint32_t parent, u32vec *
     case E_END:
     case E_ALT:
         if (parent == NONE) add_top(st, out, COMPLETE);
+        else if (parent == BOTTOM) add_top(st, out, ESCAPE);
         else expand(st, st->nodes[parent].pos, st->nodes[parent].parent, out, level + 1);
         return;
     case E_REF: {
@@ -785,7 +793,7 @@ static void advance(g4_grammar_state *st, const uint32_t *in, size_t n, unsigned
     st->base = out->n;
     for (size_t i = 0; i < n; i++) {
         uint32_t t = in[i];
-        if (t == COMPLETE || !set_has(st->g, st->nodes[t].pos, b)) continue;
+        if (t >= ESCAPE || !set_has(st->g, st->nodes[t].pos, b)) continue;
         expand(st, st->nodes[t].pos + 1, st->nodes[t].parent, out, 0);
     }
 }
@@ -822,6 +830,8 @@ g4_grammar_state *g4_grammar_start(const g4_grammar *g) {
     return st;
 }
 
+static void cache_free(struct mask_cache *c);
+
 void g4_grammar_state_free(g4_grammar_state *st) {
     if (!st) return;
     free(st->nodes);
@@ -830,6 +840,8 @@ void g4_grammar_state_free(g4_grammar_state *st) {
     free(st->mark);
     free(st->tops.p);
     free(st->scratch.p);
+    free(st->escapes.p);
+    cache_free(st->cache);
     free(st);
 }
 
@@ -903,7 +915,12 @@ int g4_grammar_accept_bytes(g4_grammar_state *st, const void *bytes, size_t n) {
         st->tops = cur, cur = t;
         if (st->n_nodes > 2 * st->live + 4096) { /* drop the dead nodes now and then */
             g4_grammar_state *c = compact_copy(st);
-            if (c) state_swap(st, c), g4_grammar_state_free(c), st->live = st->n_nodes;
+            if (c) {
+                state_swap(st, c);
+                st->cache = c->cache, c->cache = NULL; /* the cache is the grammar's, not the nodes' */
+                g4_grammar_state_free(c);
+                st->live = st->n_nodes;
+            }
         }
     }
     free(cur.p);
@@ -932,6 +949,7 @@ int g4_grammar_can_continue(const g4_grammar_state *st) {
 
 typedef struct {
     uint32_t first_child, next_sibling, tok; /* tok: first token ending here (NONE if none) */
+    uint32_t size;                           /* nodes in the subtree, this one included */
     uint8_t byte;
 } tnode;
 
@@ -1006,7 +1024,7 @@ static int build_trie(g4_grammar_vocab *v) {
         free(order);
         return -1;
     }
-    v->trie[0] = (tnode){NONE, NONE, NONE, 0};
+    v->trie[0] = (tnode){NONE, NONE, NONE, 1, 0};
     v->n_trie = 1;
     uint32_t path[4096], last_child[4096]; /* node at each depth; its newest child */
     path[0] = 0, last_child[0] = NONE;
@@ -1022,7 +1040,7 @@ static int build_trie(g4_grammar_vocab *v) {
         }
         for (uint32_t d = lcp; d < len; d++) {
             uint32_t nn = v->n_trie++;
-            v->trie[nn] = (tnode){NONE, NONE, NONE, s[d]};
+            v->trie[nn] = (tnode){NONE, NONE, NONE, 1, s[d]};
             if (last_child[d] == NONE) v->trie[path[d]].first_child = nn;
             else v->trie[last_child[d]].next_sibling = nn;
             last_child[d] = nn;
@@ -1033,6 +1051,8 @@ static int build_trie(g4_grammar_vocab *v) {
         prev = id;
     }
     free(order);
+    for (uint32_t i = v->n_trie; i-- > 0;) /* children come after their parent */
+        for (uint32_t c = v->trie[i].first_child; c != NONE; c = v->trie[c].next_sibling) v->trie[i].size += v->trie[c].size;
     return 0;
 }
 
@@ -1074,11 +1094,12 @@ static long walk(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t node,
     uint32_t any[8] = {0}; /* the bytes some stack accepts: children outside it are skipped at once */
     for (size_t i = from; i < to; i++) {
         uint32_t t = st->scratch.p[i];
-        if (t == COMPLETE) continue;
+        if (t >= ESCAPE) continue;
         const uint32_t *s = st->g->sets[EL_V(st->g->el[st->nodes[t].pos])];
         for (int w = 0; w < 8; w++) any[w] |= s[w];
     }
     for (uint32_t c = v->trie[node].first_child; c != NONE; c = v->trie[c].next_sibling) {
+        if (st->record_escapes == 1 && st->escape_work > MAX_ESCAPE_WORK) break; /* this cut is too shallow */
         unsigned b = v->trie[c].byte;
         if (!((any[b >> 5] >> (b & 31)) & 1)) continue;
         uint32_t saved = st->n_nodes;
@@ -1093,9 +1114,19 @@ static long walk(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t node,
         }
         advance(st, st->scratch.p + from, to - from, b, &st->scratch);
         size_t end = st->scratch.n;
-        if (end > start && !st->over) {
+        for (size_t i = start; i < end; i++) /* a cut-off stack returned: the cache's caller goes on from c */
+            if (st->scratch.p[i] == ESCAPE) {
+                if (st->record_escapes) {
+                    vpush(&st->escapes, c);
+                    st->escape_work += v->trie[c].size;
+                }
+                st->scratch.p[i] = st->scratch.p[--end];
+                st->scratch.p[end] = ESCAPE; /* still counts as accepting the bytes so far */
+                break;
+            }
+        if (st->scratch.n > start && !st->over) {
             for (uint32_t id = v->trie[c].tok; id != NONE; id = v->tok_next[id]) mask[id >> 5] |= 1u << (id & 31), count++;
-            if (v->trie[c].first_child != NONE) count += walk(v, st, c, start, end, mask);
+            if (v->trie[c].first_child != NONE && end > start) count += walk(v, st, c, start, end, mask);
         }
         st->scratch.n = start;
         rollback(st, saved);
@@ -1103,18 +1134,152 @@ static long walk(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t node,
     return count;
 }
 
+/* Token masks are cached per cut-off stack: a stack's top K frames with a BOTTOM below them.
+ * Walking the whole trie against it gives the tokens that it accepts whatever lies below (those
+ * that stay inside the K frames, or end exactly as they return) and the trie nodes where it
+ * returns below the bottom ("escapes"); a mask is then the cached bits plus walks of the escape
+ * nodes' subtrees against the real frames below. K grows from 1 until the escapes are few
+ * (inside a JSON string: once K reaches the string rule, only the closing quote escapes), so the
+ * whole-vocabulary walk is paid once per distinct cut-off stack, not once per token. */
+#define MAX_ENTRIES 1024
+
+typedef struct {
+    uint32_t hash, k, n_esc, final;
+    uint32_t *key, *bits, *esc;
+} centry;
+
+struct mask_cache {
+    const g4_grammar_vocab *v;
+    centry *e;
+    size_t n, cap;
+};
+
+static void cache_clear(struct mask_cache *c) {
+    for (size_t i = 0; i < c->n; i++) free(c->e[i].key), free(c->e[i].bits), free(c->e[i].esc);
+    c->n = 0;
+}
+
+static void cache_free(struct mask_cache *c) {
+    if (!c) return;
+    cache_clear(c);
+    free(c->e);
+    free(c);
+}
+
+static void expand_list(g4_grammar_state *st, uint32_t pos, uint32_t parent, u32vec *out) {
+    if (++st->stamp == 0) {
+        memset(st->mark, 0, st->cap_nodes * sizeof *st->mark);
+        st->stamp = 1;
+    }
+    st->budget = EXPAND_BUDGET;
+    st->base = out->n;
+    expand(st, pos, parent, out, 0);
+}
+
+/* The cache entry of stack t cut to k frames (frames[0..k) from the top), computed if new. */
+static centry *mask_entry(const g4_grammar_vocab *v, g4_grammar_state *st, const uint32_t *frames, uint32_t k) {
+    struct mask_cache *c = st->cache;
+    uint32_t h = 2166136261u;
+    for (uint32_t i = 0; i < k; i++) h = (h ^ st->nodes[frames[i]].pos) * 16777619u;
+    for (size_t i = 0; i < c->n; i++) {
+        centry *e = &c->e[i];
+        if (e->hash != h || e->k != k) continue;
+        uint32_t j = 0;
+        while (j < k && e->key[j] == st->nodes[frames[j]].pos) j++;
+        if (j == k) return e;
+    }
+    if (c->n >= MAX_ENTRIES) cache_clear(c);
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 16;
+        centry *e = realloc(c->e, cap * sizeof *e);
+        if (!e) return NULL;
+        c->e = e, c->cap = cap;
+    }
+    centry e = {h, k, 0, 0, malloc(k * sizeof(uint32_t)), calloc((v->n_vocab + 31) / 32, sizeof(uint32_t)), NULL};
+    if (!e.key || !e.bits) {
+        free(e.key), free(e.bits);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < k; i++) e.key[i] = st->nodes[frames[i]].pos;
+    /* the cut-off copy, deepest frame first */
+    uint32_t saved = st->n_nodes, x = BOTTOM;
+    for (uint32_t i = k; i-- > 0 && x != NONE;) x = intern(st, st->nodes[frames[i]].pos, x);
+    if (x == NONE) {
+        rollback(st, saved);
+        free(e.key), free(e.bits);
+        return NULL;
+    }
+    st->scratch.n = 0;
+    st->escapes.n = 0;
+    vpush(&st->scratch, x);
+    int whole = st->nodes[frames[k - 1]].parent == NONE; /* nothing below: this walk must finish */
+    st->record_escapes = whole ? 2 : 1;
+    st->escape_work = 0;
+    walk(v, st, 0, 0, 1, e.bits);
+    st->record_escapes = 0;
+    rollback(st, saved);
+    e.n_esc = (uint32_t)st->escapes.n;
+    e.final = whole || st->escape_work <= MAX_ESCAPE_WORK;
+    if (!e.final) { /* too many escapes: only remember to cut deeper */
+        free(e.bits);
+        e.bits = NULL;
+    } else if (e.n_esc) {
+        e.esc = malloc(e.n_esc * sizeof *e.esc);
+        if (!e.esc) {
+            free(e.key), free(e.bits);
+            return NULL;
+        }
+        memcpy(e.esc, st->escapes.p, e.n_esc * sizeof *e.esc);
+    }
+    c->e[c->n++] = e;
+    return &c->e[c->n - 1];
+}
+
+/* Sets the bits of the tokens stack t accepts. */
+static int mask_stack(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t t, uint32_t *mask) {
+    uint32_t frames[MAX_DEPTH + 1], depth = 0;
+    for (uint32_t x = t; x != NONE && depth <= MAX_DEPTH; x = st->nodes[x].parent) frames[depth++] = x;
+    size_t words = (v->n_vocab + 31) / 32;
+    for (uint32_t k = 1; k <= depth; k++) {
+        centry *e = mask_entry(v, st, frames, k);
+        if (!e) return g4_fail("grammar: out of memory computing a token mask");
+        if (!e->final) continue;
+        for (size_t w = 0; w < words; w++) mask[w] |= e->bits[w];
+        uint32_t below = st->nodes[frames[k - 1]].parent;
+        if (below == NONE) return 0;
+        uint32_t n_esc = e->n_esc, *esc = e->esc; /* e may move when walks below add entries: no, walks do not */
+        for (uint32_t i = 0; i < n_esc; i++) {
+            uint32_t saved = st->n_nodes;
+            st->scratch.n = 0;
+            st->over = 0;
+            expand_list(st, st->nodes[below].pos, st->nodes[below].parent, &st->scratch);
+            size_t n = st->scratch.n;
+            if (!st->over && n) walk(v, st, esc[i], 0, n, mask);
+            rollback(st, saved);
+        }
+        return 0;
+    }
+    return 0;
+}
+
 long g4_grammar_mask(const g4_grammar_vocab *v, g4_grammar_state *st, const int32_t *stop_ids, size_t n_stop,
                      uint32_t *mask) {
     if (!v || !st || !mask) return g4_fail("grammar: mask: no vocabulary, state or mask");
-    memset(mask, 0, (v->n_vocab + 31) / 32 * sizeof *mask);
-    st->scratch.n = 0;
-    if (vappend(&st->scratch, st->tops.p, st->tops.n)) return -1;
-    long count = walk(v, st, 0, 0, st->tops.n, mask);
+    size_t words = (v->n_vocab + 31) / 32;
+    memset(mask, 0, words * sizeof *mask);
+    if (!st->cache && !(st->cache = calloc(1, sizeof *st->cache))) return g4_fail("grammar: out of memory");
+    if (st->cache->v != v) cache_clear(st->cache), st->cache->v = v;
+    for (size_t i = 0; i < st->tops.n; i++) {
+        uint32_t t = st->tops.p[i];
+        if (t < ESCAPE && mask_stack(v, st, t, mask)) return -1;
+    }
     if (g4_grammar_is_complete(st))
         for (size_t i = 0; i < n_stop; i++) {
             int32_t id = stop_ids[i];
-            if (id >= 0 && (size_t)id < v->n_vocab && !((mask[id >> 5] >> (id & 31)) & 1)) mask[id >> 5] |= 1u << (id & 31), count++;
+            if (id >= 0 && (size_t)id < v->n_vocab) mask[id >> 5] |= 1u << (id & 31);
         }
+    long count = 0;
+    for (size_t w = 0; w < words; w++) count += __builtin_popcount(mask[w]);
     return count;
 }
 
