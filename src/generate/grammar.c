@@ -672,6 +672,11 @@ struct g4_grammar_state {
     struct mask_cache *cache; /* token masks of cut-off stacks, by their positions (mask_entry) */
     u32vec escapes;        /* the trie nodes where the walk being cached escaped */
     int record_escapes;
+    /* within one mask walk, the stacks after a byte from a list of stacks, by the list's content:
+     * inside a string every character leads to the same list, so the walk is a table lookup */
+    struct memo_slot *memo;
+    u32vec memo_lists;     /* [in..., out...] per slot */
+    uint32_t memo_used, memo_gen, walk_base;
     uint64_t escape_work;  /* trie nodes below the escapes so far: a walk stops past MAX_ESCAPE_WORK */
     size_t base;           /* where the list being built starts in its vector */
     uint32_t budget, live;
@@ -841,6 +846,8 @@ void g4_grammar_state_free(g4_grammar_state *st) {
     free(st->tops.p);
     free(st->scratch.p);
     free(st->escapes.p);
+    free(st->memo);
+    free(st->memo_lists.p);
     cache_free(st->cache);
     free(st);
 }
@@ -993,31 +1000,34 @@ static size_t token_bytes(const g4_tokenizer *tok, int32_t id, unsigned char *ou
         out[0] = (unsigned char)(hexval(p[3]) * 16 + hexval(p[4]));
         return 1;
     }
-    for (size_t i = 0; i < n && k < cap;) {
+    if (n > cap) return 0; /* longer than any real token: never allowed */
+    for (size_t i = 0; i < n;) {
         if (i + 3 <= n && memcmp(p + i, "\xE2\x96\x81", 3) == 0) out[k++] = ' ', i += 3;
         else out[k++] = (unsigned char)p[i++];
     }
     return k;
 }
 
-static const g4_grammar_vocab *sort_vocab;
+typedef struct {
+    const unsigned char *p;
+    uint32_t len, id;
+} tok_ref;
+
 static int cmp_tok(const void *a, const void *b) {
-    const g4_grammar_vocab *v = sort_vocab;
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    uint32_t n = v->len[x] < v->len[y] ? v->len[x] : v->len[y];
-    int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], n);
+    const tok_ref *x = a, *y = b;
+    int c = memcmp(x->p, y->p, x->len < y->len ? x->len : y->len);
     if (c) return c;
-    return v->len[x] != v->len[y] ? (v->len[x] < v->len[y] ? -1 : 1) : (x < y ? -1 : x > y);
+    return x->len != y->len ? (x->len < y->len ? -1 : 1) : (x->id < y->id ? -1 : x->id > y->id);
 }
 
 /* The trie of every token's bytes, built from the sorted byte strings: children in byte order. */
 static int build_trie(g4_grammar_vocab *v) {
-    uint32_t *order = malloc(v->n_vocab * sizeof *order), n = 0;
+    tok_ref *order = malloc(v->n_vocab * sizeof *order);
+    uint32_t n = 0;
     size_t total = 1;
     if (!order) return -1;
     for (size_t i = 0; i < v->n_vocab; i++)
-        if (v->len[i]) order[n++] = (uint32_t)i, total += v->len[i];
-    sort_vocab = v; /* qsort has no context argument in C11; built once per tokenizer */
+        if (v->len[i]) order[n++] = (tok_ref){v->bytes + v->off[i], v->len[i], (uint32_t)i}, total += v->len[i];
     qsort(order, n, sizeof *order, cmp_tok);
     v->trie = malloc(total * sizeof *v->trie);
     if (!v->trie) {
@@ -1030,12 +1040,13 @@ static int build_trie(g4_grammar_vocab *v) {
     path[0] = 0, last_child[0] = NONE;
     uint32_t prev = NONE;
     for (uint32_t k = 0; k < n; k++) {
-        uint32_t id = order[k], len = v->len[id] < 4095 ? v->len[id] : 4095;
+        uint32_t id = order[k].id, len = v->len[id];
+        if (len > 4095) continue; /* longer than any real token: never allowed */
         const unsigned char *s = v->bytes + v->off[id];
         uint32_t lcp = 0;
         if (prev != NONE) {
             const unsigned char *q = v->bytes + v->off[prev];
-            uint32_t pl = v->len[prev] < 4095 ? v->len[prev] : 4095;
+            uint32_t pl = v->len[prev];
             while (lcp < len && lcp < pl && q[lcp] == s[lcp]) lcp++;
         }
         for (uint32_t d = lcp; d < len; d++) {
@@ -1089,8 +1100,55 @@ fail:
 
 /* Depth-first walk of the trie below node, with the stacks in st->scratch[from, to): every token
  * ending at a child the stacks accept is set in mask. */
+#define MEMO_SLOTS 8192 /* a power of two */
+#define MEMO_NODES (1u << 20) /* nodes a walk may keep before it rolls back and forgets */
+
+struct memo_slot {
+    uint64_t key;
+    uint32_t off, in_n, out_n, gen; /* in use when gen is the state's memo_gen */
+};
+
+static void memo_clear(g4_grammar_state *st) {
+    if (++st->memo_gen == 0 && st->memo) memset(st->memo, 0, MEMO_SLOTS * sizeof *st->memo), st->memo_gen = 1;
+    st->memo_lists.n = 0;
+    st->memo_used = 0;
+}
+
+static uint64_t list_hash(const uint32_t *l, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ l[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The slot of (list, byte): a match (used), or the empty slot to fill; NULL when full. */
+static struct memo_slot *memo_find(g4_grammar_state *st, uint64_t key, const uint32_t *in, size_t n) {
+    if (!st->memo && !(st->memo = calloc(MEMO_SLOTS, sizeof *st->memo))) return NULL;
+    for (uint32_t i = 0, h = (uint32_t)(key >> 20); i < 64; i++, h++) {
+        struct memo_slot *m = &st->memo[h & (MEMO_SLOTS - 1)];
+        if (m->gen != st->memo_gen) return m;
+        if (m->key == key && m->in_n == n && memcmp(st->memo_lists.p + m->off, in, n * sizeof *in) == 0) return m;
+    }
+    return NULL;
+}
+
+static void memo_put(g4_grammar_state *st, struct memo_slot *m, uint64_t key, const uint32_t *in, size_t n,
+                     size_t out_from, size_t out_to) {
+    if (st->memo_used > MEMO_SLOTS / 2) return;
+    size_t off = st->memo_lists.n;
+    if (vappend(&st->memo_lists, in, n) || vappend(&st->memo_lists, st->scratch.p + out_from, out_to - out_from)) {
+        st->memo_lists.n = off;
+        return;
+    }
+    *m = (struct memo_slot){key, (uint32_t)off, (uint32_t)n, (uint32_t)(out_to - out_from), st->memo_gen};
+    st->memo_used++;
+}
+
+/* Depth-first walk of the trie below node, with the stacks in st->scratch[from, to): every token
+ * ending at a child the stacks accept is set in mask. The nodes it makes stay until the caller
+ * rolls back to st->walk_base (the memo refers to them), unless they grow past MEMO_NODES. */
 static long walk(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t node, size_t from, size_t to, uint32_t *mask) {
     long count = 0;
+    uint64_t lh = list_hash(st->scratch.p + from, to - from);
     uint32_t any[8] = {0}; /* the bytes some stack accepts: children outside it are skipped at once */
     for (size_t i = from; i < to; i++) {
         uint32_t t = st->scratch.p[i];
@@ -1112,7 +1170,14 @@ static long walk(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t node,
             if (!p) continue;
             st->scratch.p = p, st->scratch.cap = cap;
         }
-        advance(st, st->scratch.p + from, to - from, b, &st->scratch);
+        uint64_t key = (lh ^ b) * 0x9E3779B97F4A7C15ull;
+        struct memo_slot *m = memo_find(st, key, st->scratch.p + from, to - from);
+        if (m && m->gen == st->memo_gen) {
+            if (vappend(&st->scratch, st->memo_lists.p + m->off + m->in_n, m->out_n)) continue;
+        } else {
+            advance(st, st->scratch.p + from, to - from, b, &st->scratch);
+            if (m && !st->over) memo_put(st, m, key, st->scratch.p + from, to - from, start, st->scratch.n);
+        }
         size_t end = st->scratch.n;
         for (size_t i = start; i < end; i++) /* a cut-off stack returned: the cache's caller goes on from c */
             if (st->scratch.p[i] == ESCAPE) {
@@ -1129,7 +1194,10 @@ static long walk(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t node,
             if (v->trie[c].first_child != NONE && end > start) count += walk(v, st, c, start, end, mask);
         }
         st->scratch.n = start;
-        rollback(st, saved);
+        if (st->n_nodes - st->walk_base > MEMO_NODES) { /* the memo refers to nodes made after saved */
+            rollback(st, saved);
+            memo_clear(st);
+        }
     }
     return count;
 }
@@ -1212,12 +1280,15 @@ static centry *mask_entry(const g4_grammar_vocab *v, g4_grammar_state *st, const
     st->scratch.n = 0;
     st->escapes.n = 0;
     vpush(&st->scratch, x);
+    st->walk_base = st->n_nodes;
+    memo_clear(st);
     int whole = st->nodes[frames[k - 1]].parent == NONE; /* nothing below: this walk must finish */
     st->record_escapes = whole ? 2 : 1;
     st->escape_work = 0;
     walk(v, st, 0, 0, 1, e.bits);
     st->record_escapes = 0;
     rollback(st, saved);
+    memo_clear(st);
     e.n_esc = (uint32_t)st->escapes.n;
     e.final = whole || st->escape_work <= MAX_ESCAPE_WORK;
     if (!e.final) { /* too many escapes: only remember to cut deeper */
@@ -1254,8 +1325,11 @@ static int mask_stack(const g4_grammar_vocab *v, g4_grammar_state *st, uint32_t 
             st->over = 0;
             expand_list(st, st->nodes[below].pos, st->nodes[below].parent, &st->scratch);
             size_t n = st->scratch.n;
+            st->walk_base = st->n_nodes;
+            memo_clear(st);
             if (!st->over && n) walk(v, st, esc[i], 0, n, mask);
             rollback(st, saved);
+            memo_clear(st);
         }
         return 0;
     }
