@@ -552,7 +552,7 @@ static void find_nullable(const g4_grammar *g, uint8_t *nullable) {
  * prefixes): the recognizer's expansion would never end. color: 0 new, 1 on the path, 2 done. */
 static uint32_t left_cycle(const g4_grammar *g, const uint8_t *nullable, uint8_t *color, uint32_t r, int depth) {
     if (color[r] == 1) return r;
-    if (color[r] == 2 || depth > 20000) return NONE; /* the recognizer's expansion budget covers the rest */
+    if (color[r] == 2 || depth > 4096) return NONE; /* the recognizer's expansion budget covers the rest */
     color[r] = 1;
     for (uint32_t a = g->alt_off[r]; a < g->alt_off[r + 1]; a++)
         for (uint32_t pos = g->alt[a]; EL_T(g->el[pos]) == E_REF; pos++) {
@@ -776,7 +776,9 @@ static void expand(g4_grammar_state *st, uint32_t pos, uint32_t parent, u32vec *
         for (uint32_t a = g->alt_off[r]; a < g->alt_off[r + 1]; a++) expand(st, g->alt[a], ret, out, level + 1);
         return;
     }
-    default: {
+    default: { /* a stack whose top matches no byte (an empty class) is dropped: it leads nowhere */
+        const uint32_t *set = g->sets[EL_V(e)];
+        if (!(set[0] | set[1] | set[2] | set[3] | set[4] | set[5] | set[6] | set[7])) return;
         uint32_t n = intern(st, pos, parent);
         if (n != NONE) add_top(st, out, n);
     }

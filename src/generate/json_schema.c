@@ -343,7 +343,10 @@ static int regex_to_gbnf(sbuf *out, const char *re, size_t n, int json_string, c
 /* A JSON string key that is none of keys[0, n): a trie over their characters, leaving it with a
  * plain character no key has there (no escapes before that, so an escaped spelling of a declared
  * key cannot pass as a different one). */
-static int other_key_rule(schema_c *c, const char **keys, size_t n, size_t depth, const char *prefix, size_t plen) {
+#define MAX_KEY 1024 /* bytes of a property name when additional properties must differ from it */
+
+/* prefix: a MAX_KEY + 4 byte buffer, its first plen bytes the characters matched so far. */
+static int other_key_rule(schema_c *c, const char **keys, size_t n, size_t depth, char *prefix, size_t plen) {
     int id = c->n_rules++;
     sbuf b = {0};
     int is_key = 0;
@@ -360,7 +363,8 @@ static int other_key_rule(schema_c *c, const char **keys, size_t n, size_t depth
         unsigned cp = utf8_next((const unsigned char *)keys[i], kl, &j);
         int seen = 0;
         for (size_t k = 0; k < nk; k++) seen |= kids[k] == cp;
-        if (!seen && nk < 256) kids[nk++] = cp;
+        if (!seen && nk == 256) return free(b.p), sc_fail(c, "", "more than 256 property names that differ at one character");
+        if (!seen) kids[nk++] = cp;
     }
     sb_str(&b, "[^\"\\\\\\x00-\\x1F");
     for (size_t k = 0; k < nk; k++) sb_cp(&b, kids[k]);
@@ -368,22 +372,28 @@ static int other_key_rule(schema_c *c, const char **keys, size_t n, size_t depth
     if (!is_key) sb_str(&b, " | \"\\\"\"");
     for (size_t k = 0; k < nk && !c->failed; k++) {
         if (kids[k] == '"' || kids[k] == '\\' || kids[k] < 0x20) continue; /* escaped in JSON: no plain way in */
-        char next[4096];
         unsigned char u[4];
         int ul = kids[k] < 0x80 ? (u[0] = (unsigned char)kids[k], 1)
                : kids[k] < 0x800 ? (u[0] = (unsigned char)(0xC0 | kids[k] >> 6), u[1] = (unsigned char)(0x80 | (kids[k] & 63)), 2)
                : kids[k] < 0x10000 ? (u[0] = (unsigned char)(0xE0 | kids[k] >> 12), u[1] = (unsigned char)(0x80 | ((kids[k] >> 6) & 63)), u[2] = (unsigned char)(0x80 | (kids[k] & 63)), 3)
                : (u[0] = (unsigned char)(0xF0 | kids[k] >> 18), u[1] = (unsigned char)(0x80 | ((kids[k] >> 12) & 63)), u[2] = (unsigned char)(0x80 | ((kids[k] >> 6) & 63)), u[3] = (unsigned char)(0x80 | (kids[k] & 63)), 4);
-        if (plen + (size_t)ul >= sizeof next) return sc_fail(c, "", "a property name over 4 KiB");
-        memcpy(next, prefix, plen);
-        memcpy(next + plen, u, (size_t)ul);
-        int sub = other_key_rule(c, keys, n, depth + 1, next, plen + (size_t)ul);
-        if (sub < 0) return -1;
+        if (plen + (size_t)ul > MAX_KEY) {
+            free(b.p);
+            return sc_fail(c, "", "a property name over %d bytes beside additional properties", MAX_KEY);
+        }
+        memcpy(prefix + plen, u, (size_t)ul); /* deeper calls write only past it */
+        int sub = other_key_rule(c, keys, n, depth + 1, prefix, plen + (size_t)ul);
+        if (sub < 0) {
+            free(b.p);
+            return -1;
+        }
         sb_str(&b, " | \"");
         sb_cp(&b, kids[k]);
         sb_printf(&b, "\" r%d", sub);
     }
-    return c->failed ? -1 : add_rule(c, id, &b) ? -1 : id;
+    int rc = c->failed ? -1 : add_rule(c, id, &b) ? -1 : id;
+    free(b.p);
+    return rc;
 }
 
 static int string_rule(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
@@ -503,7 +513,8 @@ static int object_rule(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
     }
     int addkv = -1;
     if (addv != -3) {
-        int other = n ? other_key_rule(c, keys, n, 0, "", 0) : -1;
+        char prefix[MAX_KEY + 4];
+        int other = n ? other_key_rule(c, keys, n, 0, prefix, 0) : -1;
         if (n && other < 0) {
             rc = -1;
             goto done;
