@@ -11,6 +11,7 @@
 
 #include "g4.h"
 #include "util/err.h"
+#include "text/tokenizer.h"
 
 #define MAX_SCHEMA_BYTES (1u << 20)
 #define MAX_COUNT 4096   /* minItems, maxItems, minLength, maxLength */
@@ -990,6 +991,11 @@ char *g4_grammar_json_schema_to_gbnf(const char *text, size_t len) {
         g4_fail("json schema: %s", text ? "more than 1 MiB" : "none given");
         return NULL;
     }
+    size_t ok = g4_text_utf8_prefix(text, len);
+    if (ok != len) { /* the grammar speaks UTF-8 only: such a string could never be generated */
+        g4_fail("json schema: not valid UTF-8 (at byte %zu)", ok);
+        return NULL;
+    }
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!root) {
         g4_fail("json schema: not valid JSON (near byte %zu)", (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : 0));
@@ -1044,9 +1050,9 @@ g4_grammar *g4_grammar_from_choice(const char *const *choices, size_t n) {
     sbuf g = {0};
     sb_str(&g, "root ::= ");
     for (size_t i = 0; i < n; i++) {
-        if (!choices[i]) {
+        if (!choices[i] || g4_text_utf8_prefix(choices[i], strlen(choices[i])) != strlen(choices[i])) {
             free(g.p);
-            g4_fail("choice: string %zu is missing", i);
+            g4_fail("choice: string %zu is %s", i, choices[i] ? "not valid UTF-8" : "missing");
             return NULL;
         }
         if (i) sb_str(&g, " | ");
@@ -1337,6 +1343,10 @@ static int regex_to_gbnf(sbuf *out, const char *re, size_t n, int json_string, c
 g4_grammar *g4_grammar_from_regex(const char *re, size_t len) {
     if (!re || len > MAX_SCHEMA_BYTES) {
         g4_fail("regex: %s", re ? "more than 1 MiB" : "none given");
+        return NULL;
+    }
+    if (g4_text_utf8_prefix(re, len) != len) {
+        g4_fail("regex: not valid UTF-8 (at byte %zu)", g4_text_utf8_prefix(re, len));
         return NULL;
     }
     sbuf g = {0};
