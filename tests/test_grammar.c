@@ -180,6 +180,12 @@ static void test_dialect(void) {
     g4_grammar_free(g);
     CHECK(g4_grammar_from_regex("(a)\\1", 5) == NULL && strstr(g4_last_error(), "backreference"), "backreference: %s", g4_last_error());
     CHECK(g4_grammar_from_regex("(?=a)", 5) == NULL && strstr(g4_last_error(), "lookaround"), "lookaround: %s", g4_last_error());
+    /* a string that is not UTF-8 could never be matched (fuzz_grammar's first finding) */
+    const char *bad_utf8[] = {"ok", "a\xFF"};
+    CHECK(g4_grammar_from_choice(bad_utf8, 2) == NULL && strstr(g4_last_error(), "string 1 is not valid UTF-8"),
+          "choice of invalid UTF-8: %s", g4_last_error());
+    CHECK(g4_grammar_from_json_schema("{\"const\":\"\xC3\"}", 13) == NULL && strstr(g4_last_error(), "not valid UTF-8"),
+          "schema of invalid UTF-8: %s", g4_last_error());
     const char *ch[] = {"yes", "no", "n/a"};
     g = g4_grammar_from_choice(ch, 3);
     CHECK(g != NULL, "choice: %s", g4_last_error());
