@@ -87,6 +87,11 @@ static void test_examples(void) {
         CHECK(st && g4_grammar_accept_bytes(st, "\xFF", 1) != 0, "split UTF-8: a bad continuation accepted");
         CHECK(st && g4_grammar_accept_bytes(st, "\xAC\"}", 3) == 0 && g4_grammar_is_complete(st), "split UTF-8: rest");
         g4_grammar_state_free(st);
+        /* a rejected call leaves the state as it was, even when its first bytes fit */
+        st = g4_grammar_start(g);
+        CHECK(st && g4_grammar_accept_bytes(st, "{\"k\"x", 5) != 0, "a bad byte after good ones accepted");
+        CHECK(st && g4_grammar_accept_bytes(st, "{}", 2) == 0 && g4_grammar_is_complete(st), "a rejected call moved the state");
+        g4_grammar_state_free(st);
     }
     g4_grammar_free(g);
     g = g4_grammar_compile(ARITH_GBNF, strlen(ARITH_GBNF));
