@@ -238,6 +238,18 @@ static void test_schema_units(void) {
     }
     CHECK(g != NULL, "int range 2: %s", g4_last_error());
     g4_grammar_free(g);
+    g = schema("{\"type\":\"integer\",\"minimum\":123,\"maximum\":4567}");
+    if (g) {
+        int bad = 0;
+        char buf[16];
+        for (int i = 0; i <= 5000; i++) {
+            snprintf(buf, sizeof buf, "%d", i);
+            bad += accepts(g, buf, strlen(buf)) != (i >= 123 && i <= 4567);
+        }
+        CHECK(bad == 0, "integer range [123, 4567]: %d wrong", bad);
+    }
+    CHECK(g != NULL, "int range 3: %s", g4_last_error());
+    g4_grammar_free(g);
     g = schema("{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date-time\"},"
                "\"u\":{\"type\":\"string\",\"format\":\"uuid\"},\"p\":{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d?$\"}},"
                "\"required\":[\"d\"],\"additionalProperties\":false}");
@@ -486,6 +498,13 @@ static void check_mask_state(const g4_grammar_vocab *v, g4_grammar_state *st, co
         }
     }
     CHECK(wrong == 0 && allowed == n, "%s: %ld tokens where the mask and the recognizer disagree (%ld allowed)", what, wrong, n);
+    /* a copy keeps the mask cache and gives the same mask */
+    g4_grammar_state *c = g4_grammar_state_copy(st);
+    uint32_t *mask2 = calloc((V + 31) / 32, sizeof *mask2);
+    CHECK(c && g4_grammar_mask(v, c, NULL, 0, mask2) == n && memcmp(mask, mask2, (V + 31) / 32 * sizeof *mask) == 0,
+          "%s: the state's copy gives another mask", what);
+    g4_grammar_state_free(c);
+    free(mask2);
     free(mask);
 }
 

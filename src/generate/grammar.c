@@ -10,6 +10,7 @@
 #include <string.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <stdatomic.h>
 
 #include "g4.h"
 #include "util/err.h"
@@ -890,7 +891,16 @@ static g4_grammar_state *compact_copy(const g4_grammar_state *src) {
     return st;
 }
 
-g4_grammar_state *g4_grammar_state_copy(const g4_grammar_state *st) { return st ? compact_copy(st) : NULL; }
+static struct mask_cache *cache_share(struct mask_cache *c);
+
+/* The copy shares the mask cache (its keys are grammar positions, not nodes; copied on the first
+ * change), so a state warmed up once can be copied per request without paying the
+ * whole-vocabulary walks again. */
+g4_grammar_state *g4_grammar_state_copy(const g4_grammar_state *st) {
+    g4_grammar_state *c = st ? compact_copy(st) : NULL;
+    if (c && st->cache) c->cache = cache_share(st->cache);
+    return c;
+}
 
 static void state_swap(g4_grammar_state *a, g4_grammar_state *b) {
     g4_grammar_state t = *a;
@@ -1219,6 +1229,7 @@ typedef struct {
 } centry;
 
 struct mask_cache {
+    atomic_int refs;      /* states sharing it; a state changes it only when it is the only one */
     const g4_grammar_vocab *v;
     centry *e;
     size_t n, cap;
@@ -1230,10 +1241,46 @@ static void cache_clear(struct mask_cache *c) {
 }
 
 static void cache_free(struct mask_cache *c) {
-    if (!c) return;
+    if (!c || atomic_fetch_sub(&c->refs, 1) > 1) return;
     cache_clear(c);
     free(c->e);
     free(c);
+}
+
+static struct mask_cache *cache_share(struct mask_cache *c) {
+    atomic_fetch_add(&c->refs, 1);
+    return c;
+}
+
+static struct mask_cache *cache_copy(const struct mask_cache *c) {
+    struct mask_cache *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    atomic_init(&d->refs, 1);
+    d->v = c->v;
+    d->e = malloc((c->n ? c->n : 1) * sizeof *d->e);
+    if (!d->e) {
+        free(d);
+        return NULL;
+    }
+    d->cap = c->n ? c->n : 1;
+    size_t words = c->v ? (c->v->n_vocab + 31) / 32 : 0;
+    for (size_t i = 0; i < c->n; i++) {
+        const centry *e = &c->e[i];
+        centry x = *e;
+        x.key = malloc(e->k * sizeof *x.key);
+        x.bits = e->bits ? malloc(words * sizeof *x.bits) : NULL;
+        x.esc = e->n_esc && e->esc ? malloc(e->n_esc * sizeof *x.esc) : NULL;
+        if (!x.key || (e->bits && !x.bits) || (e->n_esc && e->esc && !x.esc)) {
+            free(x.key), free(x.bits), free(x.esc);
+            cache_free(d);
+            return NULL;
+        }
+        memcpy(x.key, e->key, e->k * sizeof *x.key);
+        if (x.bits) memcpy(x.bits, e->bits, words * sizeof *x.bits);
+        if (x.esc) memcpy(x.esc, e->esc, e->n_esc * sizeof *x.esc);
+        d->e[d->n++] = x;
+    }
+    return d;
 }
 
 static void expand_list(g4_grammar_state *st, uint32_t pos, uint32_t parent, u32vec *out) {
@@ -1343,7 +1390,15 @@ long g4_grammar_mask(const g4_grammar_vocab *v, g4_grammar_state *st, const int3
     if (!v || !st || !mask) return g4_fail("grammar: mask: no vocabulary, state or mask");
     size_t words = (v->n_vocab + 31) / 32;
     memset(mask, 0, words * sizeof *mask);
-    if (!st->cache && !(st->cache = calloc(1, sizeof *st->cache))) return g4_fail("grammar: out of memory");
+    if (!st->cache) {
+        if (!(st->cache = calloc(1, sizeof *st->cache))) return g4_fail("grammar: out of memory");
+        atomic_init(&st->cache->refs, 1);
+    } else if (atomic_load(&st->cache->refs) > 1) { /* shared with copies: this state gets its own */
+        struct mask_cache *own = cache_copy(st->cache);
+        if (!own) return g4_fail("grammar: out of memory");
+        cache_free(st->cache);
+        st->cache = own;
+    }
     if (st->cache->v != v) cache_clear(st->cache), st->cache->v = v;
     for (size_t i = 0; i < st->tops.n; i++) {
         uint32_t t = st->tops.p[i];

@@ -138,7 +138,11 @@ static int sc_fail(schema_c *c, const char *ptr, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!c->failed) g4_fail("json schema: %s at %s", msg, *ptr ? ptr : "(root)");
+    char line[700];
+    snprintf(line, sizeof line, "%s at %s", msg, *ptr ? ptr : "(root)");
+    for (char *p = line; *p; p++) /* names from the schema may hold newlines: keep it one line */
+        if ((unsigned char)*p < 0x20) *p = '?';
+    if (!c->failed) g4_fail("json schema: %s", line);
     c->failed = 1;
     return -1;
 }
