@@ -297,6 +297,24 @@ def gen_sampler():
     put(t, "tiny-temperature", bytes([1, 0, 0, 0, 0, 0, 7, 0]) + f(30.0, 29.999, -30.0, 0.0))
 
 
+def gen_grammar():
+    """fuzz_grammar: flag byte (0 GBNF, 1 JSON schema, 2 regex, 3 choice), text, NUL, bytes to feed."""
+    t = "fuzz_grammar"
+    put(t, "gbnf_list", b"\x00" + b'root ::= [a-z]+ ("," [a-z]+)*' + b"\x00abc,de")
+    put(t, "gbnf_json", b"\x00" + b'root ::= obj\nobj ::= "{" ws (str ws ":" ws val ("," ws str ws ":" ws val)*)? "}"\n'
+        b'val ::= obj | str | [0-9]+ | "\\u00e9"\nstr ::= "\\"" [^"\\\\]* "\\""\nws ::= [ \\t\\n]{0,4} # bounded\n'
+        + b'\x00{"a": {"b": 12}, "c": "\xc3\xa9"}')
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 300},
+              "b": {"type": "array", "items": {"type": "string", "format": "date"}, "maxItems": 3},
+              "c": {"enum": ["x", 1, None]}}, "required": ["a"]}
+    put(t, "schema_obj", b"\x01" + json.dumps(schema).encode() + b'\x00{"a": 12, "b": ["2024-01-02"]}')
+    rec = {"$defs": {"n": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/n"}}]}},
+           "$ref": "#/$defs/n"}
+    put(t, "schema_rec", b"\x01" + json.dumps(rec).encode() + b"\x00[[null],[]]")
+    put(t, "regex", b"\x02" + rb"^[A-Z]\d{2,4}(x|yz)*$" + b"\x00B123xyz")
+    put(t, "choice", b"\x03yes\nno\nmaybe\x00maybe")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=os.environ.get("G4_SHARED") or os.path.join(ROOT, "..", "shared"))
@@ -318,6 +336,7 @@ def main():
         gen_results()
         gen_serve()
         gen_sampler()
+        gen_grammar()
     finally:
         if tmp:
             shutil.rmtree(tmp)

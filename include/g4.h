@@ -882,6 +882,60 @@ void g4_conversation_messages(const g4_conversation *c, const g4_chat_message **
  * token, which the next reply feeds first. */
 const int32_t *g4_conversation_tokens(const g4_conversation *c, size_t *n);
 
+/* ---- Structured output: grammars, JSON schema, regex, choice (README "Structured output") ------ */
+
+/* A compiled grammar: immutable, shareable between threads and states. The dialect is llama.cpp's
+ * GBNF (rules `name ::= ...`, the start rule `root`, "literals" with \n \r \t \\ \" \xHH \uHHHH
+ * \UHHHHHHHH escapes, [classes] with ranges and ^, `.`, ( ), |, * + ? {m} {m,} {m,n}, # comments).
+ * It is matched byte by byte over UTF-8: a class or `.` matches one whole valid UTF-8 character.
+ * Refused, with the line and column: syntax errors, undefined rules, left recursion (a rule that
+ * can reach itself without consuming a byte, `(x?)*` included), repetition counts over 10000, more
+ * than 1 MiB of text or 4M grammar elements. Returns NULL on error (g4_last_error()). */
+typedef struct g4_grammar g4_grammar;
+g4_grammar *g4_grammar_compile(const char *gbnf, size_t len);
+/* A JSON schema (draft 2020-12 subset, README) compiled to a grammar for one JSON value. Every
+ * keyword the compiler cannot enforce is refused by name with its JSON pointer. */
+g4_grammar *g4_grammar_from_json_schema(const char *schema, size_t len);
+/* The GBNF text a JSON schema compiles to (malloc'd, NUL-terminated; free it): for inspection. */
+char *g4_grammar_json_schema_to_gbnf(const char *schema, size_t len);
+/* JSON mode: any JSON object (objects_only) or any JSON value, with bounded whitespace. */
+g4_grammar *g4_grammar_json(int objects_only);
+/* A regular expression (the README's subset), matched whole (as if anchored at both ends). */
+g4_grammar *g4_grammar_from_regex(const char *regex, size_t len);
+/* Exactly one of n strings. */
+g4_grammar *g4_grammar_from_choice(const char *const *choices, size_t n);
+void g4_grammar_free(g4_grammar *g);
+
+/* Where a recognizer stands: the set of parse stacks after the bytes accepted so far. A state is
+ * used by one thread at a time. */
+typedef struct g4_grammar_state g4_grammar_state;
+g4_grammar_state *g4_grammar_start(const g4_grammar *g);
+g4_grammar_state *g4_grammar_state_copy(const g4_grammar_state *st);
+void g4_grammar_state_free(g4_grammar_state *st);
+/* 0 when the grammar accepts bytes[0, n) after what it accepted so far (the state advances); -1
+ * when it rejects them (the state is unchanged; g4_last_error() says so, and names the limit when
+ * an ambiguous grammar needs more than 4096 parse stacks or 1024 nested rules). */
+int g4_grammar_accept_bytes(g4_grammar_state *st, const void *bytes, size_t n);
+/* 1 when the grammar can end here; 1 when some byte can follow. */
+int g4_grammar_is_complete(const g4_grammar_state *st);
+int g4_grammar_can_continue(const g4_grammar_state *st);
+
+/* A tokenizer's tokens as byte strings in a trie, for token masks (byte-fallback <0xNN> tokens as
+ * their byte; special tokens are never allowed). Immutable; one per tokenizer. */
+typedef struct g4_grammar_vocab g4_grammar_vocab;
+g4_grammar_vocab *g4_grammar_vocab_new(const g4_tokenizer *tok);
+void g4_grammar_vocab_free(g4_grammar_vocab *v);
+size_t g4_grammar_vocab_size(const g4_grammar_vocab *v);
+/* The bytes a token stands for (n = 0 for special tokens). */
+const unsigned char *g4_grammar_vocab_token(const g4_grammar_vocab *v, int32_t id, size_t *n);
+/* Sets bit id of mask (words of 32 bits, (vocab size + 31) / 32 of them, all rewritten) for every
+ * token whose bytes the state accepts, and the bits of stop_ids[0, n_stop) when the grammar is
+ * complete. Returns the number of allowed tokens, or -1 on error. The state is not advanced. */
+long g4_grammar_mask(const g4_grammar_vocab *v, g4_grammar_state *st, const int32_t *stop_ids, size_t n_stop,
+                     uint32_t *mask);
+/* Advances the state by a token's bytes: 0, or -1 when the grammar rejects them. */
+int g4_grammar_accept_token(const g4_grammar_vocab *v, g4_grammar_state *st, int32_t id);
+
 #ifdef __cplusplus
 }
 #endif
