@@ -118,6 +118,15 @@ static void check_refusals(void) {
         {"{\"model\":\"m\",\"prompt\":[1,-2]}", SERVE_COMPLETION, 400, "prompt", NULL},
         {"{\"model\":\"m\",\"prompt\":\"x\",\"best_of\":2}", SERVE_COMPLETION, 400, "best_of", NULL},
         {"{\"model\":\"m\",\"prompt\":\"x\",\"suffix\":\"y\"}", SERVE_COMPLETION, 400, "suffix", NULL},
+        /* constrained decoding's fields are refused by name, never ignored (issue 36) */
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"grammar\":\"root ::= \\\"a\\\"\"}", SERVE_CHAT, 400,
+         "grammar", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"json_schema\":{\"type\":\"object\"}}", SERVE_CHAT, 400,
+         "json_schema", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_choice\":[\"a\",\"b\"]}", SERVE_COMPLETION, 400, "guided_choice", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_regex\":\"a+\"}", SERVE_COMPLETION, 400, "guided_regex", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_json\":{}}", SERVE_COMPLETION, 400, "guided_json", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", SERVE_COMPLETION, 400, "response_format", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_refusal(cases[i].body, cases[i].kind, cases[i].status, cases[i].param, cases[i].code);
     /* the limits: messages, tools */

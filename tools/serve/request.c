@@ -248,12 +248,29 @@ int serve_check_model(const char *model, const serve_limits *lim, serve_error *e
     return 0;
 }
 
+/* Constrained decoding as other servers' extensions ask for it (llama.cpp's grammar and
+ * json_schema, vLLM's guided_* and structured_outputs, a completion's response_format): refused by
+ * name until g4 enforces them, never ignored (a client would take unconstrained text for valid). */
+static int refuse_constraints(const fields *f, serve_kind kind) {
+    static const char *const names[] = {"grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                        "structured_outputs", NULL};
+    for (int i = 0; names[i]; i++) {
+        const cJSON *v = field(f, names[i]);
+        if (v && !cJSON_IsNull(v)) return bad(f->e, names[i], "'%s' (constrained decoding) is not supported yet", names[i]);
+    }
+    const cJSON *rf = kind == SERVE_COMPLETION ? field(f, "response_format") : NULL;
+    const cJSON *type = rf ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+    if (rf && !cJSON_IsNull(rf) && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
+        return bad(f->e, "response_format", "'%s' other than {\"type\": \"text\"} is not supported", "response_format");
+    return 0;
+}
+
 /* What every request may carry: model, n, stream, sampling, budget, stop, and the features g4
  * lacks, refused by name. */
 static int read_common(const fields *f, serve_request *r, const serve_limits *lim) {
     const char *model = NULL;
     if (get_string(f, "model", &model) < 0) return -1;
-    if (serve_check_model(model, lim, f->e)) return -1;
+    if (serve_check_model(model, lim, f->e) || refuse_constraints(f, r->kind)) return -1;
     long long n = 1;
     if (get_int(f, "n", 1, 1e9, &n) < 0) return -1;
     int max_n = lim->max_n > 0 ? lim->max_n : 1;
