@@ -108,19 +108,25 @@ class Server:
         kw.setdefault("timeout", TIMEOUT)
         return openai.OpenAI(base_url=self.url + "/v1", **kw)
 
-    def http(self, method, path, body=None, headers=None):
-        """(status, parsed JSON or text) of one raw request."""
+    def http_full(self, method, path, body=None, headers=None):
+        """(status, headers as a dict of lower-case names, parsed JSON or text) of one raw request."""
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
         if isinstance(body, (dict, list)):
             body = json.dumps(body)
         c.request(method, path, body=body, headers=headers or {})
         r = c.getresponse()
         data = r.read()
+        hdrs = {k.lower(): v for k, v in r.getheaders()}
         c.close()
         try:
-            return r.status, json.loads(data)
+            return r.status, hdrs, json.loads(data)
         except ValueError:
-            return r.status, data.decode("utf-8", "replace")
+            return r.status, hdrs, data.decode("utf-8", "replace")
+
+    def http(self, method, path, body=None, headers=None):
+        """(status, parsed JSON or text) of one raw request."""
+        status, _, out = self.http_full(method, path, body, headers)
+        return status, out
 
     def metrics(self):
         _, text = self.http("GET", "/metrics")

@@ -21,23 +21,6 @@ from serve_util import G4, MODEL, MODEL_ID, ROOT, TIMEOUT, Server, check, g4_tok
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "tiny-bf16")
 
 
-def http_full(sv, method, path, body=None, headers=None):
-    """(status, headers as a dict of lower-case names, parsed JSON or text) of one raw request."""
-    import http.client
-    c = http.client.HTTPConnection("127.0.0.1", sv.port, timeout=TIMEOUT)
-    if isinstance(body, (dict, list)):
-        body = json.dumps(body)
-    c.request(method, path, body=body, headers=headers or {})
-    r = c.getresponse()
-    data = r.read()
-    hdrs = {k.lower(): v for k, v in r.getheaders()}
-    c.close()
-    try:
-        return r.status, hdrs, json.loads(data)
-    except ValueError:
-        return r.status, hdrs, data.decode("utf-8", "replace")
-
-
 def g4_tokenize(texts, *flags):
     """`g4 tokenize`'s ids of each text (its JSON lines in, one line out each)."""
     out = subprocess.run([G4, "tokenize", "-m", MODEL] + list(flags), input="".join(json.dumps(t) + "\n" for t in texts), capture_output=True,
@@ -56,16 +39,16 @@ def test_routes(sv):
     before = sv.metrics()
     for method, path, alias in ROUTES:
         other = "GET" if method == "POST" else "POST"
-        status, hdrs, body = http_full(sv, other, path, body="{}" if other == "POST" else None)
+        status, hdrs, body = sv.http_full(other, path, body="{}" if other == "POST" else None)
         check(status == 405 and is_error_shape(body, 405, code="method_not_allowed") and hdrs.get("allow") == method + ", OPTIONS",
               "%s %s: 405 with a JSON error and Allow: %s, OPTIONS" % (other, path, method), (status, hdrs.get("allow"), body))
         if alias:
-            status, _, body = http_full(sv, other, alias, body="{}" if other == "POST" else None)
+            status, _, body = sv.http_full(other, alias, body="{}" if other == "POST" else None)
             check(status == 405 and is_error_shape(body, 405), "the alias %s is the same route (405 for %s)" % (alias, other), (status, body))
     for path in ("/v2/chat/completions", "/tokenizer", "/propsx", "/v1/models2", "/index.html"):
-        status, _, body = http_full(sv, "GET", path)
+        status, _, body = sv.http_full("GET", path)
         check(status == 404 and is_error_shape(body, 404, code="not_found"), "GET %s: 404 with a JSON error" % path, (status, body))
-    status, _, body = http_full(sv, "GET", "/models/" + MODEL_ID)
+    status, _, body = sv.http_full("GET", "/models/" + MODEL_ID)
     check(status == 200 and body.get("id") == MODEL_ID, "GET /models/ID (the alias takes sub-paths as /v1/models does)", (status, body))
     after = sv.metrics()
     for method, path, alias in ROUTES:
@@ -78,9 +61,9 @@ def test_routes(sv):
 
 def test_no_cors(sv):
     """Without --cors-origin no answer carries CORS headers; a preflight still gets its 204 and Allow."""
-    status, hdrs, _ = http_full(sv, "GET", "/v1/models", headers={"Origin": "http://a.test"})
+    status, hdrs, _ = sv.http_full("GET", "/v1/models", headers={"Origin": "http://a.test"})
     check(status == 200 and not any(h.startswith("access-control-") for h in hdrs), "no CORS headers without --cors-origin", hdrs)
-    status, hdrs, body = http_full(sv, "OPTIONS", "/v1/chat/completions", headers={"Origin": "http://a.test", "Access-Control-Request-Method": "POST"})
+    status, hdrs, body = sv.http_full("OPTIONS", "/v1/chat/completions", headers={"Origin": "http://a.test", "Access-Control-Request-Method": "POST"})
     check(status == 204 and hdrs.get("allow") == "POST, OPTIONS" and not any(h.startswith("access-control-") for h in hdrs) and body == "",
           "OPTIONS without --cors-origin: 204, Allow, no CORS headers", (status, hdrs))
 
@@ -90,25 +73,25 @@ def test_cors():
     try:
         auth = {"Authorization": "Bearer sekrit"}
         for origin in ("http://a.test", "http://b.test:8000"):
-            status, hdrs, body = http_full(sv, "OPTIONS", "/v1/chat/completions",
+            status, hdrs, body = sv.http_full("OPTIONS", "/v1/chat/completions",
                                            headers={"Origin": origin, "Access-Control-Request-Method": "POST",
                                                     "Access-Control-Request-Headers": "authorization, content-type"})
             check(status == 204 and hdrs.get("access-control-allow-origin") == origin and hdrs.get("access-control-allow-methods") == "POST, OPTIONS" and
                   hdrs.get("access-control-allow-headers") == "Authorization, Content-Type" and "Origin" in hdrs.get("vary", ""),
                   "preflight from %s: 204 with its origin, POST and the Authorization and Content-Type headers, without the key" % origin, (status, hdrs))
-        status, hdrs, _ = http_full(sv, "OPTIONS", "/props", headers={"Origin": "http://a.test"})
+        status, hdrs, _ = sv.http_full("OPTIONS", "/props", headers={"Origin": "http://a.test"})
         check(status == 204 and hdrs.get("access-control-allow-methods") == "GET, OPTIONS", "preflight of a GET route allows GET", (status, hdrs))
-        status, hdrs, _ = http_full(sv, "OPTIONS", "/v1/chat/completions", headers={"Origin": "http://evil.test"})
+        status, hdrs, _ = sv.http_full("OPTIONS", "/v1/chat/completions", headers={"Origin": "http://evil.test"})
         check(status == 204 and "access-control-allow-origin" not in hdrs and "access-control-allow-methods" not in hdrs,
               "preflight from an origin not listed: no CORS headers", hdrs)
-        status, hdrs, body = http_full(sv, "OPTIONS", "/nowhere", headers={"Origin": "http://a.test"})
+        status, hdrs, body = sv.http_full("OPTIONS", "/nowhere", headers={"Origin": "http://a.test"})
         check(status == 404 and is_error_shape(body, 404), "preflight of an unknown path: 404 JSON", (status, body))
-        status, hdrs, body = http_full(sv, "POST", "/tokenize", {"content": "2+2"}, headers=dict(auth, Origin="http://a.test"))
+        status, hdrs, body = sv.http_full("POST", "/tokenize", {"content": "2+2"}, headers=dict(auth, Origin="http://a.test"))
         check(status == 200 and hdrs.get("access-control-allow-origin") == "http://a.test", "an allowed origin's reply carries its CORS header", hdrs)
-        status, hdrs, body = http_full(sv, "POST", "/tokenize", {"content": "2+2"}, headers={"Origin": "http://a.test"})
+        status, hdrs, body = sv.http_full("POST", "/tokenize", {"content": "2+2"}, headers={"Origin": "http://a.test"})
         check(status == 401 and is_error_shape(body, 401) and hdrs.get("access-control-allow-origin") == "http://a.test",
               "a refusal (401) carries the CORS header too, so the page can read the error", (status, hdrs))
-        status, hdrs, _ = http_full(sv, "GET", "/v1/models", headers=dict(auth, Origin="http://evil.test"))
+        status, hdrs, _ = sv.http_full("GET", "/v1/models", headers=dict(auth, Origin="http://evil.test"))
         check(status == 200 and "access-control-allow-origin" not in hdrs, "an origin not listed gets no CORS header", hdrs)
         # a stream too
         import http.client
@@ -121,14 +104,14 @@ def test_cors():
         check(r.status == 200 and r.getheader("Access-Control-Allow-Origin") == "http://b.test:8000", "a streamed reply carries the CORS header",
               r.getheaders())
         c.close()
-        status, _, body = http_full(sv, "GET", "/props", headers=auth)
+        status, _, body = sv.http_full("GET", "/props", headers=auth)
         check(status == 200 and body["server"]["cors_origins"] == ["http://a.test", "http://b.test:8000"] and body["server"]["api_key_required"] is True
               and "sekrit" not in json.dumps(body), "/props lists the origins and says a key is needed, without the key", body)
     finally:
         check(sv.stop() == 0, "the CORS server stops cleanly")
     sv = Server("--cors-origin", "*")
     try:
-        status, hdrs, _ = http_full(sv, "GET", "/health", headers={"Origin": "http://anything.test"})
+        status, hdrs, _ = sv.http_full("GET", "/health", headers={"Origin": "http://anything.test"})
         check(status == 200 and hdrs.get("access-control-allow-origin") == "*", "--cors-origin '*' allows every origin", hdrs)
     finally:
         sv.stop()
