@@ -251,10 +251,16 @@ typedef struct {
                            (the next row's = this row's + vocab) share one pass over the lm_head */
     g4_candidates *top; /* G4_OUTPUT_TOP */
     int32_t argmax;     /* out, G4_OUTPUT_ARGMAX: the greedy token */
+    const float *embd;  /* NULL: the row feeds `token`. Otherwise g4_model_hidden_size floats, all finite, fed
+                           as the row's input embedding instead of a token's (an image or audio soft token):
+                           used as given (not scaled by sqrt(hidden)); the per-layer-input table is looked up
+                           with the pad id while per_layer_model_projection sees this embedding, as
+                           transformers' Gemma4Model does at soft-token positions. `token` is then unused. */
 } g4_batch_row;
 
 /* Feeds rows[0, n) and fills in what they ask for. Fails before computing anything (nothing is
- * fed) on an unknown sequence, a token outside the vocabulary, a sequence that would run past
+ * fed) on an unknown sequence, a token outside the vocabulary, an embedding row holding a NaN or
+ * an infinity, a sequence that would run past
  * the context, an unknown output or a request without its buffers. */
 int g4_decode(g4_session *s, g4_batch_row *rows, int n);
 /* The full logits (vocab floats) of row `row` of the last g4_decode call, which asked for

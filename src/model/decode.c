@@ -1,6 +1,7 @@
-/* g4_decode: a batch of rows (sequence, token, output request) checked whole before anything is
+/* g4_decode: a batch of rows (sequence, token or embedding, output request) checked whole before anything is
  * computed, then cut into chunks of up to CHUNK rows, each ordered into output groups
  * (chunk_plan) and computed by g4_forward_chunk; and the compatibility forms on top of it. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,7 +36,8 @@ static void plan_chunk(g4_session *s, g4_batch_row *rows, int b0, int n, chunk_p
     for (int i = b0; i < b0 + n; i++) {
         int t = fill[row_group(s, &rows[i])]++, q = rows[i].seq;
         p->at[t] = i;
-        p->ids[t] = rows[i].token;
+        p->embd[t] = rows[i].embd;
+        p->ids[t] = rows[i].embd ? s->m->cfg.pad_id : rows[i].token;
         s->row_seq[t] = q;
         s->row_pos[t] = s->seq_pos[q] + s->seq_rank[q]++;
     }
@@ -48,6 +50,17 @@ static int check_ids(const g4_session *s, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab || ids[i] >= c->vocab_ple)
             return g4_fail("token id %d is outside the vocabulary (0..%d)", ids[i], c->vocab - 1);
+    return 0;
+}
+
+/* An embedding row's hidden-size values: a NaN or an infinity would spread through the row's
+ * K/V into every later token of its sequence, so it is refused before anything is fed. */
+static int check_embedding(const g4_session *s, const float *embd, int row) {
+    const g4_config *c = &s->m->cfg;
+    if (c->pad_id >= c->vocab || c->pad_id >= c->vocab_ple)
+        return g4_fail("batch row %d: an embedding row needs the pad id's per-layer input, and config.json's pad_token_id %d is outside the vocabulary", row, c->pad_id);
+    for (int k = 0; k < c->hidden; k++)
+        if (!isfinite(embd[k])) return g4_fail("batch row %d: embedding value %d is %g (not finite)", row, k, (double)embd[k]);
     return 0;
 }
 
@@ -76,7 +89,7 @@ static int check_batch(g4_session *s, const g4_batch_row *rows, int n) {
     for (int i = 0; i < n; i++) {
         const g4_batch_row *r = &rows[i];
         if (r->seq < 0 || r->seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", r->seq, s->n_seq);
-        if (check_ids(s, &r->token, 1) != 0) return -1;
+        if (r->embd ? check_embedding(s, r->embd, i) != 0 : check_ids(s, &r->token, 1) != 0) return -1;
         if (r->output == G4_OUTPUT_LOGITS && !r->logits) return g4_fail("batch row %d asks for logits and gives no room for them", i);
         if (r->output == G4_OUTPUT_TOP && (!r->top || r->top->cap < 0 || (r->top->cap > 0 && (!r->top->ids || !r->top->logits))))
             return g4_fail("batch row %d asks for candidates and gives no room for them", i);

@@ -281,12 +281,14 @@ static void ple_end(g4_session *s) {
  * before the consumer layers (g4_forward_chunk), so their consumer inputs are left zero instead
  * of projected. A single row that every layer sees (a decode step) may leave its projection
  * pending (see ple_item). */
-static void embed_tokens(g4_session *s, const int32_t *ids, int n, int cut) {
+static void embed_tokens(g4_session *s, const int32_t *ids, const float *const *embd, int n, int cut) {
     const g4_model *m = s->m;
     const g4_config *c = &m->cfg;
     int H = c->hidden, P = c->ple_dim, LP = c->n_layers * P;
     for (int t = 0; t < n; t++) {
-        embedding_row(m, &m->embed, ids[t], m->embed_scale, s->row_buf, s->x + (size_t)t * H);
+        /* an embedding row: its embedding as given; ids[t] is then the pad id, for the token part below */
+        if (embd[t]) memcpy(s->x + (size_t)t * H, embd[t], sizeof *s->x * (size_t)H);
+        else embedding_row(m, &m->embed, ids[t], m->embed_scale, s->row_buf, s->x + (size_t)t * H);
         embedding_row(m, &m->embed_ple, ids[t], m->ple_embed_scale, s->row_buf, s->ple_tok + (size_t)t * LP);
     }
     trace(s, "inputs_embeds", n, H, 0, s->x);
@@ -537,7 +539,7 @@ void g4_forward_chunk(g4_session *s, const chunk_plan *p) {
     int shift = 0;                                               /* chunk row t is row t - shift from then on */
     {
         PROF_BEGIN(s);
-        embed_tokens(s, p->ids, n, cut);
+        embed_tokens(s, p->ids, p->embd, n, cut);
         PROF_END(s, G4_PROF_EMBED);
     }
     rope_tables(s, n);

@@ -120,7 +120,8 @@ typedef struct {
     int n;                   /* rows in the chunk */
     int start[N_GROUPS + 1]; /* group g holds chunk rows [start[g], start[g + 1]) */
     int at[CHUNK];           /* the batch row of each chunk row */
-    int32_t ids[CHUNK];
+    int32_t ids[CHUNK];         /* the token, or the pad id of an embedding row (its per-layer-input lookup) */
+    const float *embd[CHUNK];   /* an embedding row's input embedding, NULL for a token row */
 } chunk_plan;
 
 static inline g4_batch_row *chunk_row(const chunk_plan *p, int t) { return &p->rows[p->at[t]]; }
