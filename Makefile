@@ -24,7 +24,7 @@ OUT = build/$(BUILD)
 
 include sources.mk
 
-TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_serve_tokens test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft test_grammar
+TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_serve_tokens test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft test_grammar test_embed test_serve_media
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
@@ -62,6 +62,10 @@ $(OUT)/tools/serve/chat_html.o: $(OUT)/tools/serve/chat_html.c
 
 # the server's request parser and reply writer (no HTTP in them) under their unit test
 $(OUT)/tests/test_serve: $(OUT)/tests/test_serve.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/cli.o $(OUT)/libg4.a
+	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# the engine's prompt cache with media spans (serve_job_set_media), over the built-in tiny model
+$(OUT)/tests/test_serve_media: $(OUT)/tests/test_serve_media.o $(OUT)/tools/serve/engine.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/cli.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(OUT)/tests/test_serve_tokens: $(OUT)/tests/test_serve_tokens.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/serve/request.o $(OUT)/tools/cli.o $(OUT)/libg4.a
@@ -172,7 +176,7 @@ serve-test: $(OUT)/g4
 # src/kernels/levels.h (its LEVEL lines), the portable one first. A level this build or CPU lacks
 # is skipped by each program with a printed reason (tests/testutil.h, check_dispatch_level): on
 # x86, NEON, which runs under qemu (neon-test).
-DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear test_bf16
+DISPATCH_TESTS = test_fixture test_generate test_decode test_switches test_unit_linear test_bf16 test_embed
 DISPATCH_LEVELS := $(shell sed -n 's/^ *LEVEL(\([a-z0-9_]*\)).*/\1/p' src/kernels/levels.h | tac)
 dispatch-test: $(DISPATCH_TESTS:%=$(OUT)/tests/%)
 	@all_f=0; \

@@ -751,6 +751,20 @@ void g4_stepper_free(g4_stepper *st);
  * prompt, one that does not fit the context, a token outside the vocabulary or invalid sampling
  * parameters. The prompt and the stop ids are copied. */
 int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p);
+/* A run of a prompt's positions fed as embeddings (image or audio soft tokens) instead of their
+ * tokens: g4_batch_row.embd rows. */
+typedef struct {
+    int at;            /* the prompt position of its first row */
+    int n;             /* its rows */
+    const float *embd; /* n x g4_model_hidden_size floats */
+} g4_embd_span;
+/* g4_stepper_add with a prompt of tokens and embedding spans: the prompt's tokens at a span's
+ * positions stay its history (the placeholders a repetition penalty sees, e.g. the image soft
+ * token's id) while the span's rows are fed. Fails, before anything is fed, as g4_stepper_add does
+ * and on a span that is empty, outside the prompt, overlapping another or not finite. The
+ * embeddings are copied. A fork (g4_stepper_add_fork) of it feeds the same embeddings. */
+int g4_stepper_add_embd(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_embd_span *spans, int n_spans,
+                        const g4_generate_params *p);
 /* Starts a generation in seq on the prompt of sequence `from`'s (added before and not yet
  * generating: n sequences of one prompt, OpenAI's n): the prompt is computed once. Once `from`
  * has fed all but its prompt's last token, seq's cache becomes a copy of from's up to there

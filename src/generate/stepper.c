@@ -35,6 +35,10 @@ typedef struct {
     int *stops, n_stops;
     int32_t *history;     /* the prompt, then the generated tokens (the repetition window's source) */
     int n_prompt, n_fed, n_hist, cap;
+    /* g4_stepper_add_embd: prompt position i is fed as embedding row embd_at[i] of embd (hidden
+     * floats each), or as its token where that is -1; embd_at NULL: every position a token */
+    int32_t *embd_at;
+    float *embd;
     int32_t *penalized;   /* [cap] the window's tokens, the candidates' extras */
     int32_t *cand;        /* [MAX_CANDIDATES] G4_OUTPUT_TOP */
     float *vals;
@@ -117,6 +121,8 @@ void g4_stepper_free(g4_stepper *st) {
         g4_sampler_free(g->sampler);
         free(g->stops);
         free(g->history);
+        free(g->embd_at);
+        free(g->embd);
         free(g->penalized);
         free(g->cand);
         free(g->vals);
@@ -234,8 +240,26 @@ static int copy_stops(generation *g, const int *ids, int n) {
     return 0;
 }
 
-/* Starts a generation in seq whose prompt goes in at position base. */
-static int start(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, int base, const g4_generate_params *p) {
+/* The prompt's embedding rows (embd_at, embd: see generation; NULL: none), copied into g. */
+static int copy_embeddings(const g4_stepper *st, generation *g, const int32_t *embd_at, const float *embd, int n_prompt) {
+    free(g->embd_at), free(g->embd);
+    g->embd_at = NULL, g->embd = NULL;
+    if (!embd_at) return 0;
+    int rows = 0;
+    for (int i = 0; i < n_prompt; i++) rows += embd_at[i] >= 0;
+    size_t bytes = sizeof *embd * (size_t)rows * (size_t)st->hidden_size;
+    g->embd_at = malloc(sizeof *embd_at * (size_t)n_prompt);
+    g->embd = malloc(bytes ? bytes : 1);
+    if (!g->embd_at || !g->embd) return g4_fail("out of memory for %d embedding rows", rows);
+    memcpy(g->embd_at, embd_at, sizeof *embd_at * (size_t)n_prompt);
+    memcpy(g->embd, embd, bytes);
+    return 0;
+}
+
+/* Starts a generation in seq whose prompt goes in at position base (embd_at, embd: its embedding
+ * rows, see generation). */
+static int start(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const int32_t *embd_at, const float *embd, int base,
+                 const g4_generate_params *p) {
     generation *g = &st->seq[seq];
     if (g->state == G4_SEQ_PROMPT || g->state == G4_SEQ_GENERATING) return g4_fail("sequence %d is still generating", seq);
     if (n_prompt < 1) return g4_fail("empty prompt");
@@ -267,7 +291,7 @@ static int start(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, i
     const int *stops = p->stop_ids;
     int n_stops = p->n_stop_ids;
     if (!stops) n_stops = g4_model_stop_ids(g4_session_model(st->s), &stops);
-    if (copy_stops(g, stops, n_stops) != 0 || set_draft(st, g, p) != 0) return -1;
+    if (copy_stops(g, stops, n_stops) != 0 || set_draft(st, g, p) != 0 || copy_embeddings(st, g, embd_at, embd, n_prompt) != 0) return -1;
     memmove(g->history, prompt, sizeof *prompt * (size_t)n_prompt);
     g->n_prompt = g->n_hist = n_prompt;
     g->n_fed = 0;
@@ -284,7 +308,52 @@ static int start(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, i
 
 int g4_stepper_add(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p) {
     if (seq < 0 || seq >= st->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, st->n_seq);
-    return start(st, seq, prompt, n_prompt, g4_session_seq_pos(st->s, seq), p);
+    return start(st, seq, prompt, n_prompt, NULL, NULL, g4_session_seq_pos(st->s, seq), p);
+}
+
+/* The spans as a row index per prompt position (malloc'd into *at) and their rows gathered in
+ * order (*embd); fails, naming the span, on one that is empty, outside the prompt, overlapping
+ * another or holding a NaN or an infinity. */
+static int gather_spans(const g4_stepper *st, int n_prompt, const g4_embd_span *spans, int n_spans, int32_t **at, float **embd) {
+    size_t H = (size_t)st->hidden_size;
+    int rows = 0;
+    *at = malloc(sizeof **at * (size_t)(n_prompt > 0 ? n_prompt : 1));
+    if (!*at) return g4_fail("out of memory for embedding spans");
+    for (int i = 0; i < n_prompt; i++) (*at)[i] = -1;
+    for (int k = 0; k < n_spans; k++) {
+        const g4_embd_span *sp = &spans[k];
+        if (!sp->embd || sp->n < 1 || sp->at < 0 || sp->at > n_prompt - sp->n)
+            return g4_fail("embedding span %d (%d rows at %d) is empty or outside the prompt of %d tokens", k, sp->n, sp->at, n_prompt);
+        for (int i = sp->at; i < sp->at + sp->n; i++) {
+            if ((*at)[i] != -1) return g4_fail("embedding span %d overlaps an earlier span at prompt position %d", k, i);
+            (*at)[i] = -2; /* a span's, its row numbered below */
+        }
+        for (size_t c = 0; c < (size_t)sp->n * H; c++)
+            if (!isfinite(sp->embd[c])) return g4_fail("embedding span %d: row %zu, value %zu is not finite", k, c / H, c % H);
+        rows += sp->n;
+    }
+    *embd = malloc(sizeof **embd * (size_t)rows * H + 1);
+    if (!*embd) return g4_fail("out of memory for %d embedding rows", rows);
+    int r = 0;
+    for (int i = 0; i < n_prompt; i++) /* rows in prompt order, whatever the spans' order */
+        for (int k = 0; (*at)[i] == -2 && k < n_spans; k++)
+            if (i >= spans[k].at && i < spans[k].at + spans[k].n) {
+                memcpy(*embd + (size_t)r * H, spans[k].embd + (size_t)(i - spans[k].at) * H, sizeof **embd * H);
+                (*at)[i] = r++;
+            }
+    return 0;
+}
+
+int g4_stepper_add_embd(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, const g4_embd_span *spans, int n_spans,
+                        const g4_generate_params *p) {
+    if (seq < 0 || seq >= st->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, st->n_seq);
+    if (n_spans < 0 || (n_spans > 0 && !spans)) return g4_fail("%d embedding spans and no array of them", n_spans);
+    int32_t *at = NULL;
+    float *embd = NULL;
+    int rc = gather_spans(st, n_prompt, spans, n_spans, &at, &embd);
+    if (rc == 0) rc = start(st, seq, prompt, n_prompt, at, embd, g4_session_seq_pos(st->s, seq), p);
+    free(at), free(embd);
+    return rc;
 }
 
 int g4_stepper_add_fork(g4_stepper *st, int seq, int from, const g4_generate_params *p) {
@@ -292,7 +361,7 @@ int g4_stepper_add_fork(g4_stepper *st, int seq, int from, const g4_generate_par
         return g4_fail("cannot fork sequence %d into %d (the session has %d)", from, seq, st->n_seq);
     const generation *f = &st->seq[from];
     if (f->state != G4_SEQ_PROMPT || f->fork_from >= 0) return g4_fail("sequence %d is not feeding a prompt of its own: nothing to fork", from);
-    if (start(st, seq, f->history, f->n_prompt, f->base, p) != 0) return -1;
+    if (start(st, seq, f->history, f->n_prompt, f->embd_at, f->embd, f->base, p) != 0) return -1;
     generation *g = &st->seq[seq];
     g->fork_from = from;
     g->fork_added = f->added;
@@ -661,7 +730,11 @@ static int feed_prompts(g4_stepper *st, g4_step_token *out) {
         generation *g = &st->seq[q];
         int take = g->n_prompt - g->n_fed < st->prompt_chunk - n ? g->n_prompt - g->n_fed : st->prompt_chunk - n;
         if (g->n_fed == 0) g->t_start = t0;
-        for (int j = 0; j < take; j++) st->rows[n++] = (g4_batch_row){.seq = q, .token = g->history[g->n_fed++]};
+        for (int j = 0; j < take; j++, g->n_fed++) {
+            st->rows[n] = (g4_batch_row){.seq = q, .token = g->history[g->n_fed]};
+            if (g->embd_at && g->embd_at[g->n_fed] >= 0) st->rows[n].embd = g->embd + (size_t)g->embd_at[g->n_fed] * (size_t)st->hidden_size;
+            n++;
+        }
         if (g->n_fed == g->n_prompt && g->max_tokens > 0) ask(st, q, &st->rows[n - 1], n_logits++);
     }
     if (n == 0) return forked;

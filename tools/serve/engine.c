@@ -52,6 +52,12 @@ struct serve_job {
     serve_embed_request er;
     double *acc;  /* the input's sum (or last row) so far, dim doubles */
     float *vecs;  /* n_inputs x dim */
+    /* media (serve_job_set_media): the prompt's embedding spans, their rows in embd (owned), and
+     * the prompt cache's key of each prompt position (cache_key) */
+    g4_embd_span *spans;
+    int n_spans;
+    float *embd;
+    int32_t *key;
 };
 
 typedef struct {
@@ -168,6 +174,46 @@ serve_job *serve_embed_job_new(serve_embed_request *r, serve_pooling pooling, co
     return j;
 }
 
+/* The prompt cache's key of an embedding row: a hash of its bytes (64-bit FNV-1a folded), as a
+ * negative number, which no token id is. A slot's cache is reused as far as the keys agree, so a
+ * second image's rows never reuse the first one's K/V (its placeholder ids are the same); equal
+ * rows give equal K/V, so equal keys may share it. Two different rows share a key with odds of
+ * 2^-31. */
+static int32_t embedding_key(const float *row, int hidden) {
+    const unsigned char *b = (const unsigned char *)row;
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < sizeof *row * (size_t)hidden; i++) h = (h ^ b[i]) * 0x100000001b3u;
+    return -1 - (int32_t)((h ^ h >> 32) & 0x7fffffff);
+}
+
+int serve_job_set_media(serve_job *j, const g4_embd_span *spans, int n_spans, int hidden) {
+    size_t rows = 0;
+    for (int k = 0; k < n_spans; k++) {
+        if (!spans[k].embd || spans[k].n < 1 || spans[k].at < 0 || spans[k].at > j->n_prompt - spans[k].n)
+            return g4_fail("media span %d (%d rows at %d) is empty or outside the prompt of %d tokens", k, spans[k].n, spans[k].at, j->n_prompt);
+        rows += (size_t)spans[k].n;
+    }
+    free(j->spans), free(j->embd), free(j->key);
+    j->spans = malloc(sizeof *j->spans * (size_t)(n_spans ? n_spans : 1));
+    j->embd = malloc(sizeof *j->embd * (rows * (size_t)hidden + 1));
+    j->key = malloc(sizeof *j->key * (size_t)(j->n_prompt ? j->n_prompt : 1));
+    if (!j->spans || !j->embd || !j->key) return g4_fail("out of memory for %zu media rows", rows);
+    memcpy(j->key, j->prompt, sizeof *j->key * (size_t)j->n_prompt);
+    float *at = j->embd;
+    for (int k = 0; k < n_spans; k++) {
+        size_t len = (size_t)spans[k].n * (size_t)hidden;
+        memcpy(at, spans[k].embd, sizeof *at * len);
+        j->spans[k] = (g4_embd_span){.at = spans[k].at, .n = spans[k].n, .embd = at};
+        for (int r = 0; r < spans[k].n; r++) j->key[spans[k].at + r] = embedding_key(at + (size_t)r * hidden, hidden);
+        at += len;
+    }
+    j->n_spans = n_spans;
+    return 0;
+}
+
+/* What the prompt cache compares: the prompt's ids, with media rows' keys in their place. */
+static const int32_t *cache_key(const serve_job *j) { return j->key ? j->key : j->prompt; }
+
 static void job_free(serve_job *j) {
     serve_embed_request_free(&j->er);
     free(j->acc), free(j->vecs);
@@ -175,6 +221,7 @@ static void job_free(serve_job *j) {
     for (int i = 0; i < j->n_choices; i++) serve_reply_free(j->ch[i].reply);
     free(j->ch);
     free(j->prompt), free(j->prefill), free(j->model_id), free(j->out.p);
+    free(j->spans), free(j->embd), free(j->key);
     pthread_cond_destroy(&j->cond);
     free(j);
 }
@@ -245,7 +292,7 @@ static void remember_held(serve_engine *e, int q, const serve_job *j) {
     const int32_t *gen = g4_stepper_tokens(e->st, q, &n_gen);
     int from_prompt = n_pos < j->n_prompt ? n_pos : j->n_prompt, from_gen = n_pos - from_prompt;
     if (from_gen > n_gen) from_gen = n_gen;
-    memcpy(sl->held, j->prompt, sizeof *sl->held * (size_t)from_prompt);
+    memcpy(sl->held, cache_key(j), sizeof *sl->held * (size_t)from_prompt);
     if (from_gen > 0) memcpy(sl->held + from_prompt, gen, sizeof *sl->held * (size_t)from_gen);
     sl->n_held = from_prompt + from_gen;
 }
@@ -370,7 +417,7 @@ static int choose_slot(const serve_engine *e, const serve_job *j, int use_cache,
     for (int q = 0; q < e->n_slots; q++) {
         const slot *sl = &e->slots[q];
         if (sl->job) continue;
-        int n = use_cache && same_cache_scope(sl, j) ? common_prefix(sl->held, sl->n_held, j->prompt, j->n_prompt) : 0;
+        int n = use_cache && same_cache_scope(sl, j) ? common_prefix(sl->held, sl->n_held, cache_key(j), j->n_prompt) : 0;
         if (best < 0 || n > best_shared || (n == best_shared && sl->used < e->slots[best].used)) best = q, best_shared = n;
     }
     *shared = best_shared;
@@ -430,6 +477,23 @@ static void start_embed(serve_engine *e, serve_job *j) {
     e->active++;
 }
 
+/* The job's prompt from position keep on (what the slot's cache lacks) into the stepper, with its
+ * media spans' rows from there on. */
+static int add_prompt(serve_engine *e, int q, const serve_job *j, int keep, const g4_generate_params *p) {
+    if (j->n_spans == 0) return g4_stepper_add(e->st, q, j->prompt + keep, j->n_prompt - keep, p);
+    g4_embd_span *rest = malloc(sizeof *rest * (size_t)j->n_spans);
+    if (!rest) return g4_fail("out of memory for the media spans");
+    int n = 0, hidden = g4_model_hidden_size(g4_session_model(e->s));
+    for (int k = 0; k < j->n_spans; k++) {
+        const g4_embd_span *sp = &j->spans[k];
+        int skip = keep > sp->at ? keep - sp->at : 0; /* rows the cache holds */
+        if (skip < sp->n) rest[n++] = (g4_embd_span){.at = sp->at + skip - keep, .n = sp->n - skip, .embd = sp->embd + (size_t)skip * hidden};
+    }
+    int rc = g4_stepper_add_embd(e->st, q, j->prompt + keep, j->n_prompt - keep, rest, n, p);
+    free(rest);
+    return rc;
+}
+
 static void start_job(serve_engine *e, serve_job *j) {
     static const int no_stops[1] = {-1};
     if (j->embed) return start_embed(e, j);
@@ -446,7 +510,7 @@ static void start_job(serve_engine *e, serve_job *j) {
     if (keep > 0) g4_session_truncate_seq(e->s, q, keep);
     else g4_session_reset_seq(e->s, q);
     e->slots[q].n_held = keep;
-    if (g4_stepper_add(e->st, q, j->prompt + keep, j->n_prompt - keep, &p) != 0) {
+    if (add_prompt(e, q, j, keep, &p) != 0) {
         e->slots[q].n_held = 0;
         g4_session_reset_seq(e->s, q);
         return fail_job(e, j, 400, g4_last_error());

@@ -67,6 +67,12 @@ void serve_engine_stats(serve_engine *e, serve_stats *st);
 /* A job from a parsed request and its prompt (serve_prompt's), all taken over. */
 serve_job *serve_job_new(serve_request *r, int32_t *prompt, int n_prompt, int opens_thought, char *prefill, int max_tokens,
                          const char *model_id);
+/* Media in the job's prompt: each span's rows (hidden floats each: image or audio soft tokens) are
+ * fed at its prompt positions in place of the tokens there (the soft-token placeholders; copied).
+ * The prompt cache keys those positions on the rows' bytes, not the placeholders: a request reuses
+ * a slot's prefix only as far as its images and recordings are the same. Fails, with g4_last_error
+ * set, on a span outside the prompt. Call it before serve_engine_submit. */
+int serve_job_set_media(serve_job *j, const g4_embd_span *spans, int n_spans, int hidden);
 /* An embedding job (/v1/embeddings): each input fed into the job's slot's sequence after the
  * others' steps, its rows' final hidden states pooled (serve_pool_add); the reply, once all are
  * in, is serve_embeddings_json's. r is taken over. */
