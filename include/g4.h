@@ -835,6 +835,17 @@ const char *g4_stop_reason_name(g4_stop_reason r);
  * (g4_conversation_messages); otherwise the two differ where the template rewrites the history. A conversation may instead be one of raw
  * tokens (g4_conversation_add_tokens: a prompt rendered elsewhere), fed as they are, with no template.
  * Errors leave a one-line message in g4_last_error(). */
+/* Media parts (an image, an audio clip) in a chat prompt. The template writes a placeholder
+ * (<|image|>, <|audio|>) where a message's media part stands, the parts before the message's text
+ * in the order given; the processor expands each into its begin marker, n soft-token placeholders
+ * and its end marker (<|image> + n x <|image|> + <image|>; <|audio> + n x <|audio|> + <audio|>),
+ * and the soft tokens (g4_image_soft_tokens, g4_audio_soft_tokens) are fed at the placeholders as
+ * embedding rows (g4_batch_row.embd). */
+typedef enum { G4_MEDIA_IMAGE = 0, G4_MEDIA_AUDIO = 1 } g4_media_kind;
+/* A media kind's begin marker, soft-token placeholder and end marker ids in tok (its special
+ * tokens of those names). Fails, naming the token, when the tokenizer lacks one. */
+int g4_media_marker_ids(const g4_tokenizer *tok, g4_media_kind kind, int32_t ids[3]);
+
 typedef struct g4_conversation g4_conversation;
 
 typedef struct {
@@ -861,6 +872,14 @@ int g4_conversation_reset(g4_conversation *c, const g4_chat_options *chat);
  * that is not valid UTF-8, a tool message that answers no call of the model message before it, or
  * a conversation of raw tokens. */
 int g4_conversation_add(g4_conversation *c, g4_chat_role role, const char *content);
+/* A media part of the next user message (g4_conversation_add with G4_CHAT_USER): n soft tokens,
+ * n x g4_model_hidden_size floats, copied. Parts go before that message's text, in the order
+ * added; each reply feeds them as embedding rows at their placeholders. Fails on a conversation
+ * of raw tokens, a tokenizer without the markers (g4_media_marker_ids), n < 1 or a value that is
+ * not finite. Adding a message of another role while parts wait fails. */
+int g4_conversation_add_media(g4_conversation *c, g4_media_kind kind, const float *embd, int n);
+/* The embedding spans of g4_conversation_prompt's ids (valid as long as those are). */
+int g4_conversation_prompt_spans(g4_conversation *c, const g4_embd_span **spans, int *n);
 /* Adds tokens to feed as they are before the next reply; the conversation is then one of raw
  * tokens (no messages, no template) until reset. Fails on a conversation with messages. */
 int g4_conversation_add_tokens(g4_conversation *c, const int32_t *ids, size_t n);

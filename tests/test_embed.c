@@ -10,6 +10,7 @@
  *    between two text spans, two images, image + audio, a second turn after an image): prompt and
  *    teacher-forced step logits within the bands below, every greedy id the golden's.
  * Every activation mode; the Makefile runs it under every kernel level too (dispatch-test). */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include "model/session.h"
 #include "testutil.h"
 
@@ -343,6 +344,158 @@ static void check_stepper_refusals(const g4_model *m) {
     g4_session_free(s);
 }
 
+/* ---- media parts in a conversation (the chat template's markers, soft tokens at the placeholders) ---- */
+
+#define MATH_MODEL "models/gemma4-tiny-math"
+
+/* The built-in model's tokenizer with the six Gemma 4 media markers added as special tokens at ids
+ * 757..762 (its vocabulary has 757 pieces, the model 768 rows): <|image> <|image|> <image|> <|audio>
+ * <|audio|> <audio|>. Written to dir/tokenizer.json. */
+static g4_tokenizer *media_tokenizer(const char *dir) {
+    static const char *const markers[6] = {"<|image>", "<|image|>", "<image|>", "<|audio>", "<|audio|>", "<audio|>"};
+    cJSON *t = read_json(MATH_MODEL "/tokenizer.json");
+    cJSON *added = cJSON_GetObjectItem(t, "added_tokens"), *vocab = cJSON_GetObjectItem(cJSON_GetObjectItem(t, "model"), "vocab");
+    for (int k = 0; k < 6; k++) {
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", 757 + k);
+        cJSON_AddStringToObject(a, "content", markers[k]);
+        cJSON_AddBoolToObject(a, "single_word", 0);
+        cJSON_AddBoolToObject(a, "lstrip", 0);
+        cJSON_AddBoolToObject(a, "rstrip", 0);
+        cJSON_AddBoolToObject(a, "normalized", 0);
+        cJSON_AddBoolToObject(a, "special", 1);
+        cJSON_AddItemToArray(added, a);
+        cJSON_AddNumberToObject(vocab, markers[k], 757 + k);
+    }
+    char *text = cJSON_PrintUnformatted(t), path[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    write_file_or_exit(path, text, strlen(text));
+    free(text);
+    cJSON_Delete(t);
+    g4_tokenizer *tok = g4_tokenizer_load_ex(path, G4_TOKENIZER_NO_CACHE);
+    CHECK(tok != NULL, "%s", g4_last_error());
+    return tok;
+}
+
+/* Greedy tokens of a fresh session over prompt with spans (budget max_tokens, the model's stops). */
+static int fresh_reply(const g4_model *m, const int32_t *prompt, int n, const g4_embd_span *spans, int n_spans, int max_tokens, int32_t *out) {
+    g4_options o;
+    g4_options_default(&o);
+    o.ctx = 256;
+    g4_session *s = g4_session_new(m, &o);
+    g4_generate_params p = {0};
+    g4_sampling_default(&p.sampling);
+    p.max_tokens = max_tokens;
+    g4_stepper *st = g4_stepper_new(s, 0);
+    CHECK(g4_stepper_add_embd(st, 0, prompt, n, spans, n_spans, &p) == 0, "%s", g4_last_error());
+    g4_step_token ev[8];
+    while (g4_stepper_active(st) > 0) CHECK(g4_stepper_step(st, ev) >= 0, "%s", g4_last_error());
+    int got;
+    const int32_t *ids = g4_stepper_tokens(st, 0, &got);
+    memcpy(out, ids, sizeof *out * (size_t)got);
+    g4_stepper_free(st);
+    g4_session_free(s);
+    return got;
+}
+
+static void fill(float *v, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; i++) v[i] = ((float)(next_rand(&seed) % 2001) - 1000.0f) / 50.0f;
+}
+
+/* A conversation with an image and an audio clip in its first user message and another image in
+ * its second: each prompt is the template's (the parts before the text, each expanded into its
+ * markers), the spans sit at the placeholders, and each reply is what a fresh session fed the whole
+ * history with the same soft tokens generates. */
+static void check_conversation(const char *dir) {
+    g4_model *m = g4_model_load(MATH_MODEL);
+    g4_tokenizer *tok = media_tokenizer(dir);
+    if (!m || !tok) return;
+    int Hm = g4_model_hidden_size(m);
+    float *x = malloc(sizeof *x * 4 * (size_t)Hm), *y = malloc(sizeof *y * 3 * (size_t)Hm), *z = malloc(sizeof *z * 2 * (size_t)Hm);
+    fill(x, 4 * (size_t)Hm, 1), fill(y, 3 * (size_t)Hm, 2), fill(z, 2 * (size_t)Hm, 3);
+    int32_t mk[3];
+    CHECK(g4_media_marker_ids(tok, G4_MEDIA_AUDIO, mk) == 0 && mk[0] == 760 && mk[1] == 761 && mk[2] == 762, "audio markers %d %d %d", mk[0], mk[1],
+          mk[2]);
+    g4_tokenizer *plain = g4_tokenizer_load_ex(MATH_MODEL "/tokenizer.json", G4_TOKENIZER_NO_CACHE);
+    CHECK(g4_media_marker_ids(plain, G4_MEDIA_IMAGE, mk) != 0 && strstr(g4_last_error(), "<|image>"), "a tokenizer without markers: %s",
+          g4_last_error());
+    g4_tokenizer_free(plain);
+
+    g4_options so;
+    g4_options_default(&so);
+    so.ctx = 256;
+    g4_session *s = g4_session_new(m, &so);
+    g4_conversation_options co;
+    CHECK(g4_conversation_default_options(s, &co) == 0, "%s", g4_last_error());
+    g4_sampling_default(&co.gen.sampling);
+    co.gen.max_tokens = 6;
+    g4_conversation *c = g4_conversation_new(s, tok, &co);
+    CHECK(c != NULL, "%s", g4_last_error());
+    if (!c) return;
+    CHECK(g4_conversation_add_media(c, G4_MEDIA_IMAGE, x, 4) == 0 && g4_conversation_add_media(c, G4_MEDIA_AUDIO, y, 3) == 0, "%s", g4_last_error());
+    CHECK(g4_conversation_add(c, G4_CHAT_MODEL, "no") != 0 && strstr(g4_last_error(), "wait for a user message"), "media before a model message: %s",
+          g4_last_error());
+    CHECK(g4_conversation_add(c, G4_CHAT_USER, "  What is 2+3?\n") == 0, "%s", g4_last_error());
+    /* the template's text, the processor's expansion: parts first, then the trimmed text */
+    static const char want1[] = "<bos><|turn>user\n<|image><|image|><|image|><|image|><|image|><image|><|audio><|audio|><|audio|><|audio|><audio|>"
+                                "What is 2+3?<turn|>\n<|turn>model\n";
+    int32_t *want;
+    size_t n_want;
+    CHECK(g4_tokenizer_encode(tok, want1, strlen(want1), 1, &want, &n_want) == 0, "%s", g4_last_error());
+    const int32_t *ids;
+    size_t n;
+    const g4_embd_span *sp;
+    int n_sp;
+    CHECK(g4_conversation_prompt(c, &ids, &n) == 0 && g4_conversation_prompt_spans(c, &sp, &n_sp) == 0, "%s", g4_last_error());
+    CHECK(n == n_want && memcmp(ids, want, sizeof *ids * n) == 0, "the first prompt is not the template's with the parts expanded (%zu ids, want %zu)",
+          n, n_want);
+    int img_at = 0;
+    while (img_at < (int)n && ids[img_at] != 758) img_at++;
+    CHECK(n_sp == 2 && sp[0].at == img_at && sp[0].n == 4 && sp[1].at == img_at + 6 && sp[1].n == 3 && ids[sp[1].at] == 761,
+          "spans: %d, at %d (+%d) and %d (+%d)", n_sp, n_sp > 0 ? sp[0].at : -1, n_sp > 0 ? sp[0].n : 0, n_sp > 1 ? sp[1].at : -1,
+          n_sp > 1 ? sp[1].n : 0);
+    free(want);
+    /* reply 1 equals a fresh session's with the same spans, and differs from the placeholders fed as tokens */
+    int32_t prompt1[256], ref[16], tokens_only[16];
+    g4_embd_span spans1[2] = {sp[0], sp[1]};
+    size_t n1 = n;
+    memcpy(prompt1, ids, sizeof *ids * n);
+    int n_ref = fresh_reply(m, prompt1, (int)n1, spans1, 2, 6, ref), n_tok = fresh_reply(m, prompt1, (int)n1, NULL, 0, 6, tokens_only);
+    g4_generate_result r;
+    CHECK(g4_conversation_reply(c, NULL, NULL, &r) == 0, "%s", g4_last_error());
+    int n_r;
+    const int32_t *rep = g4_conversation_reply_tokens(c, &n_r);
+    CHECK(n_r == n_ref && memcmp(rep, ref, sizeof *ref * (size_t)n_r) == 0, "reply 1 (%d tokens) is not the fresh session's (%d)", n_r, n_ref);
+    CHECK(n_tok != n_ref || memcmp(tokens_only, ref, sizeof *ref * (size_t)n_ref) != 0,
+          "the soft tokens change nothing: this check needs other values");
+    printf("ok conversation: image + audio parts before the text, the markers expanded (%zu ids), spans at %d and %d; reply 1 (%d tokens) "
+           "== a fresh session's with the spans\n",
+           n1, spans1[0].at, spans1[1].at, n_r);
+    /* turn 2: another image; the prompt continues the sequence, the history's media stay where they were */
+    size_t n_fed;
+    const int32_t *fed = g4_conversation_tokens(c, &n_fed);
+    int32_t all[256];
+    int n_all = (int)n_fed - 1; /* the last reply token waits unfed: the next prompt starts with it */
+    memcpy(all, fed, sizeof *all * (size_t)n_all);
+    CHECK(g4_conversation_add_media(c, G4_MEDIA_IMAGE, z, 2) == 0 && g4_conversation_add(c, G4_CHAT_USER, "And this one?") == 0, "%s", g4_last_error());
+    CHECK(g4_conversation_prompt(c, &ids, &n) == 0 && g4_conversation_prompt_spans(c, &sp, &n_sp) == 0, "%s", g4_last_error());
+    CHECK(n_sp == 1 && sp[0].n == 2 && ids[sp[0].at - 1] == 757 && ids[sp[0].at] == 758 && ids[sp[0].at + 2] == 759, "turn 2: %d spans", n_sp);
+    g4_embd_span spans2[3] = {spans1[0], spans1[1], {.at = n_all + (n_sp ? sp[0].at : 0), .n = 2, .embd = z}};
+    memcpy(all + n_all, ids, sizeof *ids * n);
+    n_ref = fresh_reply(m, all, n_all + (int)n, spans2, 3, 6, ref);
+    CHECK(g4_conversation_reply(c, NULL, NULL, &r) == 0, "%s", g4_last_error());
+    rep = g4_conversation_reply_tokens(c, &n_r);
+    CHECK(n_r == n_ref && memcmp(rep, ref, sizeof *ref * (size_t)n_r) == 0, "reply 2 (%d tokens) is not the fresh session's (%d)", n_r, n_ref);
+    printf("ok conversation turn 2: a second image after the first turn; reply 2 (%d tokens) == a fresh session's over the whole history "
+           "with the three spans\n",
+           n_r);
+    g4_conversation_free(c);
+    g4_session_free(s);
+    g4_tokenizer_free(tok);
+    g4_model_free(m);
+    free(x), free(y), free(z);
+}
+
 int main(void) {
     if (!check_dispatch_level()) return check_report("embed");
     g4_model *m = g4_model_load(tiny_dir());
@@ -359,5 +512,12 @@ int main(void) {
     check_refusals(m);
     check_stepper_refusals(m);
     g4_model_free(m);
+    char dir[] = "/tmp/g4-embed-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    check_conversation(dir);
+    char path[64];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    remove(path);
+    remove(dir);
     return check_report("embed");
 }

@@ -28,11 +28,17 @@ const char *g4_stop_reason_name(g4_stop_reason r) {
 
 int g4_generate_seq(g4_session *s, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *params,
                     g4_token_fn on_token, void *user, g4_generate_result *result) {
+    return g4_generate_seq_embd(s, seq, prompt, n_prompt, NULL, 0, params, on_token, user, result);
+}
+
+int g4_generate_seq_embd(g4_session *s, int seq, const int32_t *prompt, int n_prompt, const g4_embd_span *spans, int n_spans,
+                         const g4_generate_params *params, g4_token_fn on_token, void *user, g4_generate_result *result) {
     memset(result, 0, sizeof *result);
     result->n_prompt = n_prompt;
     g4_stepper *st = g4_stepper_new(s, 0);
     if (!st) return -1;
-    int rc = g4_stepper_add(st, seq, prompt, n_prompt, params), stopped = 0, seen = 0;
+    int rc = n_spans ? g4_stepper_add_embd(st, seq, prompt, n_prompt, spans, n_spans, params) : g4_stepper_add(st, seq, prompt, n_prompt, params);
+    int stopped = 0, seen = 0;
     while (rc == 0 && !stopped && g4_stepper_active(st) > 0) {
         if (params->cancel && params->cancel(params->cancel_user)) { /* between prompt chunks too */
             g4_stepper_cancel(st, seq);

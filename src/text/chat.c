@@ -217,7 +217,43 @@ struct walk {
     const g4_chat_options *o;
     enum prev_type prev;
     int prev_was_model; /* the last message other than a tool response was a model message */
+    const g4_chat_media *media; /* the messages' media parts (g4_chat_encode_media) */
+    size_t n_media;
 };
+
+/* The template's placeholder of a media part, and the markers the processor expands it into. */
+static const char *const MEDIA_MARKERS[2][3] = {{"<|image>", "<|image|>", "<image|>"}, {"<|audio>", "<|audio|>", "<audio|>"}};
+
+int g4_media_marker_ids(const g4_tokenizer *tok, g4_media_kind kind, int32_t ids[3]) {
+    if (!tok) return g4_fail("media markers: the tokenizer is NULL");
+    if (kind != G4_MEDIA_IMAGE && kind != G4_MEDIA_AUDIO) return g4_fail("media markers: unknown media kind %d", (int)kind);
+    for (int k = 0; k < 3; k++) {
+        ids[k] = g4_tokenizer_piece_to_id(tok, MEDIA_MARKERS[kind][k]);
+        if (ids[k] < 0 || !g4_tokenizer_is_special(tok, ids[k]))
+            return g4_fail("the tokenizer has no special token %s (a Gemma 4 %s marker)", MEDIA_MARKERS[kind][k], kind == G4_MEDIA_IMAGE ? "image" : "audio");
+    }
+    return 0;
+}
+
+/* Message i's media parts: as text, the template's placeholder each; as ids, begin marker, n
+ * placeholders, end marker. */
+static int render_media(struct sink *s, const struct walk *w, size_t i) {
+    for (size_t k = 0; k < w->n_media; k++) {
+        const g4_chat_media *md = &w->media[k];
+        if (md->msg != i) continue;
+        const char *const *mk = MEDIA_MARKERS[md->kind];
+        if (!s->tok) {
+            if (emit_template(s, mk[1])) return -1;
+            continue;
+        }
+        int32_t ids[3];
+        if (g4_media_marker_ids(s->tok, md->kind, ids) || emit_template(s, mk[0]) || sink_flush(s)) return -1;
+        for (int r = 0; r < md->n && !s->quiet; r++)
+            if (sink_ids_append(s, &ids[1], 1)) return -1;
+        if (emit_template(s, mk[2])) return -1;
+    }
+    return 0;
+}
 
 static const char *role_name(g4_chat_role r) {
     switch (r) {
@@ -343,6 +379,7 @@ static int render_message(struct sink *s, struct walk *w, size_t i, int resume_c
     if (n_calls && render_responses(s, w, i, &n_responses)) return -1;
     if (n_responses) w->prev = PREV_TOOL_RESPONSE;
     if (resume_close) s->quiet = 1;
+    if (render_media(s, w, i)) return -1;
     if (model ? render_model_text(s, m->content, &kept) : emit_trimmed(s, m->content, &kept)) return -1;
     if (resume_close) s->quiet = quiet;
     int next_found, next_model;
@@ -397,11 +434,11 @@ static int check_input(const g4_chat_message *msgs, size_t n, const g4_chat_opti
 }
 
 static int render(struct sink *s, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *o,
-                  int *opens_thought) {
+                  const g4_chat_media *media, size_t n_media, int *opens_thought) {
     int dummy;
     if (!opens_thought) opens_thought = &dummy;
     if (check_input(msgs, n, o, resume)) return -1;
-    struct walk w = {msgs, n, o, PREV_NONE, 0};
+    struct walk w = {msgs, n, o, PREV_NONE, 0, media, n_media};
     s->quiet = resume > 0;
     if (o->add_bos && emit_template(s, "<bos>")) return -1;
     int first = render_system_turn(s, &w);
@@ -438,7 +475,7 @@ int g4_chat_role_parse(const char *name, g4_chat_role *role) {
 int g4_chat_render_from(const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt, char **out,
                         size_t *out_len, int *opens_thought) {
     struct sink s = {0};
-    if (render(&s, msgs, n, resume, opt, opens_thought) || g4_textbuf_take(&s.text, out, out_len)) {
+    if (render(&s, msgs, n, resume, opt, NULL, 0, opens_thought) || g4_textbuf_take(&s.text, out, out_len)) {
         free(s.text.p);
         return -1;
     }
@@ -447,11 +484,20 @@ int g4_chat_render_from(const g4_chat_message *msgs, size_t n, size_t resume, co
 
 int g4_chat_encode_from(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt,
                         int32_t **ids, size_t *n_ids, int *opens_thought) {
+    return g4_chat_encode_media(tok, msgs, n, resume, opt, NULL, 0, ids, n_ids, opens_thought);
+}
+
+int g4_chat_encode_media(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt,
+                         const g4_chat_media *media, size_t n_media, int32_t **ids, size_t *n_ids, int *opens_thought) {
     if (!tok) return g4_fail("chat: tokenizer is NULL");
+    for (size_t k = 0; k < n_media; k++)
+        if (media[k].msg >= n || media[k].n < 1 || (media[k].kind != G4_MEDIA_IMAGE && media[k].kind != G4_MEDIA_AUDIO))
+            return g4_fail("chat: media part %zu (kind %d, %d soft tokens) of message %zu of %zu is invalid", k, (int)media[k].kind, media[k].n,
+                           media[k].msg, n);
     struct sink s = {0};
     s.tok = tok;
     /* The first append guarantees a non-NULL array even for an empty result. */
-    int rc = sink_ids_append(&s, NULL, 0) || render(&s, msgs, n, resume, opt, opens_thought);
+    int rc = sink_ids_append(&s, NULL, 0) || render(&s, msgs, n, resume, opt, media, n_media, opens_thought);
     free(s.content.p);
     if (rc) {
         free(s.ids);

@@ -23,4 +23,18 @@ int g4_chat_render_from(const g4_chat_message *msgs, size_t n, size_t resume, co
 int g4_chat_encode_from(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt,
                         int32_t **ids, size_t *n_ids, int *opens_thought);
 
+/* A media part of message msgs[msg]: a message's parts come before its text, in order, as the
+ * template renders a content list of media parts then text. */
+typedef struct {
+    size_t msg;
+    g4_media_kind kind;
+    int n; /* soft tokens */
+} g4_chat_media;
+
+/* g4_chat_encode_from with media parts: each renders as the processor expands the template's
+ * placeholder (<|image|>, <|audio|>): its begin marker, n placeholders, its end marker
+ * (g4_media_marker_ids). */
+int g4_chat_encode_media(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt,
+                         const g4_chat_media *media, size_t n_media, int32_t **ids, size_t *n_ids, int *opens_thought);
+
 #endif

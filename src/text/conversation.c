@@ -2,6 +2,7 @@
  * the sequence lacks and streaming its text and spans. The template is chat.c's (rendered from
  * where the last reply stopped), the generation g4_generate's, the streaming text the
  * detokenizer's and the spans reply.c's: this file only keeps the state between turns. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +64,33 @@ struct g4_conversation {
     g4_reply_fn on_delta;
     void *user;
     int failed; /* the reply's own work failed (not the caller's stop): g4_last_error says why */
+
+    /* media parts (g4_conversation_add_media): part k belongs to message media[k].msg, or waits
+     * for the next user message (NO_MESSAGE); its soft tokens at embd[k] */
+    g4_chat_media *media;
+    float **embd;
+    size_t n_media, cap_media;
+    g4_embd_span *embd_spans; /* the prompt's, while prompt_ready */
+    int n_spans;
 };
+
+#define NO_MESSAGE ((size_t)-1)
+
+/* Drops the media parts of messages from `from` on, and those waiting for a message. */
+static void drop_media(g4_conversation *c, size_t from) {
+    size_t k = 0;
+    for (size_t i = 0; i < c->n_media; i++) {
+        if (c->media[i].msg >= from) {
+            free(c->embd[i]);
+            continue;
+        }
+        c->media[k] = c->media[i], c->embd[k] = c->embd[i];
+        k++;
+    }
+    c->n_media = k;
+}
+
+static int media_waiting(const g4_conversation *c) { return c->n_media > 0 && c->media[c->n_media - 1].msg == NO_MESSAGE; }
 
 static void free_messages(g4_conversation *c, size_t from) {
     for (size_t i = from; i < c->n_msgs; i++) free((char *)c->msgs[i].content);
@@ -128,6 +155,8 @@ void g4_conversation_free(g4_conversation *c) {
     if (!c) return;
     free_messages(c, 0);
     free(c->msgs);
+    drop_media(c, 0);
+    free(c->media), free(c->embd), free(c->embd_spans);
     free(c->stop_ids);
     free(c->raw_pending.p), free(c->fed.p), free(c->prompt.p), free(c->reply.p), free(c->reply_text.p);
     g4_detokenizer_free(c->detok);
@@ -143,6 +172,7 @@ int g4_conversation_reset(g4_conversation *c, const g4_chat_options *chat) {
     }
     g4_session_reset_seq(c->s, c->o.seq);
     free_messages(c, 0);
+    drop_media(c, 0);
     c->resume = 0;
     c->raw = c->broken = c->has_unfed = 0;
     c->raw_pending.n = c->fed.n = c->reply.n = 0;
@@ -186,11 +216,41 @@ int g4_conversation_add(g4_conversation *c, g4_chat_role role, const char *conte
     const char *text = content ? content : "";
     size_t len = strlen(text), bad = g4_text_utf8_prefix(text, len);
     if (bad < len) return g4_fail("conversation: message %zu (%s) is not valid UTF-8 (byte %zu)", c->n_msgs, label, bad);
+    if (media_waiting(c) && role != G4_CHAT_USER)
+        return g4_fail("conversation: media parts wait for a user message; message %zu is a %s message", c->n_msgs, label);
     if (append_message(c, role, text, len)) return -1;
     if (g4_chat_check(c->msgs, c->n_msgs, &c->o.chat)) {
         free_messages(c, c->n_msgs - 1);
         return -1;
     }
+    for (size_t k = 0; k < c->n_media; k++)
+        if (c->media[k].msg == NO_MESSAGE) c->media[k].msg = c->n_msgs - 1;
+    return 0;
+}
+
+int g4_conversation_add_media(g4_conversation *c, g4_media_kind kind, const float *embd, int n) {
+    int32_t markers[3];
+    if (c->raw) return g4_fail("conversation: one of raw tokens takes no media (g4_conversation_reset starts over)");
+    if (g4_media_marker_ids(c->tok, kind, markers)) return -1;
+    if (n < 1 || !embd) return g4_fail("conversation: a media part of %d soft tokens%s", n, embd ? "" : " and no embeddings");
+    size_t len = (size_t)n * (size_t)g4_model_hidden_size(g4_session_model(c->s));
+    for (size_t i = 0; i < len; i++)
+        if (!isfinite(embd[i])) return g4_fail("conversation: media part %zu: soft token %zu holds a value that is not finite", c->n_media, i * (size_t)n / len);
+    if (c->n_media == c->cap_media) {
+        size_t cap = c->cap_media ? 2 * c->cap_media : 8;
+        g4_chat_media *m = realloc(c->media, sizeof *m * cap);
+        if (m) c->media = m;
+        float **e = m ? realloc(c->embd, sizeof *e * cap) : NULL;
+        if (e) c->embd = e;
+        if (!m || !e) return g4_fail("conversation: out of memory");
+        c->cap_media = cap;
+    }
+    float *copy = malloc(sizeof *copy * len);
+    if (!copy) return g4_fail("conversation: out of memory for %d soft tokens", n);
+    memcpy(copy, embd, sizeof *copy * len);
+    c->media[c->n_media] = (g4_chat_media){.msg = NO_MESSAGE, .kind = kind, .n = n};
+    c->embd[c->n_media++] = copy;
+    c->prompt_ready = 0;
     return 0;
 }
 
@@ -205,6 +265,7 @@ int g4_conversation_add_tokens(g4_conversation *c, const int32_t *ids, size_t n)
 
 void g4_conversation_discard(g4_conversation *c) {
     free_messages(c, c->resume);
+    drop_media(c, c->resume);
     c->raw_pending.n = 0;
     c->prompt_ready = 0;
 }
@@ -220,17 +281,53 @@ static int build_prompt(g4_conversation *c, const int32_t *rest, size_t n_rest) 
     return ids_append(&c->prompt, rest, n_rest);
 }
 
+/* The embedding spans of the prompt: the placeholders of each media part the prompt renders (those
+ * of messages from resume on), in order. Message contents cannot hold the markers (they are
+ * encoded without control tokens), so each part is where its begin marker is followed by its
+ * placeholders. */
+static int find_spans(g4_conversation *c) {
+    c->n_spans = 0;
+    size_t at = 0, parts = 0;
+    for (size_t k = 0; k < c->n_media; k++) parts += c->media[k].msg >= c->resume && c->media[k].msg != NO_MESSAGE;
+    free(c->embd_spans);
+    c->embd_spans = malloc(sizeof *c->embd_spans * (parts ? parts : 1));
+    if (!c->embd_spans) return g4_fail("conversation: out of memory");
+    for (size_t k = 0; k < c->n_media; k++) {
+        const g4_chat_media *md = &c->media[k];
+        if (md->msg < c->resume || md->msg == NO_MESSAGE) continue;
+        int32_t mk[3];
+        if (g4_media_marker_ids(c->tok, md->kind, mk)) return -1;
+        size_t n = (size_t)md->n;
+        while (at + n + 1 < c->prompt.n && !(c->prompt.p[at] == mk[0] && c->prompt.p[at + 1] == mk[1] && c->prompt.p[at + n + 1] == mk[2])) at++;
+        if (at + n + 1 >= c->prompt.n) return g4_fail("conversation: media part %zu is not in the rendered prompt", k);
+        c->embd_spans[c->n_spans++] = (g4_embd_span){.at = (int)(at + 1), .n = md->n, .embd = c->embd[k]};
+        at += n + 2;
+    }
+    return 0;
+}
+
 static int render_prompt(g4_conversation *c) {
     if (c->broken) return g4_fail("conversation: a reply failed after feeding part of its prompt; g4_conversation_reset starts over");
     c->prompt_opens_thought = 0;
+    c->n_spans = 0;
     if (c->raw) return build_prompt(c, c->raw_pending.p, c->raw_pending.n);
     if (c->n_msgs == c->resume) return build_prompt(c, NULL, 0);
     int32_t *ids;
-    size_t n;
-    if (g4_chat_encode_from(c->tok, c->msgs, c->n_msgs, c->resume, &c->o.chat, &ids, &n, &c->prompt_opens_thought)) return -1;
+    size_t n, n_media = c->n_media; /* without those waiting for a message: the last ones */
+    while (n_media > 0 && c->media[n_media - 1].msg == NO_MESSAGE) n_media--;
+    if (g4_chat_encode_media(c->tok, c->msgs, c->n_msgs, c->resume, &c->o.chat, c->media, n_media, &ids, &n, &c->prompt_opens_thought))
+        return -1;
     int rc = build_prompt(c, ids, n);
     free(ids);
-    return rc;
+    return rc ? rc : find_spans(c);
+}
+
+int g4_conversation_prompt_spans(g4_conversation *c, const g4_embd_span **spans, int *n) {
+    const int32_t *ids;
+    size_t n_ids;
+    if (g4_conversation_prompt(c, &ids, &n_ids)) return -1;
+    *spans = c->embd_spans, *n = c->n_spans;
+    return 0;
 }
 
 int g4_conversation_prompt(g4_conversation *c, const int32_t **ids, size_t *n) {
@@ -331,7 +428,7 @@ int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, 
     c->on_delta = on_delta, c->user = user;
     c->failed = 0;
     int pos = g4_session_seq_pos(c->s, c->o.seq);
-    int rc = g4_generate_seq(c->s, c->o.seq, ids, (int)n, &c->o.gen, on_token, c, res);
+    int rc = g4_generate_seq_embd(c->s, c->o.seq, ids, (int)n, c->embd_spans, c->n_spans, &c->o.gen, on_token, c, res);
     /* cancelled before its first token (gen.cancel, during the prompt): the cache gives back the
      * chunks it took and the conversation stays as it was, its prompt still to come */
     int unstarted = rc == 0 && res->stop == G4_STOP_USER && res->n_generated == 0 && !c->failed;
