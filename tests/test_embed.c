@@ -310,6 +310,42 @@ static void check_stepper(const g4_model *m, int act) {
     g4_st_close(&gs);
 }
 
+/* A prompt that ends with an embedding row (its last row the one a fork feeds itself): the stepper's
+ * first greedy token, for the sequence and a fork of it, is g4_decode's argmax of those rows fed
+ * directly. */
+static void check_stepper_ends_in_embedding(const g4_model *m) {
+    enum { N = 9 };
+    float *e = malloc(sizeof *e * 3 * (size_t)H);
+    uint32_t r = 21;
+    for (int i = 0; i < 3 * H; i++) e[i] = ((float)(next_rand(&r) % 2001) - 1000.0f) / 250.0f;
+    int32_t prompt[N] = {2, 40, 41, 42, 43, 44, 7, 7, 7};
+    g4_session *s = session(m, G4_ACT_FAKE, 2);
+    g4_batch_row rows[N];
+    for (int i = 0; i < N; i++) rows[i] = (g4_batch_row){.seq = 0, .token = prompt[i], .embd = i >= 6 ? e + (size_t)(i - 6) * H : NULL};
+    rows[N - 1].output = G4_OUTPUT_ARGMAX;
+    CHECK(g4_decode(s, rows, N) == 0, "%s", g4_last_error());
+    int32_t want = rows[N - 1].argmax;
+    g4_session_reset_seq(s, 0);
+    g4_stepper *st = g4_stepper_new(s, 4);
+    g4_generate_params p = {0};
+    g4_sampling_default(&p.sampling);
+    p.max_tokens = 1;
+    g4_embd_span span = {.at = 6, .n = 3, .embd = e};
+    CHECK(g4_stepper_add_embd(st, 0, prompt, N, &span, 1, &p) == 0 && g4_stepper_add_fork(st, 1, 0, &p) == 0, "%s", g4_last_error());
+    g4_step_token out[16];
+    while (g4_stepper_active(st) > 0) CHECK(g4_stepper_step(st, out) >= 0, "%s", g4_last_error());
+    for (int q = 0; q < 2; q++) {
+        int n;
+        const int32_t *got = g4_stepper_tokens(st, q, &n);
+        CHECK(n == 1 && got[0] == want, "sequence %d's first token after a prompt ending in an embedding row: %d, g4_decode's %d", q, n ? got[0] : -1,
+              want);
+    }
+    printf("ok stepper: a prompt ending in an embedding row, and its fork (which feeds that row itself): first token %d, g4_decode's\n", want);
+    g4_stepper_free(st);
+    g4_session_free(s);
+    free(e);
+}
+
 /* g4_stepper_add_embd refuses, feeding nothing, a span that is empty, outside the prompt,
  * overlapping another or not finite. */
 static void check_stepper_refusals(const g4_model *m) {
@@ -511,6 +547,7 @@ int main(void) {
     }
     check_refusals(m);
     check_stepper_refusals(m);
+    check_stepper_ends_in_embedding(m);
     g4_model_free(m);
     char dir[] = "/tmp/g4-embed-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
