@@ -246,6 +246,47 @@ static void check_splice(const g4_model *m, int act) {
     g4_st_close(&gs);
 }
 
+/* Causal attention over soft tokens, as transformers' for E2B/E4B (its check, recorded by
+ * gen_splice.py with mm_token_type_ids given: no bidirectional image block): changing the last soft
+ * token of "between" leaves every earlier row's logits as they were, bit for bit, and moves its own. */
+static void check_causal(const g4_model *m) {
+    g4_safetensors gs;
+    if (g4_st_open_file(&gs, SPLICE_DIR "/splice.safetensors") != 0) {
+        CHECK(0, "%s", g4_last_error());
+        return;
+    }
+    cJSON *meta = read_json(SPLICE_DIR "/splice.json");
+    const cJSON *cc = cJSON_GetObjectItem(meta, "causal_check");
+    CHECK(cJSON_IsTrue(cJSON_GetObjectItem(cc, "rows_before_last_soft_token_unchanged")) &&
+              cJSON_IsTrue(cJSON_GetObjectItem(cc, "last_soft_token_row_changed")) && cJSON_IsNull(cJSON_GetObjectItem(cc, "use_bidirectional_attention")),
+          "splice.json: transformers' causal check did not hold");
+    int64_t n, ni;
+    const int32_t *ids = golden_i32(&gs, "between.ids", &n);
+    const float *img = golden_f32(&gs, "between.image", &ni);
+    float *img2 = malloc(sizeof *img2 * (size_t)ni), *a = malloc(sizeof *a * (size_t)n * V), *b = malloc(sizeof *b * (size_t)n * V);
+    memcpy(img2, img, sizeof *img2 * (size_t)ni);
+    for (int c = 0; c < H; c++) img2[ni - H + c] += 1.0f; /* the last soft token, as gen_splice.py changes it */
+    int last = -1;
+    for (int pass = 0; pass < 2; pass++) {
+        g4_session *s = session(m, G4_ACT_FLOAT, 1);
+        g4_batch_row rows[64];
+        const float *src = pass ? img2 : img;
+        for (int i = 0; i < n; i++) {
+            rows[i] = (g4_batch_row){.seq = 0, .token = ids[i], .output = G4_OUTPUT_LOGITS, .logits = (pass ? b : a) + (size_t)i * V};
+            if (ids[i] == -1) rows[i].embd = src, src += H, last = i;
+        }
+        CHECK(g4_decode(s, rows, (int)n) == 0, "%s", g4_last_error());
+        g4_session_free(s);
+    }
+    CHECK(last > 0 && memcmp(a, b, sizeof *a * (size_t)last * V) == 0 && memcmp(a + (size_t)last * V, b + (size_t)last * V, sizeof *a * V) != 0,
+          "changing the last soft token (row %d) moved an earlier row, or not its own", last);
+    printf("ok causal: changing the last soft token (row %d) leaves rows 0..%d bit for bit, as transformers (use_bidirectional_attention null)\n",
+           last, last - 1);
+    free(img2), free(a), free(b);
+    cJSON_Delete(meta);
+    g4_st_close(&gs);
+}
+
 /* The stepper feeds a prompt of tokens and embedding spans (g4_stepper_add_embd) as the rows
  * above: each splice case's greedy ids, the golden's, for two sequences at once (the second a fork
  * of the first: the same embeddings fed), in prompt chunks of 5 (spans cut across chunks). */
@@ -548,6 +589,7 @@ int main(void) {
     check_refusals(m);
     check_stepper_refusals(m);
     check_stepper_ends_in_embedding(m);
+    check_causal(m);
     g4_model_free(m);
     char dir[] = "/tmp/g4-embed-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
