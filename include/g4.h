@@ -666,6 +666,15 @@ typedef struct {
      * logit (G4_OUTPUT_LOGITS) and it does not draft. */
     int logprobs;
     int top_logprobs;
+    /* Structured output (README "Structured output"): with a grammar state, every generated token
+     * is one whose bytes the grammar accepts after the tokens before it (g4_grammar_mask over
+     * constraint_vocab, the model's tokenizer's), and a stop id only where the grammar is
+     * complete; once complete with no byte able to follow, only the stop ids (or, with none, the
+     * generation ends there: G4_STOP_EOS with stop_id -1). The state is copied at g4_stepper_add
+     * (sharing its warm mask cache, g4_grammar_state_copy); g4_stepper_constraint gives the
+     * generation's own. Its rows ask for every logit and it does not draft (a drafter is ignored). */
+    const struct g4_grammar_state *constraint;
+    const struct g4_grammar_vocab *constraint_vocab;
 } g4_generate_params;
 
 #define G4_MAX_TOP_LOGPROBS 20
@@ -782,6 +791,10 @@ void g4_stepper_draft_stats(const g4_stepper *st, long *rounds, long *drafted, l
  * valid until the next step: read them after each g4_stepper_step for each of its tokens. -1
  * when the generation does not record them or has generated nothing. */
 int g4_stepper_logprobs(const g4_stepper *st, int seq, g4_logprobs *out);
+/* The grammar state of sequence seq's constrained generation (g4_generate_params.constraint) as
+ * its tokens left it, NULL without one; valid until the next g4_stepper_add on seq. A caller keeps
+ * its mask cache warm for the next request with g4_grammar_state_keep_cache. */
+const struct g4_grammar_state *g4_stepper_constraint(const g4_stepper *st, int seq);
 
 /* Called with each generated token (a stop id included); return non-zero to stop. */
 typedef int (*g4_token_fn)(void *user, int32_t token);
@@ -935,6 +948,10 @@ long g4_grammar_mask(const g4_grammar_vocab *v, g4_grammar_state *st, const int3
                      uint32_t *mask);
 /* Advances the state by a token's bytes: 0, or -1 when the grammar rejects them. */
 int g4_grammar_accept_token(const g4_grammar_vocab *v, g4_grammar_state *st, int32_t id);
+/* Warm state: into takes (shares) the token-mask cache of from, a state of the same grammar that
+ * started as a copy of into (g4_grammar_state_copy) and walked further: the whole-vocabulary walks
+ * from's masks paid are then free to every later copy of into. 0, or -1 (another grammar). */
+int g4_grammar_state_keep_cache(g4_grammar_state *into, const g4_grammar_state *from);
 
 #ifdef __cplusplus
 }
