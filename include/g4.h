@@ -952,6 +952,34 @@ int g4_grammar_accept_token(const g4_grammar_vocab *v, g4_grammar_state *st, int
  * started as a copy of into (g4_grammar_state_copy) and walked further: the whole-vocabulary walks
  * from's masks paid are then free to every later copy of into. 0, or -1 (another grammar). */
 int g4_grammar_state_keep_cache(g4_grammar_state *into, const g4_grammar_state *from);
+/* The grammar a state runs. */
+const g4_grammar *g4_grammar_state_grammar(const g4_grammar_state *st);
+
+/* Warm state for front ends (the server, the CLI, Python): a tokenizer's trie built once, and the
+ * grammars asked for by text compiled once and kept (up to max_entries, the least recently used
+ * dropped) with a start state whose mask cache every finished generation warms, so a request that
+ * repeats a schema pays neither the compile nor the whole-vocabulary walks of its first masks.
+ * Thread-safe. */
+typedef enum {
+    G4_CONSTRAINT_GBNF = 0,        /* text: a grammar (g4_grammar_compile) */
+    G4_CONSTRAINT_JSON_SCHEMA = 1, /* text: a JSON schema (g4_grammar_from_json_schema) */
+    G4_CONSTRAINT_JSON_OBJECT = 2, /* JSON mode: any JSON object (text ignored) */
+    G4_CONSTRAINT_REGEX = 3,       /* text: a regular expression (g4_grammar_from_regex) */
+} g4_constraint_kind;
+typedef struct g4_grammar_cache g4_grammar_cache;
+/* NULL on error (out of memory, max_entries < 1). Builds the trie (0.4-1.4 s for Gemma's 262k tokens). */
+g4_grammar_cache *g4_grammar_cache_new(const g4_tokenizer *tok, int max_entries);
+void g4_grammar_cache_free(g4_grammar_cache *c);
+const g4_grammar_vocab *g4_grammar_cache_vocab(const g4_grammar_cache *c);
+/* A new start state (the caller's) of the grammar text compiles to as `kind`, sharing the entry's
+ * warm mask cache; NULL with the compiler's error. Each state it returns must be handed back with
+ * g4_grammar_cache_done (its grammar stays alive until then). */
+g4_grammar_state *g4_grammar_cache_start(g4_grammar_cache *c, g4_constraint_kind kind, const char *text, size_t len);
+/* Hands back a state from g4_grammar_cache_start (freed here); `done`, when not NULL, a state of
+ * the same grammar after a generation (g4_stepper_constraint), gives the entry its mask cache. */
+void g4_grammar_cache_done(g4_grammar_cache *c, g4_grammar_state *started, const g4_grammar_state *done);
+/* Entries held, compiles and hits so far. */
+void g4_grammar_cache_stats(const g4_grammar_cache *c, int *entries, long *compiles, long *hits);
 
 #ifdef __cplusplus
 }

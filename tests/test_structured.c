@@ -151,6 +151,49 @@ static void test_grammar_greedy(g4_session *s) {
     g4_grammar_free(g);
 }
 
+/* g4_grammar_cache: one compile per schema text, a warmed start state giving the tokens a cold
+ * one gives, least recently used entries dropped past max_entries but never one a running state
+ * holds, a bad schema's compile error passed through. */
+static void test_cache(g4_session *s, const g4_tokenizer *t) {
+    g4_grammar_cache *c = g4_grammar_cache_new(t, 2);
+    CHECK(c != NULL, "%s", g4_last_error());
+    const g4_grammar_vocab *saved = vocab;
+    vocab = (g4_grammar_vocab *)g4_grammar_cache_vocab(c);
+    int32_t a[BUDGET], b[BUDGET];
+    g4_generate_result ra, rb;
+    g4_grammar *g = g4_grammar_from_json_schema(SCHEMAS[0], strlen(SCHEMAS[0]));
+    g4_grammar_state *cold = g4_grammar_start(g);
+    int na = generate(s, cold, 5, 1.0f, a, &ra, NULL);
+    for (int r = 0; r < 3; r++) {
+        g4_grammar_state *st = g4_grammar_cache_start(c, G4_CONSTRAINT_JSON_SCHEMA, SCHEMAS[0], strlen(SCHEMAS[0]));
+        CHECK(st != NULL, "%s", g4_last_error());
+        int nb = generate(s, st, 5, 1.0f, b, &rb, st); /* the state warms itself: the entry gets it back below */
+        CHECK(nb == na && memcmp(a, b, sizeof *a * (size_t)na) == 0, "request %d from the cache: other tokens than a cold state's", r);
+        g4_grammar_cache_done(c, st, st); /* st holds the generation's mask cache: the entry keeps it */
+    }
+    int entries;
+    long compiles, hits;
+    g4_grammar_cache_stats(c, &entries, &compiles, &hits);
+    CHECK(entries == 1 && compiles == 1 && hits == 2, "one schema thrice: %d entries, %ld compiles, %ld hits", entries, compiles, hits);
+    /* capacity 2: a held entry survives two others passing through */
+    g4_grammar_state *held = g4_grammar_cache_start(c, G4_CONSTRAINT_JSON_SCHEMA, SCHEMAS[0], strlen(SCHEMAS[0]));
+    for (int k = 1; k <= 3; k++) g4_grammar_cache_done(c, g4_grammar_cache_start(c, G4_CONSTRAINT_JSON_SCHEMA, SCHEMAS[k], strlen(SCHEMAS[k])), NULL);
+    g4_grammar_cache_stats(c, &entries, &compiles, &hits);
+    CHECK(entries == 2 && compiles == 4, "capacity 2: %d entries, %ld compiles", entries, compiles);
+    CHECK(g4_grammar_accept_bytes(held, "{", 1) == 0, "the held state's grammar went away");
+    g4_grammar_cache_done(c, held, NULL);
+    g4_grammar_cache_done(c, g4_grammar_cache_start(c, G4_CONSTRAINT_JSON_SCHEMA, SCHEMAS[0], strlen(SCHEMAS[0])), NULL);
+    g4_grammar_cache_stats(c, &entries, &compiles, &hits);
+    CHECK(compiles == 4 && hits == 4, "the held entry was dropped: %ld compiles, %ld hits", compiles, hits);
+    CHECK(!g4_grammar_cache_start(c, G4_CONSTRAINT_JSON_SCHEMA, "{\"type\":\"strin\"}", 17) && strstr(g4_last_error(), "unknown type"),
+          "bad schema: %s", g4_last_error());
+    g4_grammar_state_free(cold);
+    g4_grammar_free(g);
+    g4_grammar_cache_free(c);
+    vocab = (g4_grammar_vocab *)saved;
+    printf("ok cache\n");
+}
+
 /* Bad wiring is refused by name: a constraint without the vocabulary. */
 static void test_refusals(g4_session *s) {
     g4_grammar *g = g4_grammar_json(1);
@@ -183,6 +226,7 @@ int main(void) {
     CHECK(s != NULL, "%s", g4_last_error());
     test_refusals(s);
     test_grammar_greedy(s);
+    test_cache(s, tok);
     test_schemas(s);
     g4_session_free(s);
     g4_model_free(m);

@@ -1428,3 +1428,5 @@ int g4_grammar_state_keep_cache(g4_grammar_state *into, const g4_grammar_state *
     into->cache = cache_share(from->cache);
     return 0;
 }
+
+const g4_grammar *g4_grammar_state_grammar(const g4_grammar_state *st) { return st ? st->g : NULL; }
