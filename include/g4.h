@@ -675,6 +675,10 @@ typedef struct {
      * generation's own. Its rows ask for every logit and it does not draft (a drafter is ignored). */
     const struct g4_grammar_state *constraint;
     const struct g4_grammar_vocab *constraint_vocab;
+    /* Thinking under a constraint (Gemma 4's <|channel> and <channel|> ids; 0: none): the first
+     * token may also be thought_open, and then every token is free up to thought_close, after
+     * which the constraint applies to the answer. */
+    int32_t thought_open, thought_close;
 } g4_generate_params;
 
 #define G4_MAX_TOP_LOGPROBS 20

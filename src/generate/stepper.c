@@ -67,6 +67,8 @@ typedef struct {
     const g4_grammar_vocab *gvocab;
     int32_t *gstops;
     uint32_t *gmask;
+    int32_t thought_open, thought_close;
+    int in_thought;       /* the reply opened a thought: the constraint waits for its end */
 } generation;
 
 struct g4_stepper {
@@ -255,6 +257,9 @@ static int set_constraint(g4_stepper *st, generation *g, const g4_generate_param
     for (int i = 0; i < g->n_stops; i++) g->gstops[i] = g->stops[i];
     if (!(g->gstate = g4_grammar_state_copy(p->constraint))) return -1;
     g->gvocab = p->constraint_vocab;
+    g->thought_open = p->thought_open, g->thought_close = p->thought_close, g->in_thought = 0;
+    if (g->thought_open < 0 || g->thought_open >= st->vocab || g->thought_close < 0 || g->thought_close >= st->vocab)
+        return g4_fail("thought_open %d, thought_close %d: expected token ids (0: none)", g->thought_open, g->thought_close);
     return 0;
 }
 
@@ -438,7 +443,21 @@ static int mask_has(const uint32_t *mask, int32_t t) { return (mask[t >> 5] >> (
  * gives; 2 when the grammar is complete, cannot go on and there is no stop id to pick. */
 static int pick_constrained(g4_stepper *st, int q, const float *logits, int32_t *token) {
     generation *g = &st->seq[q];
+    if (g->in_thought) { /* a thought is free text but for the stop ids: the answer after it is the constraint's */
+        memcpy(st->fallback, logits, sizeof *logits * (size_t)st->vocab);
+        for (int i = 0; i < g->n_stops; i++)
+            if (g->stops[i] >= 0 && g->stops[i] < st->vocab) st->fallback[g->stops[i]] = -INFINITY;
+        *token = g4_sampler_sample(g->sampler, st->fallback, g->history, g->n_hist);
+        g->in_thought = *token != g->thought_close;
+        if (g->logprobs) record_logprobs(st, g, logits, *token);
+        return 0;
+    }
+    int first = g->n_hist == g->n_prompt;
     long allowed = g4_grammar_mask(g->gvocab, g->gstate, g->gstops, (size_t)g->n_stops, g->gmask);
+    if (allowed >= 0 && first && g->thought_open > 0 && !mask_has(g->gmask, g->thought_open)) {
+        g->gmask[g->thought_open >> 5] |= 1u << (g->thought_open & 31);
+        allowed++;
+    }
     size_t nv = g4_grammar_vocab_size(g->gvocab);
     if (allowed == 0 && g4_grammar_is_complete(g->gstate)) return 2;
     if (allowed <= 0) {
@@ -451,7 +470,8 @@ static int pick_constrained(g4_stepper *st, int q, const float *logits, int32_t 
     int32_t t = g4_sampler_sample(g->sampler, masked, g->history, g->n_hist);
     /* a draw that rounding left on a masked-out token (weight 0) takes the best allowed one */
     if (t < 0 || (size_t)t >= nv || !mask_has(g->gmask, t)) t = g4_argmax(masked, st->vocab);
-    if (!is_stop(g, t) && g4_grammar_accept_token(g->gvocab, g->gstate, t) != 0) {
+    if (first && g->thought_open > 0 && t == g->thought_open) g->in_thought = 1;
+    else if (!is_stop(g, t) && g4_grammar_accept_token(g->gvocab, g->gstate, t) != 0) {
         snprintf(g->error, sizeof g->error, "constraint at generated token %d: %s", g->n_hist - g->n_prompt + 1, g4_last_error());
         return 1;
     }
