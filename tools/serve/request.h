@@ -78,6 +78,13 @@ typedef struct {
      * (vLLM's field; NULL: none) and let in by the same API key (set by the server, not parsed) */
     char *cache_salt;
     int api_key;
+    /* structured output: constraint_kind a g4_constraint_kind (-1: none) over constraint_text
+     * (malloc'd: a schema's JSON, a GBNF grammar, a regex), from the field constraint_param names
+     * (response_format, grammar, json_schema, guided_json, guided_regex, guided_choice,
+     * guided_grammar, structured_outputs); compiled by the server (g4_grammar_cache) */
+    int constraint_kind;
+    char *constraint_text;
+    char constraint_param[64];
 } serve_request;
 
 /* An upper bound on the JSON values in a body (each value but the first follows a '[', ',' or
