@@ -31,6 +31,7 @@ import test_hardening
 import test_endpoints
 import test_page
 import test_genapi
+import test_structured
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -699,6 +700,7 @@ def main():
     test_endpoints.run()
     test_page.run()
     test_genapi.run()
+    test_structured.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 
