@@ -260,8 +260,8 @@ def test_errors(sv):
          "stream_options"),
         ("a tool message answering nothing", "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [
             {"role": "user", "content": "x"}, {"role": "tool", "content": "42"}]}, 400, None, "messages"),
-        ("json response_format", "POST", "/v1/chat/completions", chat_body("x", response_format={"type": "json_object"}), 400, None,
-         "response_format"),
+        ("an unknown response_format type", "POST", "/v1/chat/completions", chat_body("x", response_format={"type": "xml"}), 400, None,
+         "response_format.type"),
         ("reasoning_effort unknown", "POST", "/v1/chat/completions", chat_body("x", reasoning_effort="max"), 400, None, "reasoning_effort"),
         ("tool_choice naming no tool", "POST", "/v1/chat/completions", chat_body("x", tool_choice={"type": "function", "function": {"name": "f"}}),
          400, None, "tool_choice"),
