@@ -94,7 +94,7 @@ size_t serve_json_values(const char *body, size_t len);
 /* Checks and reads a request body (len bytes, not NUL-terminated). Fails with e filled: invalid
  * UTF-8 or JSON, a field of the wrong type or out of range, an unknown role, an unknown
  * model (--strict-model), more values than max_json_values (413), more messages, tools or stop
- * strings than the limits, a feature g4 does not have (images, JSON response formats, best_of,
+ * strings than the limits, a malformed or doubled constraint field, a feature g4 does not have (images, best_of,
  * echo, suffix). Unknown fields are
  * ignored, as OpenAI-compatible servers do. r is zeroed first and freed on failure. */
 int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e);
