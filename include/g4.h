@@ -672,6 +672,19 @@ typedef struct {
      * logit (G4_OUTPUT_LOGITS) and it does not draft. */
     int logprobs;
     int top_logprobs;
+    /* Structured output (README "Structured output"): with a grammar state, every generated token
+     * is one whose bytes the grammar accepts after the tokens before it (g4_grammar_mask over
+     * constraint_vocab, the model's tokenizer's), and a stop id only where the grammar is
+     * complete; once complete with no byte able to follow, only the stop ids (or, with none, the
+     * generation ends there: G4_STOP_EOS with stop_id -1). The state is copied at g4_stepper_add
+     * (sharing its warm mask cache, g4_grammar_state_copy); g4_stepper_constraint gives the
+     * generation's own. Its rows ask for every logit and it does not draft (a drafter is ignored). */
+    const struct g4_grammar_state *constraint;
+    const struct g4_grammar_vocab *constraint_vocab;
+    /* Thinking under a constraint (Gemma 4's <|channel> and <channel|> ids; 0: none): the first
+     * token may also be thought_open, and then every token is free up to thought_close, after
+     * which the constraint applies to the answer. */
+    int32_t thought_open, thought_close;
 } g4_generate_params;
 
 #define G4_MAX_TOP_LOGPROBS 20
@@ -802,6 +815,10 @@ void g4_stepper_draft_stats(const g4_stepper *st, long *rounds, long *drafted, l
  * valid until the next step: read them after each g4_stepper_step for each of its tokens. -1
  * when the generation does not record them or has generated nothing. */
 int g4_stepper_logprobs(const g4_stepper *st, int seq, g4_logprobs *out);
+/* The grammar state of sequence seq's constrained generation (g4_generate_params.constraint) as
+ * its tokens left it, NULL without one; valid until the next g4_stepper_add on seq. A caller keeps
+ * its mask cache warm for the next request with g4_grammar_state_keep_cache. */
+const struct g4_grammar_state *g4_stepper_constraint(const g4_stepper *st, int seq);
 
 /* Called with each generated token (a stop id included); return non-zero to stop. */
 typedef int (*g4_token_fn)(void *user, int32_t token);
@@ -974,6 +991,38 @@ long g4_grammar_mask(const g4_grammar_vocab *v, g4_grammar_state *st, const int3
                      uint32_t *mask);
 /* Advances the state by a token's bytes: 0, or -1 when the grammar rejects them. */
 int g4_grammar_accept_token(const g4_grammar_vocab *v, g4_grammar_state *st, int32_t id);
+/* Warm state: into takes (shares) the token-mask cache of from, a state of the same grammar that
+ * started as a copy of into (g4_grammar_state_copy) and walked further: the whole-vocabulary walks
+ * from's masks paid are then free to every later copy of into. 0, or -1 (another grammar). */
+int g4_grammar_state_keep_cache(g4_grammar_state *into, const g4_grammar_state *from);
+/* The grammar a state runs. */
+const g4_grammar *g4_grammar_state_grammar(const g4_grammar_state *st);
+
+/* Warm state for front ends (the server, the CLI, Python): a tokenizer's trie built once, and the
+ * grammars asked for by text compiled once and kept (up to max_entries, the least recently used
+ * dropped) with a start state whose mask cache every finished generation warms, so a request that
+ * repeats a schema pays neither the compile nor the whole-vocabulary walks of its first masks.
+ * Thread-safe. */
+typedef enum {
+    G4_CONSTRAINT_GBNF = 0,        /* text: a grammar (g4_grammar_compile) */
+    G4_CONSTRAINT_JSON_SCHEMA = 1, /* text: a JSON schema (g4_grammar_from_json_schema) */
+    G4_CONSTRAINT_JSON_OBJECT = 2, /* JSON mode: any JSON object (text ignored) */
+    G4_CONSTRAINT_REGEX = 3,       /* text: a regular expression (g4_grammar_from_regex) */
+} g4_constraint_kind;
+typedef struct g4_grammar_cache g4_grammar_cache;
+/* NULL on error (out of memory, max_entries < 1). Builds the trie (0.4-1.4 s for Gemma's 262k tokens). */
+g4_grammar_cache *g4_grammar_cache_new(const g4_tokenizer *tok, int max_entries);
+void g4_grammar_cache_free(g4_grammar_cache *c);
+const g4_grammar_vocab *g4_grammar_cache_vocab(const g4_grammar_cache *c);
+/* A new start state (the caller's) of the grammar text compiles to as `kind`, sharing the entry's
+ * warm mask cache; NULL with the compiler's error. Each state it returns must be handed back with
+ * g4_grammar_cache_done (its grammar stays alive until then). */
+g4_grammar_state *g4_grammar_cache_start(g4_grammar_cache *c, g4_constraint_kind kind, const char *text, size_t len);
+/* Hands back a state from g4_grammar_cache_start (freed here); `done`, when not NULL, a state of
+ * the same grammar after a generation (g4_stepper_constraint), gives the entry its mask cache. */
+void g4_grammar_cache_done(g4_grammar_cache *c, g4_grammar_state *started, const g4_grammar_state *done);
+/* Entries held, compiles and hits so far. */
+void g4_grammar_cache_stats(const g4_grammar_cache *c, int *entries, long *compiles, long *hits);
 
 #ifdef __cplusplus
 }

@@ -118,15 +118,25 @@ static void check_refusals(void) {
         {"{\"model\":\"m\",\"prompt\":[1,-2]}", SERVE_COMPLETION, 400, "prompt", NULL},
         {"{\"model\":\"m\",\"prompt\":\"x\",\"best_of\":2}", SERVE_COMPLETION, 400, "best_of", NULL},
         {"{\"model\":\"m\",\"prompt\":\"x\",\"suffix\":\"y\"}", SERVE_COMPLETION, 400, "suffix", NULL},
-        /* constrained decoding's fields are refused by name, never ignored (issue 36) */
-        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"grammar\":\"root ::= \\\"a\\\"\"}", SERVE_CHAT, 400,
-         "grammar", NULL},
-        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"json_schema\":{\"type\":\"object\"}}", SERVE_CHAT, 400,
-         "json_schema", NULL},
-        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_choice\":[\"a\",\"b\"]}", SERVE_COMPLETION, 400, "guided_choice", NULL},
-        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_regex\":\"a+\"}", SERVE_COMPLETION, 400, "guided_regex", NULL},
-        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_json\":{}}", SERVE_COMPLETION, 400, "guided_json", NULL},
-        {"{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", SERVE_COMPLETION, 400, "response_format", NULL},
+        /* constrained decoding (issue 36): malformed fields, two at once, and tools with a constraint
+         * are refused by name, never ignored */
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"grammar\":7}", SERVE_CHAT, 400, "grammar", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"json_schema\":[1]}", SERVE_CHAT, 400, "json_schema", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_choice\":[]}", SERVE_COMPLETION, 400, "guided_choice", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_choice\":[\"a\",1]}", SERVE_COMPLETION, 400, "guided_choice", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_regex\":\"\"}", SERVE_COMPLETION, 400, "guided_regex", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"guided_json\":{},\"guided_regex\":\"a\"}", SERVE_COMPLETION, 400, "guided_regex", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"}", SERVE_COMPLETION, 400, "grammar", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"xml\"}}", SERVE_COMPLETION, 400, "response_format.type", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\"}}", SERVE_COMPLETION, 400, "response_format.json_schema", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\"}}}", SERVE_COMPLETION, 400,
+         "response_format.json_schema.schema", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},\"strict\":1}}}", SERVE_COMPLETION,
+         400, "response_format.json_schema.strict", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"structured_outputs\":{\"xml\":1}}", SERVE_COMPLETION, 400, "structured_outputs", NULL},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"structured_outputs\":{}}", SERVE_COMPLETION, 400, "structured_outputs", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+         "\"response_format\":{\"type\":\"json_object\"}}", SERVE_CHAT, 400, "response_format", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_refusal(cases[i].body, cases[i].kind, cases[i].status, cases[i].param, cases[i].code);
     /* the limits: messages, tools */
@@ -451,12 +461,62 @@ static void check_transport_fields(void) {
     free(big);
 }
 
+/* Each field that asks for a constraint is read into the request (kind, text, the field's name):
+ * OpenAI's response_format (json_object, json_schema), llama.cpp's grammar and json_schema,
+ * vLLM's guided_* and structured_outputs; text and none leave no constraint. */
+static void check_constraints(void) {
+    static const struct {
+        const char *fields;
+        serve_kind kind;
+        int want_kind;
+        const char *text, *param;
+    } cases[] = {
+        {"\"response_format\":{\"type\":\"text\"}", SERVE_CHAT, -1, NULL, ""},
+        {"\"response_format\":{\"type\":\"json_object\"}", SERVE_CHAT, G4_CONSTRAINT_JSON_OBJECT, "", "response_format"},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,\"schema\":{\"type\":\"integer\"}}}",
+         SERVE_CHAT, G4_CONSTRAINT_JSON_SCHEMA, "{\"type\":\"integer\"}", "response_format.json_schema.schema"},
+        {"\"grammar\":\"root ::= \\\"a\\\"\"", SERVE_CHAT, G4_CONSTRAINT_GBNF, "root ::= \"a\"", "grammar"},
+        {"\"json_schema\":{\"enum\":[1,2]}", SERVE_COMPLETION, G4_CONSTRAINT_JSON_SCHEMA, "{\"enum\":[1,2]}", "json_schema"},
+        {"\"guided_json\":\"{\\\"type\\\":\\\"null\\\"}\"", SERVE_COMPLETION, G4_CONSTRAINT_JSON_SCHEMA, "{\"type\":\"null\"}", "guided_json"},
+        {"\"guided_regex\":\"[a-z]+\"", SERVE_COMPLETION, G4_CONSTRAINT_REGEX, "[a-z]+", "guided_regex"},
+        {"\"guided_grammar\":\"root ::= [0-9]\"", SERVE_COMPLETION, G4_CONSTRAINT_GBNF, "root ::= [0-9]", "guided_grammar"},
+        {"\"guided_choice\":[\"yes\",\"no \\\"x\\\\\\n\"]", SERVE_CHAT, G4_CONSTRAINT_GBNF, "root ::= \"yes\" | \"no \\\"x\\\\\\x0A\"", "guided_choice"},
+        {"\"structured_outputs\":{\"choice\":[\"a\"]}", SERVE_COMPLETION, G4_CONSTRAINT_GBNF, "root ::= \"a\"", "structured_outputs.choice"},
+        {"\"structured_outputs\":{\"json_object\":true}", SERVE_COMPLETION, G4_CONSTRAINT_JSON_OBJECT, "", "structured_outputs.json_object"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"none\",\"guided_regex\":\"a\"", SERVE_CHAT,
+         G4_CONSTRAINT_REGEX, "a", "guided_regex"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, "{\"model\":\"m\",%s,%s}",
+                 cases[i].kind == SERVE_CHAT ? "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]" : "\"prompt\":\"x\"", cases[i].fields);
+        serve_request r;
+        serve_error e;
+        int rc = parse(body, cases[i].kind, &r, &e);
+        CHECK(rc == 0, "%s: %s", body, e.message);
+        if (rc) continue;
+        CHECK(r.constraint_kind == cases[i].want_kind && !strcmp(r.constraint_param, cases[i].param) &&
+                  (cases[i].text ? r.constraint_text && !strcmp(r.constraint_text, cases[i].text) : !r.constraint_text),
+              "%s: kind %d, param '%s', text %s", body, r.constraint_kind, r.constraint_param, r.constraint_text ? r.constraint_text : "(none)");
+        /* what it parsed to compiles (the server's 400 for what does not: tests/serve) */
+        g4_grammar *g = NULL;
+        if (r.constraint_kind == G4_CONSTRAINT_GBNF) g = g4_grammar_compile(r.constraint_text, strlen(r.constraint_text));
+        else if (r.constraint_kind == G4_CONSTRAINT_JSON_SCHEMA) g = g4_grammar_from_json_schema(r.constraint_text, strlen(r.constraint_text));
+        else if (r.constraint_kind == G4_CONSTRAINT_REGEX) g = g4_grammar_from_regex(r.constraint_text, strlen(r.constraint_text));
+        CHECK(r.constraint_kind < 0 || r.constraint_kind == G4_CONSTRAINT_JSON_OBJECT || g, "%s: %s", body, g4_last_error());
+        g4_grammar_free(g);
+        serve_request_free(&r);
+    }
+    printf("ok constraint fields\n");
+}
+
 int main(void) {
     g4_set_log(NULL, NULL);
     tok = g4_tokenizer_load_ex(TOKENIZER, G4_TOKENIZER_NO_CACHE);
     CHECK(tok != NULL, "%s", g4_last_error());
     if (!tok) return check_report("test_serve");
     check_refusals();
+    check_constraints();
     check_transport_fields();
     check_fields();
     check_prompts();

@@ -476,6 +476,53 @@ static void test_read_bounds(void) {
     printf("ok read bounds\n");
 }
 
+/* Structured output from the command line: --grammar, --json-schema (file and inline) and --json
+ * constrain the random model's sampled answers (a grammar of two words gives one of them exactly,
+ * an enum schema one of its JSON strings); bad grammars, schemas, files and combinations are
+ * refused with one line naming the flag. */
+static void test_constraint_flags(void) {
+    char gpath[700], spath[700], out[700], err[700], args[2048];
+    snprintf(gpath, sizeof gpath, "%s/yn.gbnf", tmp);
+    snprintf(spath, sizeof spath, "%s/color.json", tmp);
+    snprintf(out, sizeof out, "%s/c.out", tmp);
+    snprintf(err, sizeof err, "%s/c.err", tmp);
+    FILE *f = fopen(gpath, "w");
+    fputs("# yes or no\nroot ::= \"yes\" | \"no\"\n", f);
+    fclose(f);
+    f = fopen(spath, "w");
+    fputs("{\"enum\": [\"red\", \"green\", \"blue\"]}", f);
+    fclose(f);
+    for (int seed = 1; seed <= 8; seed++) {
+        const char *forms[3][2] = {{"--grammar", gpath}, {"--json-schema", spath}, {"--json-schema", "'{\"enum\": [\"red\", \"green\", \"blue\"]}'"}};
+        for (int k = 0; k < 3; k++) {
+            snprintf(args, sizeof args, "run -m %s -p 'Colour?' -n 40 --temp 1 --seed %d %s %s", model, seed, forms[k][0], forms[k][1]);
+            int rc = run_into(bin, args, out, err);
+            char *got = slurp(out);
+            int ok = k == 0 ? !strcmp(got, "yes\n") || !strcmp(got, "no\n")
+                            : !strcmp(got, "\"red\"\n") || !strcmp(got, "\"green\"\n") || !strcmp(got, "\"blue\"\n");
+            CHECK(rc == 0 && ok, "g4 %s: exit %d, answer \"%s\"", args, rc, got);
+            free(got);
+        }
+    }
+    /* --json: one JSON object (the random model may run out of budget inside it: a prefix then) */
+    snprintf(args, sizeof args, "run -m %s -p 'JSON?' -n 60 --temp 1 --seed 2 --json", model);
+    CHECK(run_into(bin, args, out, err) == 0, "--json failed");
+    char *got = slurp(out);
+    CHECK(got[0] == '{', "--json answer \"%s\"", got);
+    free(got);
+    snprintf(args, sizeof args, "run -m %s -p x --json-schema '{\"type\": \"strin\"}'", model);
+    expect_one_error(args, "--json-schema (inline schema): json schema: type: unknown type");
+    snprintf(args, sizeof args, "run -m %s -p x --json-schema %s/none.json", model, tmp);
+    expect_one_error(args, "--json-schema");
+    snprintf(args, sizeof args, "run -m %s -p x --grammar %s", model, spath);
+    expect_one_error(args, "--grammar");
+    snprintf(args, sizeof args, "run -m %s -p x --json --grammar %s", model, gpath);
+    expect_one_error(args, "give one of them");
+    snprintf(args, sizeof args, "run -m %s -p x --json --ignore-eos", model);
+    expect_one_error(args, "--ignore-eos with a constraint");
+    printf("ok constraint flags: --grammar, --json-schema (file, inline), --json; 5 refusals\n");
+}
+
 int main(void) {
     if (!(bin = check_bin())) return check_report("text_cli");
     signal(SIGPIPE, SIG_IGN); /* a child that died early fails its checks, not this program */
@@ -495,6 +542,7 @@ int main(void) {
     test_non_finite();
     test_temperature_flag();
     test_read_bounds();
+    test_constraint_flags();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
     return check_report("text_cli");

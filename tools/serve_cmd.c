@@ -80,6 +80,9 @@ typedef struct {
     int stopping;
     long timed_out;
     size_t body_bytes;
+    /* structured output: the tokenizer's trie and the compiled grammars, made on first need */
+    pthread_mutex_t grammars_mu;
+    g4_grammar_cache *grammars;
 } server;
 
 static void count_answer(server *sv, int ep, int status) {
@@ -359,6 +362,21 @@ static void stream_free(void *cls) {
     free(sc);
 }
 
+#define SERVE_GRAMMAR_CACHE 64 /* schemas and grammars kept compiled, with their warm mask caches */
+
+/* The request's constraint as a start state from the server's grammar cache; a grammar or schema
+ * the compiler refuses is a 400 naming the field. */
+static int constrain(server *sv, const serve_request *r, g4_grammar_state **start, serve_error *e) {
+    pthread_mutex_lock(&sv->grammars_mu);
+    if (!sv->grammars) sv->grammars = g4_grammar_cache_new(sv->tok, SERVE_GRAMMAR_CACHE);
+    g4_grammar_cache *c = sv->grammars;
+    pthread_mutex_unlock(&sv->grammars_mu);
+    if (!c) return serve_fail(e, 500, "server_error", NULL, NULL, "structured output: %s", g4_last_error());
+    *start = g4_grammar_cache_start(c, (g4_constraint_kind)r->constraint_kind, r->constraint_text, strlen(r->constraint_text));
+    if (!*start) return serve_fail(e, 400, "invalid_request_error", NULL, r->constraint_param, "'%s': %s", r->constraint_param, g4_last_error());
+    return 0;
+}
+
 /* Parses, renders and admits the request; streams its reply, or waits for it and sends it whole. */
 static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c, serve_kind kind) {
     server *sv = rc->sv;
@@ -374,12 +392,35 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         serve_request_free(&r);
         return send_error(rc, c, &e);
     }
+    g4_grammar_state *start = NULL;
+    if (r.constraint_text && constrain(sv, &r, &start, &e)) {
+        serve_request_free(&r);
+        free(ids), free(prefill);
+        return send_error(rc, c, &e);
+    }
+    /* thinking: the constraint takes the answer after the thought; a prompt that ends inside a
+     * thought (after tool responses) would need the constraint to start mid-thought: refused */
+    if (start && opens) {
+        g4_grammar_cache_done(sv->grammars, start, NULL);
+        serve_fail(&e, 400, "invalid_request_error", NULL, r.constraint_param,
+                   "'%s': a constrained answer right after tool responses with thinking on is not supported", r.constraint_param);
+        serve_request_free(&r);
+        free(ids), free(prefill);
+        return send_error(rc, c, &e);
+    }
+    int32_t open = 0, close = 0;
+    if (start && r.kind == SERVE_CHAT && r.thinking) {
+        open = g4_tokenizer_piece_to_id(sv->tok, "<|channel>"), close = g4_tokenizer_piece_to_id(sv->tok, "<channel|>");
+        if (open <= 0 || close <= 0) open = close = 0;
+    }
     serve_job *j = serve_job_new(&r, ids, n_ids, opens, prefill, max_tokens, sv->a.lim.model_id);
     if (!j) {
         serve_request_free(&r);
         free(ids), free(prefill);
+        if (start) g4_grammar_cache_done(sv->grammars, start, NULL);
         return fail(rc, c, 500, "server_error", NULL, "out of memory");
     }
+    if (start) serve_job_constrain(j, sv->grammars, start, open, close);
     if (serve_engine_submit(sv->engine, j, &e)) {
         serve_job_release(sv->engine, j);
         return send_error(rc, c, &e);
@@ -1159,6 +1200,7 @@ int cmd_serve(args_t *a) {
     pthread_sigmask(SIG_BLOCK, &blocked, NULL);
     pthread_mutex_init(&sv.count_mu, NULL);
     pthread_mutex_init(&sv.watch_mu, NULL);
+    pthread_mutex_init(&sv.grammars_mu, NULL);
     pthread_cond_init(&sv.watch_stop, NULL);
     sv.started = (long)time(NULL);
     serve_engine_config ec = {.queue = sv.a.queue, .prompt_chunk = sv.a.prompt_chunk, .max_unread = sv.a.max_unread, .prompt_cache = sv.a.prompt_cache,
@@ -1207,6 +1249,7 @@ done:
     for (int k = 0; k < sv.a.n_keys; k++) free(sv.a.keys[k]);
     free(sv.a.keys);
     serve_engine_free(sv.engine, 0);
+    g4_grammar_cache_free(sv.grammars);
     for (int i = 0; i < ec.n_script; i++) free(ec.script[i]);
     free(ec.script), free(ec.script_len);
     draft_close(&sv.a.draft);

@@ -41,6 +41,9 @@ typedef struct {
     g4_sampling sampling;
     int sampling_given;
     draft_args draft;
+    /* structured output: one of --grammar FILE, --json-schema FILE|JSON, --json */
+    const char *grammar_file, *json_schema;
+    int json;
 } text_args;
 
 static const char *const onoff[] = {"off", "on", NULL};
@@ -65,6 +68,12 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
             *bad = 1;
     } else if (flag_is(a, "-n") || flag_is(a, "--max-tokens")) {
         if ((v = flag_value(a, "-n", bad)) && parse_int(a->cmd, "--max-tokens", v, 1, 1 << 24, &t->max_tokens)) *bad = 1;
+    } else if (flag_is(a, "--grammar")) {
+        t->grammar_file = flag_value(a, "--grammar", bad);
+    } else if (flag_is(a, "--json-schema")) {
+        t->json_schema = flag_value(a, "--json-schema", bad);
+    } else if (flag_is(a, "--json")) {
+        t->json = 1;
     } else if (!engine_flag(a, &t->o, bad) && !sampling_flag(a, &t->sampling, &t->sampling_given, bad) &&
                !draft_flag(a, &t->draft, bad)) {
         return 0;
@@ -85,7 +94,10 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     {"--ignore-eos", "no stop ids: generate until -n or the context end"}, \
     {"--verbose", "prompt and generated ids on stderr"}, \
     {"--raw", "g4 run: the prompt as it is, without the chat template"}, \
-    {"--parse-special on|off", "g4 run --raw: special-token strings in the prompt as those tokens (default on)"}
+    {"--parse-special on|off", "g4 run --raw: special-token strings in the prompt as those tokens (default on)"}, \
+    {"--grammar FILE", "answers constrained to a GBNF grammar (llama.cpp's dialect; README \"Structured output\")"}, \
+    {"--json-schema FILE|JSON", "answers constrained to a JSON schema (a file, or the schema itself if it starts with {)"}, \
+    {"--json", "answers constrained to one JSON object (JSON mode)"}
 
 const command_usage usage_run = {
     "run [-m DIR] (-p TEXT | -f FILE | < FILE) [flags]\n       g4 run [-m DIR] --ids 2,651,9 [-n 16] [--logits-npy FILE] [--dump-dir DIR] [flags]",
@@ -142,6 +154,9 @@ typedef struct {
     g4_chat_options chat;
     int show_thinking, verbose;
     draft_args draft;
+    g4_grammar *grammar; /* structured output: the grammar, its start state, the tokenizer's trie */
+    g4_grammar_state *start;
+    g4_grammar_vocab *vocab;
 } text_model;
 
 static void text_model_free(text_model *t) {
@@ -150,7 +165,44 @@ static void text_model_free(text_model *t) {
     g4_tokenizer_free(t->tok);
     g4_session_free(t->s);
     g4_model_free(t->m);
+    g4_grammar_state_free(t->start);
+    g4_grammar_free(t->grammar);
+    g4_grammar_vocab_free(t->vocab);
     memset(t, 0, sizeof *t);
+}
+
+/* The grammar --grammar, --json-schema or --json asks for (NULL *g and 0 without one). */
+static int compile_constraint(const text_args *a, g4_grammar **g) {
+    *g = NULL;
+    if (!!a->grammar_file + !!a->json_schema + a->json > 1) return g4_fail("--grammar, --json-schema and --json: give one of them");
+    char *text = NULL;
+    size_t len = 0;
+    const char *flag = a->grammar_file ? "--grammar" : "--json-schema", *src = a->grammar_file ? a->grammar_file : a->json_schema;
+    if (a->json) *g = g4_grammar_json(1);
+    else if (!src) return 0;
+    else if (a->json_schema && a->json_schema[strspn(a->json_schema, " \t\n")] == '{') *g = g4_grammar_from_json_schema(src, strlen(src));
+    else if (g4_read_file(src, &text, &len) == 0) *g = a->grammar_file ? g4_grammar_compile(text, len) : g4_grammar_from_json_schema(text, len);
+    free(text);
+    if (!*g && !a->json) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", g4_last_error()); /* g4_fail writes over it */
+        return g4_fail("%s %s: %s", flag, src[0] == '{' ? "(inline schema)" : src, why);
+    }
+    if (!*g) return -1;
+    return 0;
+}
+
+/* Structured output on every reply: the start state each reply copies, the trie; with thinking on
+ * the constraint takes the answer after a thought (g4_generate_params.thought_open). */
+static int apply_constraint(text_model *t, const text_args *a, g4_generate_params *gen) {
+    if (compile_constraint(a, &t->grammar) != 0) return -1;
+    if (!t->grammar) return 0;
+    if (!(t->start = g4_grammar_start(t->grammar)) || !(t->vocab = g4_grammar_vocab_new(t->tok))) return -1;
+    gen->constraint = t->start;
+    gen->constraint_vocab = t->vocab;
+    int32_t open = g4_tokenizer_piece_to_id(t->tok, "<|channel>"), close = g4_tokenizer_piece_to_id(t->tok, "<channel|>");
+    if (a->think && open > 0 && close > 0) gen->thought_open = open, gen->thought_close = close;
+    return 0;
 }
 
 static int text_model_open(text_model *t, const text_args *a) {
@@ -174,6 +226,8 @@ static int text_model_open(text_model *t, const text_args *a) {
         co.gen.stop_ids = none;
         co.gen.n_stop_ids = 1;
     }
+    if (apply_constraint(t, a, &co.gen) != 0) return -1;
+    if (co.gen.constraint && a->ignore_eos) return g4_fail("--ignore-eos with a constraint: the reply ends where the grammar does");
     if (!(t->conv = g4_conversation_new(t->s, t->tok, &co))) return -1;
     t->chat = co.chat;
     t->show_thinking = a->show_thinking;

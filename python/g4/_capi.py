@@ -141,6 +141,10 @@ class GenerateParams(Structure):
         ("cancel_user", c_void_p),
         ("logprobs", c_int),
         ("top_logprobs", c_int),
+        ("constraint", c_void_p),  # const g4_grammar_state * (structured output)
+        ("constraint_vocab", c_void_p),
+        ("thought_open", c_int32),
+        ("thought_close", c_int32),
     ]
 
 
@@ -342,3 +346,13 @@ def ctext(ptr: Optional[int]) -> str:
 
 
 __all__ = ["lib", "library_path", "version", "free", "last_error", "text", "ctext", "STRUCTS"]
+
+# ---- structured output (g4_grammar_cache: the trie once, grammars compiled once per text) ----
+
+CONSTRAINT_GBNF, CONSTRAINT_JSON_SCHEMA, CONSTRAINT_JSON_OBJECT, CONSTRAINT_REGEX = 0, 1, 2, 3
+_proto("g4_grammar_cache_new", _p, _p, c_int)
+_proto("g4_grammar_cache_free", None, _p)
+_proto("g4_grammar_cache_vocab", _p, _p)
+_proto("g4_grammar_cache_start", _p, _p, c_int, c_char_p, c_size_t)
+_proto("g4_grammar_cache_done", None, _p, _p, _p)
+_proto("g4_tokenizer_piece_to_id", c_int32, _p, c_char_p)

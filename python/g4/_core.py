@@ -596,6 +596,47 @@ def _messages_from(messages: Sequence[Message]) -> List[Tuple[int, bytes]]:
     return out
 
 
+def _schema_text(name: str, schema: Any) -> bytes:
+    """A JSON schema given as a dict, a JSON string or a Pydantic model class, as JSON bytes."""
+    if hasattr(schema, "model_json_schema"):
+        schema = schema.model_json_schema()
+    if isinstance(schema, str):
+        return _c_string(name, schema)
+    if isinstance(schema, (dict, bool)):
+        import json
+
+        return json.dumps(schema).encode()
+    raise InputError(f"{name}: expected a JSON schema (a dict, a JSON string or a Pydantic model class)")
+
+
+def _constraint_of(response_format: Any, json_schema: Any, grammar: Optional[str]) -> Optional[Tuple[int, bytes, str]]:
+    """(kind, text, the argument's name) of the one constraint asked for, or None."""
+    asked: List[Tuple[int, bytes, str]] = []
+    if response_format is not None:
+        if hasattr(response_format, "model_json_schema"):
+            asked.append((C.CONSTRAINT_JSON_SCHEMA, _schema_text("response_format", response_format), "response_format"))
+        elif not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
+            raise InputError('response_format: expected {"type": "text" | "json_object" | "json_schema", ...} or a Pydantic model class')
+        elif response_format["type"] == "json_object":
+            asked.append((C.CONSTRAINT_JSON_OBJECT, b"", "response_format"))
+        elif response_format["type"] == "json_schema":
+            js = response_format.get("json_schema")
+            if not isinstance(js, dict) or "schema" not in js:
+                raise InputError('response_format: json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+            asked.append((C.CONSTRAINT_JSON_SCHEMA, _schema_text("response_format", js["schema"]), "response_format"))
+        elif response_format["type"] != "text":
+            raise InputError(f"response_format: type {response_format['type']!r}: expected text, json_object or json_schema")
+    if json_schema is not None:
+        asked.append((C.CONSTRAINT_JSON_SCHEMA, _schema_text("json_schema", json_schema), "json_schema"))
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar:
+            raise InputError("grammar: expected a GBNF grammar (a non-empty string)")
+        asked.append((C.CONSTRAINT_GBNF, _c_string("grammar", grammar), "grammar"))
+    if len(asked) > 1:
+        raise InputError(f"{asked[0][2]} and {asked[1][2]}: give one constraint")
+    return asked[0] if asked else None
+
+
 class _Settings:
     """The keyword arguments of one generation, checked and turned into g4_conversation_options."""
 
@@ -614,7 +655,11 @@ class _Settings:
         frequency_penalty: Optional[float] = None,
         presence_penalty: Optional[float] = None,
         logit_bias: Optional[Dict[int, float]] = None,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
     ) -> None:
+        self.constraint = _constraint_of(response_format, json_schema, grammar)
         self.max_tokens = None if max_tokens is None else _int_arg("max_tokens", max_tokens, 1, 2**31 - 1)
         self.sampling: Dict[str, Any] = {}
         for name, v in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p), ("repeat_penalty", repeat_penalty)):
@@ -724,6 +769,7 @@ class Model:
                 err = _fail(LoadError)
                 self.close()
                 raise err
+        self._grammars: Optional[int] = None  # g4_grammar_cache, made by the first constrained reply
         self._tok = lib.g4_tokenizer_load(os.path.join(bpath, b"tokenizer.json"))
         if not self._tok:
             err = _fail(LoadError)
@@ -1022,6 +1068,9 @@ class Model:
         frequency_penalty: Optional[float] = None,
         presence_penalty: Optional[float] = None,
         logit_bias: Optional[Dict[int, float]] = None,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> ChatReply: ...
 
@@ -1043,6 +1092,9 @@ class Model:
         frequency_penalty: Optional[float] = None,
         presence_penalty: Optional[float] = None,
         logit_bias: Optional[Dict[int, float]] = None,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
         stream: Literal[True],
     ) -> "Stream[ChatDelta, ChatReply]": ...
 
@@ -1063,6 +1115,9 @@ class Model:
         frequency_penalty: Optional[float] = None,
         presence_penalty: Optional[float] = None,
         logit_bias: Optional[Dict[int, float]] = None,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
         stream: bool = False,
     ) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
         """The model's reply to a conversation: a ChatReply (content, reasoning, tool_calls), or
@@ -1075,9 +1130,15 @@ class Model:
         tools are declarations in Gemma's syntax ("declaration:NAME{description:<|"|>...<|"|>,
         parameters:{...}}"). Sampling as in generate(). For turns that keep the KV cache of the
         earlier ones, use conversation().
+
+        Structured output (one of): response_format {"type": "json_object"} or {"type":
+        "json_schema", "json_schema": {"name": ..., "schema": {...}}} (OpenAI's) or a Pydantic model
+        class; json_schema (a dict, a JSON string or a Pydantic model class); grammar (GBNF text).
+        Every token of the answer then keeps to it (with thinking on, the answer after the thought),
+        and it ends where the grammar does. A schema or grammar g4 cannot enforce raises InputError.
         """
         settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, tools,
-                             frequency_penalty, presence_penalty, logit_bias)
+                             frequency_penalty, presence_penalty, logit_bias, response_format, json_schema, grammar)
         msgs = _messages_from(messages)
         if not msgs:
             raise InputError("chat: no messages")
@@ -1172,8 +1233,10 @@ class Model:
     ) -> _Turn:
         """A new conversation over the session (its sequence emptied), the prompt added, one reply."""
         co, keep = settings.conversation_options(s)
+        start = self._constrain(settings, co)
         conv = lib.g4_conversation_new(s.handle, self._tok, byref(co))
         if not conv:
+            self._unconstrain(start)
             raise _fail(Error)
         try:
             for role, content in msgs:
@@ -1189,6 +1252,34 @@ class Model:
         except BaseException:
             lib.g4_conversation_free(conv)
             raise
+        finally:
+            self._unconstrain(start)  # the reply's generation copied it: the conversation makes no other
+
+    def _constrain(self, settings: _Settings, co: C.ConversationOptions) -> Optional[int]:
+        """Structured output: the constraint's start state from the model's grammar cache (made on
+        first need: the tokenizer's trie once, each grammar compiled once) into co.gen."""
+        if settings.constraint is None:
+            return None
+        kind, text, name = settings.constraint
+        with self._cond:
+            if not self._grammars:
+                self._grammars = lib.g4_grammar_cache_new(self._tokenizer(), 16)
+                if not self._grammars:
+                    raise _fail(Error)
+            cache = self._grammars
+        start = lib.g4_grammar_cache_start(cache, kind, text, len(text))
+        if not start:
+            raise InputError(f"{name}: {lib.g4_last_error().decode(errors='replace')}")
+        co.gen.constraint = start
+        co.gen.constraint_vocab = lib.g4_grammar_cache_vocab(cache)
+        if settings.thinking:  # the answer after the thought is the constraint's
+            co.gen.thought_open = max(0, lib.g4_tokenizer_piece_to_id(self._tok, b"<|channel>"))
+            co.gen.thought_close = max(0, lib.g4_tokenizer_piece_to_id(self._tok, b"<channel|>"))
+        return start
+
+    def _unconstrain(self, start: Optional[int]) -> None:
+        if start:
+            lib.g4_grammar_cache_done(self._grammars, start, None)
 
     # ---- closing ----
 
@@ -1212,6 +1303,9 @@ class Model:
             d, self._d = self._d, None
         for s in idle:
             s.free()
+        grammars, self._grammars = getattr(self, "_grammars", None), None
+        if grammars:
+            lib.g4_grammar_cache_free(grammars)
         if tok:
             lib.g4_tokenizer_free(tok)
         if d:

@@ -1420,3 +1420,13 @@ int g4_grammar_accept_token(const g4_grammar_vocab *v, g4_grammar_state *st, int
     if (!b || !n) return g4_fail("grammar: token %ld has no bytes (special or out of the vocabulary)", (long)id);
     return g4_grammar_accept_bytes(st, b, n);
 }
+
+int g4_grammar_state_keep_cache(g4_grammar_state *into, const g4_grammar_state *from) {
+    if (!into || !from || into->g != from->g) return g4_fail("grammar: keep_cache: states of different grammars");
+    if (!from->cache || from->cache == into->cache) return 0;
+    cache_free(into->cache);
+    into->cache = cache_share(from->cache);
+    return 0;
+}
+
+const g4_grammar *g4_grammar_state_grammar(const g4_grammar_state *st) { return st ? st->g : NULL; }

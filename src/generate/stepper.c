@@ -65,6 +65,14 @@ typedef struct {
     /* log-probabilities: wanted, the top entries wanted, the last token's */
     int logprobs, top_logprobs, has_lp;
     g4_logprobs lp;
+    /* structured output: the grammar's state (the generation's own copy), the tokenizer's trie,
+     * the stop ids as the mask takes them, a step's allowed tokens (a bit each) */
+    g4_grammar_state *gstate;
+    const g4_grammar_vocab *gvocab;
+    int32_t *gstops;
+    uint32_t *gmask;
+    int32_t thought_open, thought_close;
+    int in_thought;       /* the reply opened a thought: the constraint waits for its end */
 } generation;
 
 struct g4_stepper {
@@ -128,6 +136,9 @@ void g4_stepper_free(g4_stepper *st) {
         free(g->vals);
         free(g->hidden);
         free(g->q);
+        g4_grammar_state_free(g->gstate);
+        free(g->gstops);
+        free(g->gmask);
     }
     free(st->seq);
     free(st->draft_hidden);
@@ -159,6 +170,7 @@ static int choose_output(const g4_generate_params *p, int vocab, g4_output *out,
     default: return g4_fail("unknown output %d", (int)p->output);
     }
     if (p->logprobs) *out = G4_OUTPUT_LOGITS; /* they are read from every logit of the row */
+    if (p->constraint) *out = G4_OUTPUT_LOGITS; /* the mask may allow any of them */
     if (*out == G4_OUTPUT_TOP) *top_k = p->output_k > needed ? p->output_k : needed > 0 ? needed : 1;
     return 0;
 }
@@ -200,6 +212,7 @@ static int alloc_generation(g4_stepper *st, generation *g, int cap) {
  * distribution, drafter's and target's alike: such generations decode a token a step. */
 static int can_draft(const generation *g) {
     if (g->logprobs) return 0; /* one token, one row of logits, a step */
+    if (g->gstate) return 0;   /* a constraint's mask is one state's: drafts would need a state per row */
     if (g4_sampling_is_argmax(&g->sampling)) return g->output == G4_OUTPUT_ARGMAX || g->output == G4_OUTPUT_LOGITS;
     return g4_sampling_history_free(&g->sampling);
 }
@@ -227,6 +240,32 @@ static int set_draft(g4_stepper *st, generation *g, const g4_generate_params *p)
             return g4_fail("out of memory for speculative sampling");
         g->q = q;
     }
+    return 0;
+}
+
+/* A constrained generation's own grammar state, its stop ids as the mask takes them, its mask. */
+static int set_constraint(g4_stepper *st, generation *g, const g4_generate_params *p) {
+    g4_grammar_state_free(g->gstate);
+    g->gstate = NULL;
+    g->gvocab = NULL;
+    if (!p->constraint) return 0;
+    if (!p->constraint_vocab) return g4_fail("a constraint needs the tokenizer's vocabulary (constraint_vocab)");
+    if (g4_grammar_vocab_size(p->constraint_vocab) > (size_t)st->vocab)
+        return g4_fail("the constraint's vocabulary has %zu tokens, the model %d: another tokenizer's", g4_grammar_vocab_size(p->constraint_vocab),
+                       st->vocab);
+    size_t words = ((size_t)st->vocab + 31) / 32;
+    int32_t *stops = realloc(g->gstops, sizeof *stops * (size_t)(g->n_stops > 0 ? g->n_stops : 1));
+    if (stops) g->gstops = stops;
+    uint32_t *mask = stops ? realloc(g->gmask, sizeof *mask * words) : NULL;
+    if (mask) g->gmask = mask;
+    if (!st->fallback && mask) st->fallback = malloc(sizeof *st->fallback * (size_t)st->vocab);
+    if (!stops || !mask || !st->fallback) return g4_fail("out of memory for the constraint");
+    for (int i = 0; i < g->n_stops; i++) g->gstops[i] = g->stops[i];
+    if (!(g->gstate = g4_grammar_state_copy(p->constraint))) return -1;
+    g->gvocab = p->constraint_vocab;
+    g->thought_open = p->thought_open, g->thought_close = p->thought_close, g->in_thought = 0;
+    if (g->thought_open < 0 || g->thought_open >= st->vocab || g->thought_close < 0 || g->thought_close >= st->vocab)
+        return g4_fail("thought_open %d, thought_close %d: expected token ids (0: none)", g->thought_open, g->thought_close);
     return 0;
 }
 
@@ -291,7 +330,9 @@ static int start(g4_stepper *st, int seq, const int32_t *prompt, int n_prompt, c
     const int *stops = p->stop_ids;
     int n_stops = p->n_stop_ids;
     if (!stops) n_stops = g4_model_stop_ids(g4_session_model(st->s), &stops);
-    if (copy_stops(g, stops, n_stops) != 0 || set_draft(st, g, p) != 0 || copy_embeddings(st, g, embd_at, embd, n_prompt) != 0) return -1;
+    if (copy_stops(g, stops, n_stops) != 0 || set_constraint(st, g, p) != 0 || set_draft(st, g, p) != 0 ||
+        copy_embeddings(st, g, embd_at, embd, n_prompt) != 0)
+        return -1;
     memmove(g->history, prompt, sizeof *prompt * (size_t)n_prompt);
     g->n_prompt = g->n_hist = n_prompt;
     g->n_fed = 0;
@@ -437,9 +478,13 @@ static void record_logprobs(const g4_stepper *st, generation *g, const float *lo
 /* Sequence q's next token from what row `at` of the last call gave: the greedy token, the
  * sampler's pick from the candidates when they decide it (the pick it makes from every logit, bit
  * for bit), else its pick from every logit. 1 when the row's output is not finite (non_finite). */
+static int pick_constrained(g4_stepper *st, int q, const float *logits, int32_t *token);
+static int is_stop(const generation *g, int32_t t);
+
 static int pick(g4_stepper *st, int q, const g4_batch_row *row, int at, int32_t *token) {
     generation *g = &st->seq[q];
     if (non_finite(st, q, row, at, row->output == G4_OUTPUT_LOGITS ? row->logits : NULL)) return 1;
+    if (g->gstate) return pick_constrained(st, q, row->logits, token);
     if (row->output == G4_OUTPUT_ARGMAX) {
         *token = row->argmax;
         return 0;
@@ -461,6 +506,51 @@ static int pick(g4_stepper *st, int q, const g4_batch_row *row, int at, int32_t 
     return 0;
 }
 
+static int mask_has(const uint32_t *mask, int32_t t) { return (mask[t >> 5] >> (t & 31)) & 1; }
+
+/* A constrained pick (the rows ask for every logit): the sampler's pick from the logits with every
+ * token the grammar's mask leaves out at -infinity, then the grammar advanced by it (a stop id
+ * ends the reply). 1 with the error set when the mask fails or the grammar needs bytes no token
+ * gives; 2 when the grammar is complete, cannot go on and there is no stop id to pick. */
+static int pick_constrained(g4_stepper *st, int q, const float *logits, int32_t *token) {
+    generation *g = &st->seq[q];
+    if (g->in_thought) { /* a thought is free text but for the stop ids: the answer after it is the constraint's */
+        memcpy(st->fallback, logits, sizeof *logits * (size_t)st->vocab);
+        for (int i = 0; i < g->n_stops; i++)
+            if (g->stops[i] >= 0 && g->stops[i] < st->vocab) st->fallback[g->stops[i]] = -INFINITY;
+        *token = g4_sampler_sample(g->sampler, st->fallback, g->history, g->n_hist);
+        g->in_thought = *token != g->thought_close;
+        if (g->logprobs) record_logprobs(st, g, logits, *token);
+        return 0;
+    }
+    int first = g->n_hist == g->n_prompt;
+    long allowed = g4_grammar_mask(g->gvocab, g->gstate, g->gstops, (size_t)g->n_stops, g->gmask);
+    if (allowed >= 0 && first && g->thought_open > 0 && !mask_has(g->gmask, g->thought_open)) {
+        g->gmask[g->thought_open >> 5] |= 1u << (g->thought_open & 31);
+        allowed++;
+    }
+    size_t nv = g4_grammar_vocab_size(g->gvocab);
+    if (allowed == 0 && g4_grammar_is_complete(g->gstate)) return 2;
+    if (allowed <= 0) {
+        snprintf(g->error, sizeof g->error, "constraint at generated token %d: %s", g->n_hist - g->n_prompt + 1,
+                 allowed < 0 ? g4_last_error() : "the grammar needs bytes that no token of the vocabulary gives");
+        return 1;
+    }
+    float *masked = st->fallback;
+    for (int v = 0; v < st->vocab; v++) masked[v] = (size_t)v < nv && mask_has(g->gmask, v) ? logits[v] : -INFINITY;
+    int32_t t = g4_sampler_sample(g->sampler, masked, g->history, g->n_hist);
+    /* a draw that rounding left on a masked-out token (weight 0) takes the best allowed one */
+    if (t < 0 || (size_t)t >= nv || !mask_has(g->gmask, t)) t = g4_argmax(masked, st->vocab);
+    if (first && g->thought_open > 0 && t == g->thought_open) g->in_thought = 1;
+    else if (!is_stop(g, t) && g4_grammar_accept_token(g->gvocab, g->gstate, t) != 0) {
+        snprintf(g->error, sizeof g->error, "constraint at generated token %d: %s", g->n_hist - g->n_prompt + 1, g4_last_error());
+        return 1;
+    }
+    if (g->logprobs) record_logprobs(st, g, logits, t);
+    *token = t;
+    return 0;
+}
+
 static void finish(generation *g, g4_stop_reason why, double now) {
     g->state = G4_SEQ_FINISHED;
     g->stop = why;
@@ -473,12 +563,15 @@ static int is_stop(const generation *g, int32_t t) {
     return 0;
 }
 
-/* Ends sequence q at a row whose output is not finite (pick's 1): no token, G4_STOP_ERROR. */
-static void refuse(g4_stepper *st, int q, double now, g4_step_token *ev) {
+/* Ends sequence q at a row that gives no token: pick's 1 (output not finite, a constraint's
+ * error: G4_STOP_ERROR) or 2 (a complete grammar with no stop id to pick: G4_STOP_EOS, stop_id -1). */
+static void refuse(g4_stepper *st, int q, int rc, double now, g4_step_token *ev) {
     generation *g = &st->seq[q];
+    g4_stop_reason why = rc == 2 ? G4_STOP_EOS : G4_STOP_ERROR;
     if (g->state == G4_SEQ_PROMPT) g->t_first = now;
-    finish(g, G4_STOP_ERROR, now);
-    *ev = (g4_step_token){.seq = q, .token = -1, .finished = 1, .stop = G4_STOP_ERROR};
+    finish(g, why, now);
+    if (rc == 2) g->stop_id = -1;
+    *ev = (g4_step_token){.seq = q, .token = -1, .finished = 1, .stop = why};
 }
 
 /* Takes token t for sequence q, then the stop checks in their order: a stop id, the budget, the
@@ -518,8 +611,8 @@ static int take_tokens(g4_stepper *st, int n, g4_step_token *out) {
         int q = row->seq;
         int32_t t;
         int rc = pick(st, q, row, i, &t);
-        if (rc == 1) {
-            refuse(st, q, now_s(), &out[k++]);
+        if (rc == 1 || rc == 2) {
+            refuse(st, q, rc, now_s(), &out[k++]);
             continue;
         }
         if (rc != 0 || keep_hidden(st, q, i) != 0) return -1;
@@ -637,8 +730,8 @@ static int settle_round(g4_stepper *st, int q, g4_step_token *out) {
     for (;; i++) {
         int32_t t;
         int rc = g->sampled && g->n_draft ? spec_pick(st, q, i, &t) : pick(st, q, &st->rows[r0 + i], r0 + i, &t);
-        if (rc == 1) { /* the cache keeps the tokens taken before the row */
-            refuse(st, q, now_s(), &out[k++]);
+        if (rc == 1 || rc == 2) { /* the cache keeps the tokens taken before the row */
+            refuse(st, q, rc, now_s(), &out[k++]);
             return g4_session_truncate_seq(st->s, q, pos0 + i) == 0 ? k : -1;
         }
         if (rc != 0 || keep_hidden(st, q, r0 + i) != 0) return -1;
@@ -836,4 +929,8 @@ int g4_stepper_logprobs(const g4_stepper *st, int seq, g4_logprobs *out) {
     if (seq < 0 || seq >= st->n_seq || !st->seq[seq].logprobs || !st->seq[seq].has_lp) return -1;
     *out = st->seq[seq].lp;
     return 0;
+}
+
+const struct g4_grammar_state *g4_stepper_constraint(const g4_stepper *st, int seq) {
+    return seq >= 0 && seq < st->n_seq && st->seq[seq].state != G4_SEQ_IDLE ? st->seq[seq].gstate : NULL;
 }

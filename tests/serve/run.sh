@@ -6,7 +6,7 @@ set -e
 cd "$(dirname "$0")/../.."
 venv=${SERVE_VENV:-build/serve-venv}
 want=$(sed -n 's/^openai==//p' tests/serve/requirements.txt)
-if ! "$venv/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$want')" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import openai, jsonschema, sys; sys.exit(openai.__version__ != '$want')" 2>/dev/null; then
     echo "serve-test: making $venv with openai $want" >&2
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check -r tests/serve/requirements.txt

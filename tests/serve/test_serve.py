@@ -31,6 +31,7 @@ import test_hardening
 import test_endpoints
 import test_page
 import test_genapi
+import test_structured
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -259,8 +260,8 @@ def test_errors(sv):
          "stream_options"),
         ("a tool message answering nothing", "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [
             {"role": "user", "content": "x"}, {"role": "tool", "content": "42"}]}, 400, None, "messages"),
-        ("json response_format", "POST", "/v1/chat/completions", chat_body("x", response_format={"type": "json_object"}), 400, None,
-         "response_format"),
+        ("an unknown response_format type", "POST", "/v1/chat/completions", chat_body("x", response_format={"type": "xml"}), 400, None,
+         "response_format.type"),
         ("reasoning_effort unknown", "POST", "/v1/chat/completions", chat_body("x", reasoning_effort="max"), 400, None, "reasoning_effort"),
         ("tool_choice naming no tool", "POST", "/v1/chat/completions", chat_body("x", tool_choice={"type": "function", "function": {"name": "f"}}),
          400, None, "tool_choice"),
@@ -699,6 +700,7 @@ def main():
     test_endpoints.run()
     test_page.run()
     test_genapi.run()
+    test_structured.run()
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

@@ -58,6 +58,11 @@ struct serve_job {
     int n_spans;
     float *embd;
     int32_t *key;
+    /* structured output: the start state from the grammar cache (handed back, warmed by the
+     * choices' walks, when the job is freed) and the thought's token ids (0: none) */
+    g4_grammar_cache *grammars;
+    g4_grammar_state *constraint;
+    int32_t thought_open, thought_close;
 };
 
 typedef struct {
@@ -214,7 +219,12 @@ int serve_job_set_media(serve_job *j, const g4_embd_span *spans, int n_spans, in
 /* What the prompt cache compares: the prompt's ids, with media rows' keys in their place. */
 static const int32_t *cache_key(const serve_job *j) { return j->key ? j->key : j->prompt; }
 
+void serve_job_constrain(serve_job *j, g4_grammar_cache *c, g4_grammar_state *start, int32_t thought_open, int32_t thought_close) {
+    j->grammars = c, j->constraint = start, j->thought_open = thought_open, j->thought_close = thought_close;
+}
+
 static void job_free(serve_job *j) {
+    if (j->constraint) g4_grammar_cache_done(j->grammars, j->constraint, j->constraint);
     serve_embed_request_free(&j->er);
     free(j->acc), free(j->vecs);
     serve_request_free(&j->req);
@@ -356,6 +366,9 @@ static void finish_choice(serve_engine *e, serve_job *j, int i, serve_finish why
     job_choice *c = &j->ch[i];
     if (c->finished) return;
     c->finished = 1, c->why = why;
+    /* the masks its generation walked, for the schema's next request (g4_grammar_cache_done) */
+    if (j->constraint && c->slot >= 0 && g4_stepper_constraint(e->st, c->slot))
+        g4_grammar_state_keep_cache(j->constraint, g4_stepper_constraint(e->st, c->slot));
     free_choice_slot(e, j, i);
     if (--j->n_running == 0) end_job(e, j, 1);
     else pthread_cond_broadcast(&j->cond);
@@ -435,6 +448,10 @@ static g4_generate_params job_params(const serve_engine *e, const serve_job *j, 
     p.draft_tokens = e->c.draft_tokens;
     /* the scripted reply decides where it ends; a benchmark's replies all run to their budget */
     if (j->script >= 0 || e->c.ignore_eos) p.stop_ids = no_stops, p.n_stop_ids = 1;
+    if (j->constraint) {
+        p.constraint = j->constraint, p.constraint_vocab = g4_grammar_cache_vocab(j->grammars);
+        p.thought_open = j->thought_open, p.thought_close = j->thought_close;
+    }
     return p;
 }
 

@@ -73,6 +73,9 @@ serve_job *serve_job_new(serve_request *r, int32_t *prompt, int n_prompt, int op
  * a slot's prefix only as far as its images and recordings are the same. Fails, with g4_last_error
  * set, on a span outside the prompt. Call it before serve_engine_submit. */
 int serve_job_set_media(serve_job *j, const g4_embd_span *spans, int n_spans, int hidden);
+/* Structured output for a job (before it is submitted): start, a state from g4_grammar_cache_start
+ * of c, taken over (handed back when the job is freed); with thinking, the thought's ids (0: none). */
+void serve_job_constrain(serve_job *j, g4_grammar_cache *c, g4_grammar_state *start, int32_t thought_open, int32_t thought_close);
 /* An embedding job (/v1/embeddings): each input fed into the job's slot's sequence after the
  * others' steps, its rows' final hidden states pooled (serve_pool_add); the reply, once all are
  * in, is serve_embeddings_json's. r is taken over. */

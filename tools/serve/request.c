@@ -248,20 +248,113 @@ int serve_check_model(const char *model, const serve_limits *lim, serve_error *e
     return 0;
 }
 
-/* Constrained decoding as other servers' extensions ask for it (llama.cpp's grammar and
- * json_schema, vLLM's guided_* and structured_outputs, a completion's response_format): refused by
- * name until g4 enforces them, never ignored (a client would take unconstrained text for valid). */
-static int refuse_constraints(const fields *f, serve_kind kind) {
-    static const char *const names[] = {"grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                        "structured_outputs", NULL};
-    for (int i = 0; names[i]; i++) {
-        const cJSON *v = field(f, names[i]);
-        if (v && !cJSON_IsNull(v)) return bad(f->e, names[i], "'%s' (constrained decoding) is not supported yet", names[i]);
+/* ---------------------------------------------------------------- structured output */
+
+/* The request's one constraint (a second is refused by name: which would win is a guess). */
+static int take_constraint(const fields *f, serve_request *r, const char *param, g4_constraint_kind kind, char *text) {
+    if (!text) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
+    if (r->constraint_kind >= 0) {
+        free(text);
+        return serve_fail(f->e, 400, INVALID, NULL, param, "'%s' and '%s' both ask for a constraint: give one", r->constraint_param, param);
     }
-    const cJSON *rf = kind == SERVE_COMPLETION ? field(f, "response_format") : NULL;
-    const cJSON *type = rf ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-    if (rf && !cJSON_IsNull(rf) && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return bad(f->e, "response_format", "'%s' other than {\"type\": \"text\"} is not supported", "response_format");
+    r->constraint_kind = (int)kind;
+    r->constraint_text = text;
+    snprintf(r->constraint_param, sizeof r->constraint_param, "%s", param);
+    return 0;
+}
+
+/* A JSON schema given as an object (or, as vLLM also takes it, as a string of JSON). */
+static int take_schema(const fields *f, serve_request *r, const char *param, const cJSON *v) {
+    if (cJSON_IsString(v)) return take_constraint(f, r, param, G4_CONSTRAINT_JSON_SCHEMA, strdup(v->valuestring));
+    if (!cJSON_IsObject(v) && !cJSON_IsBool(v)) return bad(f->e, param, "'%s' must be a JSON schema (an object)", param);
+    return take_constraint(f, r, param, G4_CONSTRAINT_JSON_SCHEMA, cJSON_PrintUnformatted(v));
+}
+
+static int take_text(const fields *f, serve_request *r, const char *param, g4_constraint_kind kind, const cJSON *v) {
+    if (!cJSON_IsString(v) || !v->valuestring[0]) return bad(f->e, param, "'%s' must be a non-empty string", param);
+    return take_constraint(f, r, param, kind, strdup(v->valuestring));
+}
+
+/* guided_choice: one of the strings exactly, as a GBNF grammar of literal alternatives. */
+static int take_choice(const fields *f, serve_request *r, const char *param, const cJSON *v) {
+    if (!cJSON_IsArray(v) || !v->child) return bad(f->e, param, "'%s' must be a non-empty array of strings", param);
+    g4_textbuf b = {0};
+    g4_textbuf_appends(&b, "root ::= ");
+    for (const cJSON *c = v->child; c; c = c->next) {
+        if (!cJSON_IsString(c)) {
+            free(b.p);
+            return bad(f->e, param, "'%s' must be a non-empty array of strings", param);
+        }
+        g4_textbuf_appends(&b, c == v->child ? "\"" : " | \"");
+        for (const unsigned char *p = (const unsigned char *)c->valuestring; *p; p++) {
+            char esc[8];
+            if (*p == '"' || *p == '\\') snprintf(esc, sizeof esc, "\\%c", *p);
+            else if (*p < 0x20 || *p == 0x7f) snprintf(esc, sizeof esc, "\\x%02X", *p);
+            else esc[0] = (char)*p, esc[1] = 0;
+            g4_textbuf_appends(&b, esc);
+        }
+        g4_textbuf_appends(&b, "\"");
+    }
+    char *text = b.p ? strdup(b.p) : NULL;
+    free(b.p);
+    return take_constraint(f, r, param, G4_CONSTRAINT_GBNF, text);
+}
+
+/* response_format: text (none), json_object, json_schema {name, schema, strict}. */
+static int read_response_format(const fields *f, serve_request *r) {
+    const cJSON *rf = field(f, "response_format");
+    if (!rf) return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(type)) return bad(f->e, "response_format", "'%s' must be an object with a 'type'", "response_format");
+    if (!strcmp(type->valuestring, "text")) return 0;
+    if (!strcmp(type->valuestring, "json_object")) return take_constraint(f, r, "response_format", G4_CONSTRAINT_JSON_OBJECT, strdup(""));
+    if (strcmp(type->valuestring, "json_schema"))
+        return bad(f->e, "response_format.type", "'response_format' of type '%.40s' is not supported (text, json_object, json_schema)",
+                   type->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js)) return bad(f->e, "response_format.json_schema", "'%s' must be an object {name, schema, strict}", "response_format.json_schema");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema"), *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+        return bad(f->e, "response_format.json_schema.strict", "'%s' must be a boolean", "response_format.json_schema.strict");
+    if (!schema) return bad(f->e, "response_format.json_schema.schema", "'%s' is required", "response_format.json_schema.schema");
+    return take_schema(f, r, "response_format.json_schema.schema", schema);
+}
+
+/* vLLM's structured_outputs {json | regex | choice | grammar | json_object}. */
+static int read_structured_outputs(const fields *f, serve_request *r) {
+    const cJSON *so = field(f, "structured_outputs");
+    if (!so) return 0;
+    if (!cJSON_IsObject(so)) return bad(f->e, "structured_outputs", "'%s' must be an object", "structured_outputs");
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(so, "json")) && take_schema(f, r, "structured_outputs.json", v)) return -1;
+    if ((v = cJSON_GetObjectItemCaseSensitive(so, "regex")) && take_text(f, r, "structured_outputs.regex", G4_CONSTRAINT_REGEX, v)) return -1;
+    if ((v = cJSON_GetObjectItemCaseSensitive(so, "choice")) && take_choice(f, r, "structured_outputs.choice", v)) return -1;
+    if ((v = cJSON_GetObjectItemCaseSensitive(so, "grammar")) && take_text(f, r, "structured_outputs.grammar", G4_CONSTRAINT_GBNF, v)) return -1;
+    if ((v = cJSON_GetObjectItemCaseSensitive(so, "json_object")) && cJSON_IsTrue(v) &&
+        take_constraint(f, r, "structured_outputs.json_object", G4_CONSTRAINT_JSON_OBJECT, strdup("")))
+        return -1;
+    for (const cJSON *k = so->child; k; k = k->next) {
+        static const char *const known[] = {"json", "regex", "choice", "grammar", "json_object", NULL};
+        int ok = 0;
+        for (int i = 0; known[i]; i++) ok |= !strcmp(k->string, known[i]);
+        if (!ok) return bad(f->e, "structured_outputs", "'structured_outputs.%.40s' is not supported (json, regex, choice, grammar, json_object)", k->string);
+    }
+    if (r->constraint_kind < 0) return bad(f->e, "structured_outputs", "'%s' asks for no constraint", "structured_outputs");
+    return 0;
+}
+
+/* Constrained decoding as OpenAI (response_format), llama.cpp (grammar, json_schema) and vLLM
+ * (guided_*, structured_outputs) ask for it: every field read, none ignored. */
+static int read_constraint(const fields *f, serve_request *r) {
+    r->constraint_kind = -1;
+    const cJSON *v;
+    if (read_response_format(f, r) || read_structured_outputs(f, r)) return -1;
+    if ((v = field(f, "grammar")) && take_text(f, r, "grammar", G4_CONSTRAINT_GBNF, v)) return -1;
+    if ((v = field(f, "guided_grammar")) && take_text(f, r, "guided_grammar", G4_CONSTRAINT_GBNF, v)) return -1;
+    if ((v = field(f, "json_schema")) && take_schema(f, r, "json_schema", v)) return -1;
+    if ((v = field(f, "guided_json")) && take_schema(f, r, "guided_json", v)) return -1;
+    if ((v = field(f, "guided_regex")) && take_text(f, r, "guided_regex", G4_CONSTRAINT_REGEX, v)) return -1;
+    if ((v = field(f, "guided_choice")) && take_choice(f, r, "guided_choice", v)) return -1;
     return 0;
 }
 
@@ -270,7 +363,7 @@ static int refuse_constraints(const fields *f, serve_kind kind) {
 static int read_common(const fields *f, serve_request *r, const serve_limits *lim) {
     const char *model = NULL;
     if (get_string(f, "model", &model) < 0) return -1;
-    if (serve_check_model(model, lim, f->e) || refuse_constraints(f, r->kind)) return -1;
+    if (serve_check_model(model, lim, f->e) || read_constraint(f, r)) return -1;
     long long n = 1;
     if (get_int(f, "n", 1, 1e9, &n) < 0) return -1;
     int max_n = lim->max_n > 0 ? lim->max_n : 1;
@@ -511,14 +604,13 @@ static int read_tools(const fields *f, serve_request *r, const serve_limits *lim
 }
 
 static int read_chat(const fields *f, serve_request *r, const serve_limits *lim) {
-    const cJSON *rf = field(f, "response_format");
-    if (rf) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(type)) return bad(f->e, "response_format", "'%s' must be an object with a 'type'", "response_format");
-        if (strcmp(type->valuestring, "text"))
-            return bad(f->e, "response_format", "'response_format' of type '%.40s' is not supported (text only)", type->valuestring);
-    }
-    return read_messages(f, r, lim) || read_thinking(f, r) || read_tools(f, r, lim) ? -1 : 0;
+    if (read_messages(f, r, lim) || read_thinking(f, r) || read_tools(f, r, lim)) return -1;
+    /* a tool call is Gemma's own syntax, not the answer's format: the two do not mix (yet) */
+    if (r->constraint_kind >= 0 && r->n_tools > 0 && r->tool_choice != SERVE_TOOLS_NONE)
+        return serve_fail(f->e, 400, INVALID, NULL, r->constraint_param,
+                          "'%s' with tools: a constrained answer cannot also call a tool; set 'tool_choice' to 'none' or leave the constraint out",
+                          r->constraint_param);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- completions */
@@ -602,6 +694,7 @@ void serve_request_free(serve_request *r) {
     free(r->prompt);
     free(r->prompt_ids);
     free(r->cache_salt);
+    free(r->constraint_text);
     free(r->bias_ids);
     free(r->bias_values);
     memset(r, 0, sizeof *r);

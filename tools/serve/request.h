@@ -78,6 +78,13 @@ typedef struct {
      * (vLLM's field; NULL: none) and let in by the same API key (set by the server, not parsed) */
     char *cache_salt;
     int api_key;
+    /* structured output: constraint_kind a g4_constraint_kind (-1: none) over constraint_text
+     * (malloc'd: a schema's JSON, a GBNF grammar, a regex), from the field constraint_param names
+     * (response_format, grammar, json_schema, guided_json, guided_regex, guided_choice,
+     * guided_grammar, structured_outputs); compiled by the server (g4_grammar_cache) */
+    int constraint_kind;
+    char *constraint_text;
+    char constraint_param[64];
 } serve_request;
 
 /* An upper bound on the JSON values in a body (each value but the first follows a '[', ',' or
@@ -87,7 +94,7 @@ size_t serve_json_values(const char *body, size_t len);
 /* Checks and reads a request body (len bytes, not NUL-terminated). Fails with e filled: invalid
  * UTF-8 or JSON, a field of the wrong type or out of range, an unknown role, an unknown
  * model (--strict-model), more values than max_json_values (413), more messages, tools or stop
- * strings than the limits, a feature g4 does not have (images, JSON response formats, best_of,
+ * strings than the limits, a malformed or doubled constraint field, a feature g4 does not have (images, best_of,
  * echo, suffix). Unknown fields are
  * ignored, as OpenAI-compatible servers do. r is zeroed first and freed on failure. */
 int serve_parse_request(const char *body, size_t len, serve_kind kind, const serve_limits *lim, serve_request *r, serve_error *e);
