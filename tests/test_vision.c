@@ -2,7 +2,8 @@
  * against goldens made by transformers (tests/fixtures/vision/gen_vision.py): PIL's decode of
  * each test image, Gemma4ImageProcessor's (torchvision backend, the default) patches and
  * positions, and the tiny-mobile fixture's soft tokens after embed_vision in float and fake-quant
- * modes. Parts: decode, preprocess, bad, tower. */
+ * modes, and a variant checkpoint with clamps that bite (clip). Parts: decode, preprocess, bad,
+ * tower, clip. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdint.h>
 
@@ -187,60 +188,67 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 #define BAND_FAKE 1e-5
 #define BAND_INT 1e-5
 
+static const struct {
+    g4_act_mode act;
+    const char *name, *golden;
+    double band;
+} MODES[] = {{G4_ACT_FLOAT, "float", "soft_float", BAND_FLOAT}, {G4_ACT_FAKE, "fake", "soft_fake", BAND_FAKE}, {G4_ACT_INT, "int", "soft_fake", BAND_INT}};
+
+/* One image through g4_image_soft_tokens in every mode and on every kernel level this CPU has:
+ * the first level against golden img<gi>.soft_<mode> within the mode's band, the others equal
+ * to it bit for bit. */
+static void check_image_modes(const g4_model *m, const g4_safetensors *st, int gi, const char *file, int budget) {
+    g4_options o;
+    g4_options_default(&o);
+    int D = g4_model_hidden_size(m);
+    char *data;
+    size_t len;
+    CHECK(read_bytes(file, &data, &len) == 0, "%s", g4_last_error());
+    for (size_t md = 0; md < sizeof MODES / sizeof MODES[0]; md++) {
+        o.act = MODES[md].act;
+        const g4_tensor *g = golden(st, gi, MODES[md].golden);
+        float *ref = NULL;
+        int n_ref = 0, levels = 0;
+        for (int k = 0; k < g4_kernels_count(); k++) {
+            const g4_kernels *kl = g4_kernels_at(k);
+            if (!g4_kernels_available(kl)) continue;
+            setenv("G4_DISPATCH", kl->name, 1);
+            float *e = NULL;
+            int n = 0;
+            int rc = g4_image_soft_tokens(m, &o, data, len, budget, &e, &n);
+            CHECK(rc == 0, "%s %s %s: %s", file, MODES[md].name, kl->name, g4_last_error());
+            if (rc) continue;
+            levels++;
+            if (!ref) {
+                ref = e, n_ref = n;
+                CHECK(g->ndim == 2 && g->shape[0] == n && g->shape[1] == D, "%s %s: %d tokens x %d, golden %lld x %lld", file, MODES[md].name, n, D,
+                      (long long)g->shape[0], (long long)g->shape[1]);
+                if (g->shape[0] == n && g->shape[1] == D) {
+                    double r = rel_diff(e, (const float *)(const void *)g->data, (size_t)n * D);
+                    printf("ok %s %s: %d soft tokens, max |g4 - transformers| / max |transformers| = %.3g (band %.3g)\n", file, MODES[md].name, n, r,
+                           MODES[md].band);
+                    CHECK(r <= MODES[md].band, "%s %s: relative difference %.3g over the band %.3g", file, MODES[md].name, r, MODES[md].band);
+                }
+            } else {
+                CHECK(n == n_ref && memcmp(e, ref, sizeof *e * (size_t)n * D) == 0, "%s %s: level %s differs from the first level", file,
+                      MODES[md].name, kl->name);
+                free(e);
+            }
+        }
+        unsetenv("G4_DISPATCH");
+        CHECK(levels >= 1, "no kernel level ran");
+        free(ref);
+    }
+    free(data);
+}
+
 static void test_tower(const g4_safetensors *st) {
     g4_options o;
     g4_options_default(&o);
     g4_model *m = g4_model_load_options(tiny_dir(), &o);
     CHECK(m != NULL, "%s", g4_last_error());
     if (!m) return;
-    static const struct {
-        g4_act_mode act;
-        const char *name, *golden;
-        double band;
-    } MODES[] = {{G4_ACT_FLOAT, "float", "soft_float", BAND_FLOAT}, {G4_ACT_FAKE, "fake", "soft_fake", BAND_FAKE}, {G4_ACT_INT, "int", "soft_fake", BAND_INT}};
-    int D = g4_model_hidden_size(m);
-    for (int i = 0; i < N_FILES; i++) {
-        char *data;
-        size_t len;
-        CHECK(read_bytes(FILES[i], &data, &len) == 0, "%s", g4_last_error());
-        for (size_t md = 0; md < sizeof MODES / sizeof MODES[0]; md++) {
-            o.act = MODES[md].act;
-            const g4_tensor *g = golden(st, i, MODES[md].golden);
-            float *ref = NULL;
-            int n_ref = 0, levels = 0;
-            /* every kernel level this CPU has: the same bits */
-            for (int k = 0; k < g4_kernels_count(); k++) {
-                const g4_kernels *kl = g4_kernels_at(k);
-                if (!g4_kernels_available(kl)) continue;
-                setenv("G4_DISPATCH", kl->name, 1);
-                float *e = NULL;
-                int n = 0;
-                int rc = g4_image_soft_tokens(m, &o, data, len, 70, &e, &n);
-                CHECK(rc == 0, "%s %s %s: %s", FILES[i], MODES[md].name, kl->name, g4_last_error());
-                if (rc) continue;
-                levels++;
-                if (!ref) {
-                    ref = e, n_ref = n;
-                    CHECK(g->ndim == 2 && g->shape[0] == n && g->shape[1] == D, "%s %s: %d tokens x %d, golden %lld x %lld", FILES[i], MODES[md].name, n,
-                          D, (long long)g->shape[0], (long long)g->shape[1]);
-                    if (g->shape[0] == n && g->shape[1] == D) {
-                        double r = rel_diff(e, (const float *)(const void *)g->data, (size_t)n * D);
-                        printf("ok %s %s: %d soft tokens, max |g4 - transformers| / max |transformers| = %.3g (band %.3g)\n", FILES[i],
-                               MODES[md].name, n, r, MODES[md].band);
-                        CHECK(r <= MODES[md].band, "%s %s: relative difference %.3g over the band %.3g", FILES[i], MODES[md].name, r, MODES[md].band);
-                    }
-                } else {
-                    CHECK(n == n_ref && memcmp(e, ref, sizeof *e * (size_t)n * D) == 0, "%s %s: level %s differs from level %s", FILES[i],
-                          MODES[md].name, kl->name, "the first");
-                    free(e);
-                }
-            }
-            unsetenv("G4_DISPATCH");
-            CHECK(levels >= 1, "no kernel level ran");
-            free(ref);
-        }
-        free(data);
-    }
+    for (int i = 0; i < N_FILES; i++) check_image_modes(m, st, i, FILES[i], 70);
     g4_model_free(m);
     /* a model without vision_config: a one-line error, no crash */
     g4_model *text = g4_model_load_options("models/gemma4-tiny-math", &o);
@@ -258,8 +266,29 @@ static void test_tower(const g4_safetensors *st) {
     }
 }
 
+/* The variant checkpoint (gen_vision_clip.py): finite clamps cutting both sides of every tower
+ * linear, o_proj unquantized (scales 0), and processor_config.json's budget 140 as the default
+ * (budget 0 here). */
+static void test_clip(void) {
+    g4_safetensors st;
+    if (g4_st_open_file(&st, VDIR "/clip/goldens.safetensors") != 0) {
+        CHECK(0, "%s", g4_last_error());
+        return;
+    }
+    g4_options o;
+    g4_options_default(&o);
+    g4_model *m = g4_model_load_options(VDIR "/clip", &o);
+    CHECK(m != NULL, "%s", g4_last_error());
+    if (m) {
+        check_image_modes(m, &st, 0, "rgb.png", 0);
+        check_image_modes(m, &st, 1, "photo.jpg", 0);
+        g4_model_free(m);
+    }
+    g4_st_close(&st);
+}
+
 int main(void) {
-    if (!test_parts_known("decode,preprocess,bad,tower")) return check_report("test_vision");
+    if (!test_parts_known("decode,preprocess,bad,tower,clip")) return check_report("test_vision");
     g4_safetensors st;
     if (g4_st_open_file(&st, VDIR "/goldens.safetensors") != 0) {
         fprintf(stderr, "%s\n", g4_last_error());
@@ -269,6 +298,7 @@ int main(void) {
     if (test_part("preprocess")) test_preprocess(&st);
     if (test_part("bad")) test_bad();
     if (test_part("tower") && check_dispatch_level()) test_tower(&st);
+    if (test_part("clip") && check_dispatch_level()) test_clip();
     g4_st_close(&st);
     return check_report("test_vision");
 }
