@@ -291,15 +291,28 @@ static void clamp_rows(float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
 }
 
-/* y = clamp(linear(clamp(x))) over n rows, in session-sized chunks of rows. x may be clamped in place. */
-static void vt_linear_run(g4_session *s, const vt_linear *L, float *x, int n, float *y) {
-    int in = L->lin.w.in, out = L->lin.w.out;
-    clamp_rows(x, (size_t)n * in, L->in_min, L->in_max);
-    for (int r = 0; r < n; r += CHUNK) {
-        int c = n - r < CHUNK ? n - r : CHUNK;
-        g4_forward_linear(s, &L->lin, x + (size_t)r * in, c, y + (size_t)r * out);
+/* Rows of linear L one g4_forward_linear call takes: at most CHUNK, and no more than the
+ * session's scratch (CHUNK x the text model's widest linear) holds at L's width, so a tower wider
+ * than the text model (a small text model with a full-size tower) runs in smaller calls. */
+static int rows_per_call(const g4_session *s, const g4_linear *L) {
+    size_t wide = (size_t)(L->w.in > L->w.out ? L->w.in : L->w.out), rows = s->acc_len / wide;
+    return rows > CHUNK ? CHUNK : (int)rows;
+}
+
+/* y = linear(x) over n rows, in calls of rows_per_call rows. */
+static void linear_rows(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
+    int step = rows_per_call(s, L);
+    for (int r = 0; r < n; r += step) {
+        int c = n - r < step ? n - r : step;
+        g4_forward_linear(s, L, x + (size_t)r * L->w.in, c, y + (size_t)r * L->w.out);
     }
-    clamp_rows(y, (size_t)n * out, L->out_min, L->out_max);
+}
+
+/* y = clamp(linear(clamp(x))) over n rows. x may be clamped in place. */
+static void vt_linear_run(g4_session *s, const vt_linear *L, float *x, int n, float *y) {
+    clamp_rows(x, (size_t)n * L->lin.w.in, L->in_min, L->in_max);
+    linear_rows(s, &L->lin, x, n, y);
+    clamp_rows(y, (size_t)n * L->lin.w.out, L->out_min, L->out_max);
 }
 
 /* 8 running sums in a fixed order: the same bits on every build level, and vectorizable. */
@@ -429,9 +442,10 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
     if (!s) return g4_fail_prefix("vision: ");
     size_t widest = (size_t)(H > W ? H : W);
     if ((size_t)vt->mlp > widest) widest = vt->mlp;
-    if (widest * CHUNK > s->acc_len) {
+    if ((size_t)pd > widest) widest = (size_t)pd;
+    if (widest > s->acc_len) {
         g4_session_free(s);
-        return g4_fail("vision: the tower's linears (%zu wide) are wider than the text model's session buffers", widest);
+        return g4_fail("vision: the tower's linears (%zu wide) are wider than a whole session buffer (%zu)", widest, s->acc_len);
     }
     for (int l = 0; l < vt->n_layers; l++) {
         const vt_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
@@ -462,10 +476,7 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
     }
     /* patch embedding: input_proj(2 (pixels - 0.5)) + (pos_x + pos_y) */
     for (size_t i = 0; i < (size_t)n * pd; i++) b.xn[i] = 2.0f * (p->pixels[i] - 0.5f);
-    for (int r = 0; r < n; r += CHUNK) {
-        int c = n - r < CHUNK ? n - r : CHUNK;
-        g4_forward_linear(s, &vt->patch_proj, b.xn + (size_t)r * pd, c, b.x + (size_t)r * H);
-    }
+    linear_rows(s, &vt->patch_proj, b.xn, n, b.x);
     for (int t = 0; t < n; t++) {
         const float *px = vt->pos_table + (size_t)p->pos[2 * t] * H;
         const float *py = vt->pos_table + ((size_t)vt->pos_size + p->pos[2 * t + 1]) * H;
