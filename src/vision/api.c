@@ -21,7 +21,7 @@ int g4_image_soft_tokens(const g4_model *m, const g4_options *o, const void *byt
     int rc = g4_image_patchify(&im, g4_vision_patch_size(vt), g4_vision_pooling(vt), max_soft_tokens, &p);
     g4_rgb_image_free(&im);
     if (rc) return -1;
-    rc = g4_vision_encode(m, vt, o, &p, embd, n_tokens);
+    rc = g4_vision_encode(m, vt, o, &p, embd, n_tokens, NULL);
     g4_image_patches_free(&p);
     return rc;
 }

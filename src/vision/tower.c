@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/pool.h"
 #include "model/session.h"
 #include "util/err.h"
 #include "util/file.h"
@@ -325,43 +324,6 @@ static float dot(const float *a, const float *b, int n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-typedef struct {
-    const float *q, *k, *v;
-    float *out;
-    int n, heads, hd;
-} attn_job;
-
-/* Items are (head, query row) pairs: scores over every key (bidirectional; padding rows are
- * not in the batch), scale 1.0, softmax in f32, then the weighted sum of the values. */
-static void attn_items(void *ctx, int b, int e) {
-    const attn_job *j = ctx;
-    int W = j->heads * j->hd;
-    /* scores of one row; NULL (out of memory): each is computed again where needed, same values */
-    float *sc = malloc(sizeof *sc * (size_t)j->n);
-    float acc[256];
-    for (int it = b; it < e; it++) {
-        int h = it / j->n, i = it % j->n;
-        const float *q = j->q + (size_t)i * W + h * j->hd;
-#define SCORE(t) (sc ? sc[t] : dot(q, j->k + (size_t)(t) * W + h * j->hd, j->hd))
-        float mx = -INFINITY, sum = 0;
-        for (int t = 0; t < j->n; t++) {
-            float v = dot(q, j->k + (size_t)t * W + h * j->hd, j->hd);
-            if (sc) sc[t] = v;
-            if (v > mx) mx = v;
-        }
-        for (int t = 0; t < j->n; t++) sum += expf(SCORE(t) - mx);
-        for (int d = 0; d < j->hd; d++) acc[d] = 0;
-        for (int t = 0; t < j->n; t++) {
-            float p = expf(SCORE(t) - mx) / sum;
-            const float *v = j->v + (size_t)t * W + h * j->hd;
-            for (int d = 0; d < j->hd; d++) acc[d] += p * v[d];
-        }
-        memcpy(j->out + (size_t)i * W + h * j->hd, acc, sizeof *acc * (size_t)j->hd);
-#undef SCORE
-    }
-    free(sc);
-}
-
 /* 2-D RoPE on each head of n rows: dims [0, d/2) rotate with x, [d/2, d) with y, each half
  * rotate-half with the d/4 frequencies. */
 static void rope_2d(const g4_vision_tower *vt, float *x, int n, const int32_t *pos) {
@@ -384,6 +346,7 @@ static void rope_2d(const g4_vision_tower *vt, float *x, int n, const int32_t *p
 
 typedef struct {
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up;
+    g4_attn_row *rows;
 } vt_bufs;
 
 static void vt_layer_run(g4_session *s, const g4_vision_tower *vt, const vt_layer *L, vt_bufs *b, int n, const int32_t *pos) {
@@ -398,8 +361,11 @@ static void vt_layer_run(g4_session *s, const g4_vision_tower *vt, const vt_laye
     g4_forward_rmsnorm_rows(b->v, b->v, NULL, n * vt->heads, hd, eps);
     rope_2d(vt, b->q, n, pos);
     rope_2d(vt, b->k, n, pos);
-    attn_job aj = {.q = b->q, .k = b->k, .v = b->v, .out = b->att, .n = n, .heads = vt->heads, .hd = hd};
-    g4_pool_for(n * vt->heads, 1, 4.0 * n * (double)n * W, attn_items, &aj);
+    /* the text model's attention kernel (scale 1, as here), every query row seeing every key:
+     * bidirectional; the padding patches are not in the batch */
+    for (int t = 0; t < n; t++) b->rows[t] = (g4_attn_row){.kf = b->k, .vf = b->v, .lo = 0, .hi = n - 1};
+    g4_attn a = {.n = n, .n_heads = vt->heads, .head_dim = hd, .kv_width = W, .group = 1, .q = b->q, .out = b->att, .rows = b->rows};
+    s->k->attention(&a);
     vt_linear_run(s, &L->o, b->att, n, b->proj);
     g4_forward_add_normed(b->x, b->proj, L->ln_post_attn, n, H, eps);
     g4_forward_rmsnorm_rows(b->xn, b->x, L->ln_pre_ffw, n, H, eps);
@@ -425,7 +391,8 @@ static void pool_blocks(const g4_vision_tower *vt, const float *x, const g4_imag
 }
 
 int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_options *o, const g4_image_patches *p, float **embd,
-                     int *n_tokens) {
+                     int *n_tokens, g4_vision_stats *stats) {
+    double t0 = g4_prof_clock();
     *embd = NULL;
     *n_tokens = 0;
     int H = vt->hidden, W = vt->heads * vt->head_dim, n = p->n_real, pd = p->patch_dim;
@@ -456,6 +423,7 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
                 return -1;
             }
     }
+    if (stats) g4_session_set_profiling(s, 1);
     vt_bufs b;
     size_t big = (size_t)n * (vt->mlp > W ? vt->mlp : W);
     b.x = malloc(sizeof(float) * (size_t)n * H);
@@ -467,10 +435,11 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
     b.proj = malloc(sizeof(float) * (size_t)n * H);
     b.gate = malloc(sizeof(float) * big);
     b.up = malloc(sizeof(float) * big);
+    b.rows = malloc(sizeof *b.rows * (size_t)n);
     float *pooled = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * H);
     float *out = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * vt->text_hidden);
     int rc = -1;
-    if (!b.x || !b.xn || !b.q || !b.k || !b.v || !b.att || !b.proj || !b.gate || !b.up || !pooled || !out) {
+    if (!b.x || !b.xn || !b.q || !b.k || !b.v || !b.att || !b.proj || !b.gate || !b.up || !b.rows || !pooled || !out) {
         g4_fail("vision: out of memory for %d patches", n);
         goto done;
     }
@@ -494,9 +463,23 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
     *embd = out;
     out = NULL;
     *n_tokens = n_out;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->linear_seconds = s->prof[G4_PROF_LINEAR];
+        for (int l = 0; l < vt->n_layers; l++) {
+            const vt_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
+                                      &vt->layers[l].gate, &vt->layers[l].up, &vt->layers[l].down};
+            for (int i = 0; i < 7; i++) {
+                double macs = (double)Ls[i]->lin.w.in * Ls[i]->lin.w.out;
+                stats->int_macs += macs * (double)s->rows_int[Ls[i]->lin.id];
+                stats->float_macs += macs * (double)s->rows_float[Ls[i]->lin.id];
+            }
+        }
+        stats->seconds = g4_prof_clock() - t0;
+    }
     rc = 0;
 done:
-    free(b.x), free(b.xn), free(b.q), free(b.k), free(b.v), free(b.att), free(b.proj), free(b.gate), free(b.up);
+    free(b.x), free(b.xn), free(b.q), free(b.k), free(b.v), free(b.att), free(b.proj), free(b.gate), free(b.up), free(b.rows);
     free(pooled);
     free(out);
     g4_session_free(s);
