@@ -154,6 +154,7 @@ static void test_bad(void) {
     uint8_t b[64];
     expect_refused("50000 x 50000 PNG header", b, png_header(b, 50000, 50000), "50000 x 50000");
     expect_refused("1 x 20000 PNG header", b, png_header(b, 1, 20000), "1 x 20000");
+    expect_refused("3 x 400 PNG header (within the side and pixel bounds)", b, png_header(b, 3, 400), "aspect ratio over 100:1");
     expect_refused("8000 x 8000 PNG header (64 Mpx)", b, png_header(b, 8000, 8000), "pixels is refused");
     expect_refused("0 x 5 PNG header", b, png_header(b, 0, 5), "bad PNG");
     uint8_t garbage[100];
