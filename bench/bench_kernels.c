@@ -512,7 +512,7 @@ int main(int argc, char **argv) {
         {"lm_head 1536x262144 q2", 1536, 262144, 2},
     };
     if (argc > 1 && strcmp(argv[1], "rows") == 0) { /* bench_kernels rows [THREADS] */
-        bench_rows(argc > 2 ? atoi(argv[2]) : 2, 0);
+        bench_rows(argc > 2 ? atoi(argv[2]) : 2, 1);
         print_load("at end");
         return 0;
     }
