@@ -20,6 +20,7 @@
  * scratch of 64-byte tile rows once, front to back, and runs every group of 16 activation rows
  * through it. Integer sums are exact in any order, so no tile shape, padding or thread split
  * changes a bit. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,22 +205,39 @@ static void amx_rows(void *ctx, int o0, int o1) {
     free(ws);
 }
 
-/* The B tiles from the prepared rows: xt[g][q][k][t][0..3] = xp[16 g + t][64 q + 4 k .. + 3],
- * zeros for rows past n. */
-static void interleave_rows(const uint8_t *xp, size_t xstride, int n, int groups, int q, uint8_t *xt) {
-    for (int g = 0; g < groups; g++)
-        for (int v = 0; v < q; v++) {
-            uint32_t *dst = (uint32_t *)(void *)(xt + ((size_t)g * q + v) * TBYTES);
+/* The B tiles of activation groups [g0, g1): each group's 16 rows prepared (zeros past n), then
+ * interleaved four bytes at a time, xt[g][q][k][t][0..3] = prepared row 16 g + t's bytes 64 q + 4 k
+ * .. + 3; and their corrections. Split over the pool, so that a long prompt's preparation does
+ * not run on one thread while the others wait. */
+typedef struct {
+    const int8_t *x;
+    int n, in, bits, q;
+    size_t nblk, xstride;
+    uint8_t *xt;
+    uint32_t *corr;
+    atomic_int failed; /* a thread could not get its buffer */
+} amx_prep;
+
+static void prepare_groups(void *ctx, int g0, int g1) {
+    amx_prep *p = ctx;
+    uint8_t *xp = aligned_alloc(64, (size_t)TROWS * p->xstride);
+    if (!xp) {
+        atomic_store(&p->failed, 1);
+        return;
+    }
+    for (int g = g0; g < g1; g++) {
+        int rows = p->n - g * TROWS < TROWS ? p->n - g * TROWS : TROWS;
+        g4_avx512vnni_prepare(p->x + (size_t)g * TROWS * p->in, rows, p->in, p->bits, p->nblk, xp, p->xstride, p->corr + (size_t)g * TROWS);
+        memset(xp + (size_t)rows * p->xstride, 0, (size_t)(TROWS - rows) * p->xstride);
+        for (int v = 0; v < p->q; v++) {
+            uint32_t *dst = (uint32_t *)(void *)(p->xt + ((size_t)g * p->q + v) * TBYTES);
             for (int t = 0; t < TROWS; t++) {
-                int row = g * TROWS + t;
-                const uint8_t *src = xp + (size_t)row * xstride + (size_t)v * BLK;
-                for (int k = 0; k < TROWS; k++) {
-                    uint32_t word = 0;
-                    if (row < n) memcpy(&word, src + 4 * k, 4);
-                    dst[k * TROWS + t] = word;
-                }
+                const uint8_t *src = xp + (size_t)t * p->xstride + (size_t)v * BLK;
+                for (int k = 0; k < TROWS; k++) memcpy(&dst[k * TROWS + t], src + 4 * k, 4);
             }
         }
+    }
+    free(xp);
 }
 
 #if defined(__clang__)
@@ -248,19 +266,16 @@ void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t
     size_t pb = g4_packed_row_bytes(bits, (size_t)w->in);
     size_t nblk = (pb + BLK - 1) / BLK, xstride = nblk * BLK * (size_t)fields_of(bits);
     int groups = (n + TROWS - 1) / TROWS, q = (int)(nblk * (size_t)fields_of(bits));
-    uint8_t *xp = aligned_alloc(64, (size_t)n * xstride);
     uint8_t *xt = aligned_alloc(64, (size_t)groups * (size_t)q * TBYTES);
-    uint32_t *corr = malloc(sizeof *corr * (size_t)n);
-    if (!xp || !xt || !corr) {
-        free(xp);
+    uint32_t *corr = malloc(sizeof *corr * (size_t)groups * TROWS);
+    amx_prep p = {.x = x, .n = n, .in = w->in, .bits = bits, .q = q, .nblk = nblk, .xstride = xstride, .xt = xt, .corr = corr};
+    if (xt && corr) g4_pool_for(groups, 1, (double)n * w->in * 8, prepare_groups, &p);
+    if (!xt || !corr || atomic_load(&p.failed)) {
         free(xt);
         free(corr);
         g4_kernels_avx512vnni.matmul_i8(w, x, n, acc);
         return;
     }
-    g4_avx512vnni_prepare(x, n, w->in, bits, nblk, xp, xstride, corr);
-    interleave_rows(xp, xstride, n, groups, q, xt);
-    free(xp);
     amx_job j = {.w = w, .n = n, .groups = groups, .q = q, .nfull = (int)(pb / BLK), .tail = (int)(pb % BLK), .xt = xt,
                  .corr = corr, .x = x, .acc = acc};
     g4_pool_for(w->out, 2 * TROWS, (double)w->out * w->in * n, amx_rows, &j);
