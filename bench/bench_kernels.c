@@ -408,7 +408,7 @@ static void print_load(const char *when) {
     printf("load average %s: %s", when, buf);
 }
 
-/* ---- rows: where the AMX tiles overtake the vector levels (the amx level's AMX_MIN_ROWS) ---- */
+/* ---- rows: where the AMX tiles overtake the vector levels (the amx level's amx_min_rows) ---- */
 
 /* The int8 matmul of n activation rows on E2B shapes through avx2, avx512vnni and the AMX tiles
  * (g4_amx_matmul_i8_tiles, whatever the level's threshold), alternating round after round, at

@@ -1,6 +1,6 @@
 /* AMX kernels: the int8 matmuls of many activation rows (prefill, batched decode, draft
  * verification, and the digit rows of float activations) on Intel's tile unit (AMX-TILE,
- * AMX-INT8); everything else, and the few-row matmuls below AMX_MIN_ROWS, the vector levels'.
+ * AMX-INT8); everything else, and the few-row matmuls below amx_min_rows, the vector levels'.
  * As in avx512vnni.c the file needs no compiler flags: its kernels are compiled for AMX and
  * AVX-512 through a target pragma and only called after amx_supported() said yes (cpuid, XCR0's
  * tile state, and Linux granting the process the tile data, cpu_x86.c), so the binary stays
@@ -35,11 +35,14 @@
  * whose prepared activations and few-row matmuls it uses. */
 #define NEEDS "amx_tile amx_int8 avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma"
 
-/* Activation rows from which the tiles run; fewer go to the vector levels (AMX_ROWS_LEVEL). The
- * tiles compute 16 rows whatever n is, and a 16-row weight group is unpacked once per call, so
- * below about a tile's rows the vector kernels, which stream the weights once, are faster.
- * Measured on the device host (README, "AMX"). */
-#define AMX_MIN_ROWS 8
+/* Activation rows from which the tiles run, by weight bits; fewer go to the AVX-512 VNNI level.
+ * The tiles compute 16 activation rows whatever n is and unpack each 16-row weight group into
+ * scratch once per call, so below about a tile's rows the vector kernels, which stream the
+ * weights once, are faster. Measured on the device host (Intel Xeon with AMX, 16 cores; 2
+ * threads, `bench_kernels rows 2`; README, "The AMX level"): the tiles overtake avx512vnni from 6
+ * rows on E2B's 4-bit 1536x6144 (1.38x; 0.62x at 4), from 12 on its 2-bit 12288x1536 (1.26x;
+ * 0.93x at 8) and from 16 on the 8-bit 1536x256 (1.07x; 0.97x at 12). */
+static int amx_min_rows(int bits) { return bits == 4 ? 6 : bits == 2 ? 12 : 16; }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -283,12 +286,11 @@ void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t
     free(corr);
 }
 
-/* Per shape: tiles from AMX_MIN_ROWS activation rows, the AVX2 level for one row (single-row
- * decode streams the weights once; on the Intel hosts measured, avx2 decoded faster than
- * avx512vnni), the AVX-512 VNNI level in between. */
+/* Per shape: the tiles from amx_min_rows(bits) activation rows, the AVX-512 VNNI level below
+ * (single-row decode included: on the device host it took 0.87-0.89 of avx2's time for one row
+ * of E2B's 4- and 2-bit shapes, bench_kernels rows, at the read bandwidth's roofline). */
 static void amx_matmul_i8(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
-    if (n >= AMX_MIN_ROWS) g4_amx_matmul_i8_tiles(w, x, n, acc);
-    else if (n == 1) g4_kernels_avx2.matmul_i8(w, x, n, acc);
+    if (n >= amx_min_rows(w->bits)) g4_amx_matmul_i8_tiles(w, x, n, acc);
     else g4_kernels_avx512vnni.matmul_i8(w, x, n, acc);
 }
 

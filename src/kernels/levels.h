@@ -62,7 +62,7 @@ void g4_avx2_softcap(float *x, size_t n, float cap);
 void g4_avx512vnni_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, uint8_t *xp, size_t xstride, uint32_t *corr);
 
 /* The AMX level's tile matmul for any number of activation rows (kernels/amx.c; its matmul_i8
- * runs it from AMX_MIN_ROWS rows): for the tests, which check every shape edge of the tiles. Only
+ * runs it from amx_min_rows(bits) rows): for the tests, which check every shape edge of the tiles. Only
  * on a CPU where the amx level is available. */
 void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
 
