@@ -5,6 +5,7 @@
  *   make build/release/bench_kernels   (built with the tests; or by hand:)
  *   gcc -std=c11 -O2 -ffp-contract=off -pthread -Iinclude -Isrc -o bench_kernels bench/bench_kernels.c \
  *       src/kernels/[a-z]*.c src/quant/int8.c src/quant/pack.c src/util/err.c src/util/select.c -lm
+ *   ./bench_kernels rows [THREADS]   (the int8 matmul of 1..512 rows: avx2, avx512vnni and the AMX tiles)
  *   ./bench_kernels [quick|attention|decode|full [LEVELS]]   (quick: fewer shapes, shorter runs; attention:
  *   only that; decode: one decode step's int8 matmuls, E2B's, in order, against plain loads of the same bytes; LEVELS: a comma-separated subset of the level names, g4_kernels_names()). The levels
  *   of a shape run in turn, round after round, and each level after avx2 is also given as its
@@ -18,6 +19,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "kernels/levels.h"
 #include "kernels/pool.h"
 #include "stream_bw.h"
 #include "quant/pack.h"
@@ -406,6 +408,72 @@ static void print_load(const char *when) {
     printf("load average %s: %s", when, buf);
 }
 
+/* ---- rows: where the AMX tiles overtake the vector levels (the amx level's amx_min_rows) ---- */
+
+/* The int8 matmul of n activation rows on E2B shapes through avx2, avx512vnni and the AMX tiles
+ * (g4_amx_matmul_i8_tiles, whatever the level's threshold), alternating round after round, at
+ * `threads` threads: microseconds per call (best of 5 rounds) and each one's speed-up over the
+ * best vector level. */
+typedef struct {
+    g4_qweight *qw;
+    uint8_t **w;
+    int copies, calls, n;
+    const int8_t *xi;
+    int32_t *acc;
+    g4_matmul_i8_fn fn[3];
+} rows_call;
+
+static void run_rows(void *ctx, int v) {
+    rows_call *r = ctx;
+    r->qw->w = r->w[r->calls++ % r->copies];
+    r->fn[v](r->qw, r->xi, r->n, r->acc);
+}
+
+static void bench_rows(int threads, int quick) {
+    const g4_kernels *a2 = g4_kernels_level("avx2"), *v5 = g4_kernels_level("avx512vnni");
+    if (!a2 || !v5 || !g4_kernels_level("amx")) {
+        printf("rows: needs the avx2, avx512vnni and amx levels (this CPU: %s)\n", g4_kernels_cpu_flags());
+        return;
+    }
+    static const bshape shapes[] = {{"gate/up 1536x6144 q4", 1536, 6144, 4}, {"down 12288x1536 q2", 12288, 1536, 2}, {"ple 1536x256 q8", 1536, 256, 8}};
+    static const int ns[] = {1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 512};
+    g4_kernels_set_threads(threads);
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const bshape *s = &shapes[si];
+        size_t row_bytes = g4_packed_row_bytes(s->bits, (size_t)s->in), wbytes = row_bytes * (size_t)s->out;
+        int copies = (int)((256e6 + wbytes - 1) / wbytes);
+        uint8_t **w = malloc(sizeof *w * (size_t)copies);
+        for (int c = 0; c < copies; c++) {
+            w[c] = aligned_alloc(64, (wbytes + 63) & ~(size_t)63);
+            for (size_t i = 0; i < wbytes; i++) w[c][i] = (uint8_t)rnd();
+        }
+        int nmax = 512;
+        int8_t *xi = malloc((size_t)nmax * s->in);
+        int32_t *acc = malloc(sizeof(int32_t) * (size_t)nmax * s->out);
+        for (size_t i = 0; i < (size_t)nmax * s->in; i++) xi[i] = (int8_t)rnd();
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0]};
+            rows_call rc = {.qw = &qw, .w = w, .copies = copies, .n = ns[ni], .xi = xi, .acc = acc,
+                            .fn = {a2->matmul_i8, v5->matmul_i8, g4_amx_matmul_i8_tiles}};
+            int on[MAX_LEVELS] = {1, 1, 1};
+            double per[MAX_LEVELS];
+            int saved = n_all_levels;
+            n_all_levels = 3; /* best_per_call's variants: the three above */
+            best_per_call(run_rows, &rc, on, quick, per);
+            n_all_levels = saved;
+            double vec = per[0] < per[1] ? per[0] : per[1];
+            printf("rows %-22s thr=%-2d n=%-3d  avx2 %9.1f us  avx512vnni %9.1f us  amx-tiles %9.1f us  tiles/best-vector %.2fx  (%.1f GMAC/s)\n",
+                   s->name, threads, ns[ni], per[0] * 1e6, per[1] * 1e6, per[2] * 1e6, vec / per[2],
+                   (double)s->in * s->out * ns[ni] / per[2] / 1e9);
+            fflush(stdout);
+        }
+        for (int c = 0; c < copies; c++) free(w[c]);
+        free(w);
+        free(xi);
+        free(acc);
+    }
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     if (find_levels() != 0) {
@@ -443,6 +511,11 @@ int main(int argc, char **argv) {
         {"pmp 1536x8960 bf16", 1536, 8960, 16},
         {"lm_head 1536x262144 q2", 1536, 262144, 2},
     };
+    if (argc > 1 && strcmp(argv[1], "rows") == 0) { /* bench_kernels rows [THREADS] */
+        bench_rows(argc > 2 ? atoi(argv[2]) : 2, 1);
+        print_load("at end");
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "decode") == 0) {
         bench_decode_step(quick ? 10 : 40);
         print_load("at end");

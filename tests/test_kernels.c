@@ -209,6 +209,48 @@ static void fixed_shapes(void) {
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "big");
 }
 
+/* The AMX level's tiles on every shape edge, called directly (the level's matmul_i8 hands fewer
+ * than its threshold of rows to the vector levels): K (packed bytes) not a multiple of the 64-byte
+ * tile row, weight rows and activation rows not multiples of 16 or of the 32 a thread takes,
+ * padded rows (row_bytes past the packed bytes), and int32 wrap-around (the extreme shapes of
+ * fixed_shapes, with a tile's rows). A CPU without AMX reports a feature skip. */
+static void amx_tile_shapes(void) {
+    if (!g4_kernels_level("amx")) {
+        SKIP_FEATURE("amx tiles: the CPU lacks amx_tile/amx_int8 (or the OS does not grant the tile state)%s", "");
+        return;
+    }
+    static const int ins[] = {1, 5, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 513, 1000, 1536};
+    static const int outs[] = {1, 15, 16, 17, 31, 32, 33, 47, 48, 70};
+    static const int ns[] = {1, 2, 8, 15, 16, 17, 31, 32, 33, 47, 64};
+    int count = 0;
+    for (int c = 0; c < 90; c++) {
+        shape s = {.bits = c % 3 == 0 ? 2 : c % 3 == 1 ? 4 : 8, .in = ins[rnd() % 15], .out = outs[rnd() % 10], .n = ns[rnd() % 11],
+                   .extra = rnd() % 3 == 0 ? (size_t)rnd_int(1, 70) : 0};
+        shape big[] = {
+            {.bits = 8, .in = 140000, .out = 3, .n = 17, .extreme = 1},
+            {.bits = 8, .in = 140001, .out = 33, .n = 2, .extreme = 1},
+            {.bits = 8, .in = 70000, .out = 17, .n = 33, .extreme = 2},
+            {.bits = 2, .in = 12288, .out = 35, .n = 18, .extreme = 2},
+            {.bits = 4, .in = 6144, .out = 40, .n = 40},
+        };
+        for (int k = -1; k < (c == 0 ? 5 : 0); k++) {
+            const shape *sh = k < 0 ? &s : &big[k];
+            problem p;
+            make_problem(&p, sh);
+            size_t ny = (size_t)sh->n * sh->out;
+            memset(p.a, 0xA5, sizeof(int32_t) * ny);
+            g4_amx_matmul_i8_tiles(&p.w, p.xi, sh->n, p.a);
+            int ok = memcmp(p.a, p.aref, sizeof(int32_t) * ny) == 0;
+            CHECK(ok, "amx tiles bits=%d in=%d out=%d n=%d extra=%zu extreme=%d threads=%d", sh->bits, sh->in, sh->out, sh->n, sh->extra,
+                  sh->extreme, g4_kernels_threads());
+            count += ok;
+            run_level(&g4_kernels_amx, &p, sh, "amx"); /* the level's own choice per shape, and its f32 path */
+            free_problem(&p);
+        }
+    }
+    printf("ok amx tiles: %d shapes bit-identical to the reference (threads=%d)\n", count, g4_kernels_threads());
+}
+
 /* Block-scaled weights (one scale per `block` inputs): llama.cpp's Q4_0 and Q8_0 layouts (blocks of
  * 32, which the SIMD levels' tiles take), a 2-bit and a 64-input variant (which they hand to the
  * portable kernel), remainder tiles (out not a multiple of 4), rows past a tile's 4, signed and
@@ -1107,6 +1149,7 @@ int main(void) {
         block_shapes();
         blocks_fold_order();
         elementwise_kernels();
+        amx_tile_shapes();
     }
     g4_kernels_set_threads(2);
     concurrency();

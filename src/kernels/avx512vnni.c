@@ -164,6 +164,10 @@ static void prepare(const int8_t *x, int n, int in, int bits, size_t nblk, uint8
     else prepare_rows(x, n, in, nblk, xp, xstride, corr, 8);
 }
 
+void g4_avx512vnni_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, uint8_t *xp, size_t xstride, uint32_t *corr) {
+    prepare(x, n, in, bits, nblk, xp, xstride, corr);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -181,5 +185,10 @@ const g4_kernels g4_kernels_avx512vnni = G4_VNNI_LEVEL("avx512vnni", NEEDS, avx5
 #else /* not x86-64 */
 
 const g4_kernels g4_kernels_avx512vnni = G4_LEVEL_NOT_BUILT("avx512vnni", NEEDS);
+
+void g4_avx512vnni_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, uint8_t *xp, size_t xstride, uint32_t *corr) {
+    (void)x, (void)n, (void)in, (void)bits, (void)nblk, (void)xp, (void)xstride, (void)corr;
+    abort(); /* only the AMX level calls it, and it is x86-64 only */
+}
 
 #endif

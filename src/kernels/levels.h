@@ -10,6 +10,7 @@
  * not for, as G4_LEVEL_NOT_BUILT. Adding a level is its file, its line here and its entry in
  * sources.mk. */
 #define G4_KERNEL_LEVELS(LEVEL) \
+    LEVEL(amx)                  \
     LEVEL(avx512vnni)           \
     LEVEL(avxvnni)              \
     LEVEL(avx2)                 \
@@ -53,5 +54,16 @@ void g4_avx2_acc_scale(const int32_t *acc, int n, int out, float s_in, const flo
 void g4_avx2_gelu_mul(float *g, const float *m, size_t n, float scale);
 void g4_avx2_attention(const g4_attn *a);
 void g4_avx2_softcap(float *x, size_t n, float cap);
+
+/* The AVX-512 VNNI level's prepared activations (kernels/avx512vnni.c, vnni.h's prepare): x [n][in]
+ * as one 64-byte vector per field per 64-byte weight block of `bits`-bit codes, nblk blocks a row,
+ * xstride bytes apart, and corr[t] = off * sum x[t] (mod 2^32). The AMX level's B tiles are made
+ * from them. */
+void g4_avx512vnni_prepare(const int8_t *x, int n, int in, int bits, size_t nblk, uint8_t *xp, size_t xstride, uint32_t *corr);
+
+/* The AMX level's tile matmul for any number of activation rows (kernels/amx.c; its matmul_i8
+ * runs it from amx_min_rows(bits) rows): for the tests, which check every shape edge of the tiles. Only
+ * on a CPU where the amx level is available. */
+void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
 
 #endif
