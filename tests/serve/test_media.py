@@ -1,49 +1,23 @@
 """g4 serve with images in the messages (issue 35), over the tiny-mobile fixture (its vision tower)
-with the built-in model's tokenizer cut to its 512 ids and the media markers added (as
-tests/test_media_cli.c does). The reference is the command line: a greedy image request's reply
+with the built-in model's tokenizer cut to its 512 ids and the media markers added (tests/media_model.py). The reference is the command line: a greedy image request's reply
 (the openai client, raw HTTP, streaming) equals `g4 run --image FILE -p TEXT --temp 0`'s; the
 prompt cache never reuses positions past a different image; every malformed part is a 400 naming
 its field. Run by test_serve.py's main (run())."""
 import base64
-import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import serve_util
-from serve_util import G4, MODEL, ROOT, TIMEOUT, Server, check, is_error_shape
+from serve_util import G4, ROOT, TIMEOUT, Server, check, is_error_shape
 
-VISION = os.path.join(ROOT, "tests", "fixtures", "vision")
-SHARED = os.environ.get("G4_SHARED") or os.path.join(ROOT, "..", "shared")
-MARKERS = ["<|image>", "<|image|>", "<image|>", "<|audio>", "<|audio|>", "<audio|>"]
-VOCAB = 512
-FIRST_MARKER = VOCAB - len(MARKERS)
-IMAGE_SOFT = FIRST_MARKER + 1
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from media_model import IMAGE_SOFT, VISION, media_model  # noqa: E402
+
 TEXT = "What is in the image?"
 N = 8
-
-
-def media_model(tmp):
-    """A folder with tiny-mobile's weights and config and the cut tokenizer (its ids < 506, the
-    merges among them, then the markers at 506..511)."""
-    d = os.path.join(tmp, "tiny-mobile")
-    os.mkdir(d)
-    fixture = os.path.realpath(os.path.join(SHARED, "fixtures", "tiny-mobile"))
-    for f in ("config.json", "model.safetensors"):
-        os.symlink(os.path.join(fixture, f), os.path.join(d, f))
-    with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
-        t = json.load(f)
-    vocab = {k: v for k, v in t["model"]["vocab"].items() if v < FIRST_MARKER}
-    t["model"]["merges"] = [m for m in t["model"]["merges"] if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
-    for k, name in enumerate(MARKERS):
-        vocab[name] = FIRST_MARKER + k
-        t["added_tokens"].append({"id": FIRST_MARKER + k, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
-                                  "normalized": False, "special": True})
-    t["model"]["vocab"] = vocab
-    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(t, f)
-    return d
 
 
 def data_url(name, mime="image/png"):

@@ -1,0 +1,94 @@
+"""Images in Model.chat() and Conversation (issue 35), through the public C API
+(g4_image_soft_tokens, g4_conversation_add_media), over a checkpoint with a vision tower
+(tests/media_model.py: tiny-mobile with the cut tokenizer). The reference is the command line: the
+greedy reply to an image given as a path, as the file's bytes and as a uint8 array of its decoded
+pixels (transformers' PIL decode, tests/fixtures/vision/goldens.safetensors) equals
+`g4 run --image FILE -p TEXT --temp 0`'s; bad parts raise with the part and file named."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+
+import pytest
+
+import g4
+
+from conftest import ROOT, run_cli
+
+sys.path.insert(0, str(ROOT / "tests"))
+from media_model import VISION, media_model  # noqa: E402
+
+TEXT = "What is in the image?"
+N = 8
+
+
+@pytest.fixture(scope="module")
+def mm(tmp_path_factory):
+    d = media_model(str(tmp_path_factory.mktemp("media")))
+    m = g4.Model(d)
+    yield d, m
+    m.close()
+
+
+def cli(model_dir: str, image: str, *extra: str) -> str:
+    out = run_cli("run", "-m", model_dir, "--image", f"{VISION}/{image}", "-p", TEXT, "-n", str(N), "--temp", "0", *extra).stdout
+    return out[:-1] if out.endswith("\n") else out
+
+
+def user(*parts):
+    return [{"role": "user", "content": list(parts)}]
+
+
+def test_image_path_and_bytes(mm):
+    d, m = mm
+    want = cli(d, "rgb.png")
+    got = m.chat(user({"type": "image", "image": f"{VISION}/rgb.png"}, TEXT), temperature=0, max_tokens=N)
+    assert got.content == want
+    with open(f"{VISION}/photo.jpg", "rb") as f:
+        data = f.read()
+    got = m.chat(user({"type": "image", "image": data, "max_soft_tokens": 70}, {"type": "text", "text": TEXT}), temperature=0, max_tokens=N)
+    assert got.content == cli(d, "photo.jpg", "--image-tokens", "70")
+
+
+def test_image_array(mm):
+    np = pytest.importorskip("numpy")
+    d, m = mm
+    with open(f"{VISION}/goldens.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        t = header["img0.rgb"]  # rgb.png decoded by PIL
+        f.seek(8 + n + t["data_offsets"][0])
+        pixels = np.frombuffer(f.read(t["data_offsets"][1] - t["data_offsets"][0]), dtype=np.uint8).reshape(t["shape"])
+    got = m.chat(user({"type": "image", "image": pixels}, TEXT), temperature=0, max_tokens=N)
+    assert got.content == cli(d, "rgb.png")
+    with pytest.raises(g4.InputError, match=r"message 0: part 0: an image array must be uint8"):
+        m.chat(user({"type": "image", "image": pixels.astype(np.float32)}, TEXT))
+
+
+def test_conversation_image(mm):
+    d, m = mm
+    with m.conversation(temperature=0, max_tokens=N) as c:
+        r = c.send([{"type": "image", "image": f"{VISION}/rgb.png"}, TEXT])
+    assert r.content == cli(d, "rgb.png")
+
+
+def test_refusals(mm, tmp_path):
+    d, m = mm
+    with pytest.raises(g4.InputError, match=r"message 0: part 0: .*none\.png: No such file"):
+        m.chat(user({"type": "image", "image": str(tmp_path / "none.png")}, TEXT))
+    with pytest.raises(g4.InputError, match=r"message 0: part 0: "):
+        m.chat(user({"type": "image", "image": b"not an image"}, TEXT))
+    with pytest.raises(g4.OptionError, match="max_soft_tokens must be one of"):
+        m.chat(user({"type": "image", "image": f"{VISION}/rgb.png", "max_soft_tokens": 100}, TEXT))
+    with pytest.raises(g4.InputError, match="unknown part type 'video'"):
+        m.chat(user({"type": "video"}, TEXT))
+    with pytest.raises(g4.InputError, match="user messages only"):
+        m.chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "image", "image": b"x"}]}])
+    text_model = g4.Model(ROOT / "models" / "gemma4-tiny-math")
+    try:
+        with pytest.raises(g4.InputError, match=r"rgb\.png\): .*no vision_config"):
+            text_model.chat(user({"type": "image", "image": f"{VISION}/rgb.png"}, TEXT))
+    finally:
+        text_model.close()
