@@ -1,7 +1,7 @@
 """Images in Model.chat() and Conversation (issue 35), through the public C API
 (g4_image_soft_tokens, g4_conversation_add_media), over a checkpoint with a vision tower
 (tests/media_model.py: tiny-mobile with the cut tokenizer). The reference is the command line: the
-greedy reply to an image given as a path, as the file's bytes and as a uint8 array of its decoded
+greedy reply's tokens for an image given as a path, as the file's bytes and as a uint8 array of its decoded
 pixels (transformers' PIL decode, tests/fixtures/vision/goldens.safetensors) equals
 `g4 run --image FILE -p TEXT --temp 0`'s; bad parts raise with the part and file named."""
 
@@ -32,9 +32,11 @@ def mm(tmp_path_factory):
     m.close()
 
 
-def cli(model_dir: str, image: str, *extra: str) -> str:
-    out = run_cli("run", "-m", model_dir, "--image", f"{VISION}/{image}", "-p", TEXT, "-n", str(N), "--temp", "0", *extra).stdout
-    return out[:-1] if out.endswith("\n") else out
+def cli(model_dir: str, image: str, *extra: str) -> list:
+    """`g4 run --image`'s greedy generated ids (--verbose)."""
+    err = run_cli("run", "-m", model_dir, "--image", f"{VISION}/{image}", "-p", TEXT, "-n", str(N), "--temp", "0", "--verbose", *extra).stderr
+    line = [x for x in err.splitlines() if x.startswith("g4: generated ids:")][0]
+    return [int(t) for t in line.split(":", 2)[2].split()]
 
 
 def user(*parts):
@@ -45,11 +47,11 @@ def test_image_path_and_bytes(mm):
     d, m = mm
     want = cli(d, "rgb.png")
     got = m.chat(user({"type": "image", "image": f"{VISION}/rgb.png"}, TEXT), temperature=0, max_tokens=N)
-    assert got.content == want
+    assert got.tokens == want
     with open(f"{VISION}/photo.jpg", "rb") as f:
         data = f.read()
     got = m.chat(user({"type": "image", "image": data, "max_soft_tokens": 70}, {"type": "text", "text": TEXT}), temperature=0, max_tokens=N)
-    assert got.content == cli(d, "photo.jpg", "--image-tokens", "70")
+    assert got.tokens == cli(d, "photo.jpg", "--image-tokens", "70")
 
 
 def test_image_array(mm):
@@ -62,7 +64,7 @@ def test_image_array(mm):
         f.seek(8 + n + t["data_offsets"][0])
         pixels = np.frombuffer(f.read(t["data_offsets"][1] - t["data_offsets"][0]), dtype=np.uint8).reshape(t["shape"])
     got = m.chat(user({"type": "image", "image": pixels}, TEXT), temperature=0, max_tokens=N)
-    assert got.content == cli(d, "rgb.png")
+    assert got.tokens == cli(d, "rgb.png")
     with pytest.raises(g4.InputError, match=r"message 0: part 0: an image array must be uint8"):
         m.chat(user({"type": "image", "image": pixels.astype(np.float32)}, TEXT))
 
@@ -71,7 +73,7 @@ def test_conversation_image(mm):
     d, m = mm
     with m.conversation(temperature=0, max_tokens=N) as c:
         r = c.send([{"type": "image", "image": f"{VISION}/rgb.png"}, TEXT])
-    assert r.content == cli(d, "rgb.png")
+    assert r.tokens == cli(d, "rgb.png")
 
 
 def test_refusals(mm, tmp_path):
