@@ -111,6 +111,8 @@ def test_refusals(sv, tmp):
     wav = base64.b64encode(b"RIFF....WAVE").decode()
     expect_400(sv, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "mp3"}}]}],
                p + ".input_audio.format", "an audio format other than wav")
+    expect_400(sv, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]}],
+               p + ".input_audio.data", "audio, which this build does not take yet", "audio input is not in this build")
     expect_400(sv, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": good}}]}],
                "messages[1].content[0]", "an image in an assistant message")
     three = [{"type": "image_url", "image_url": {"url": good}}] * 3
