@@ -1,0 +1,51 @@
+/* Audio input (issue 35, audio half): WAV bytes -> 16 kHz mono float PCM -> Gemma 4's log-mel
+ * features. The reference is transformers 5.17: `load_audio` (librosa.load at 16 kHz: libsndfile's
+ * float read, the channel mean, soxr HQ) then `Gemma4AudioFeatureExtractor`. Built from AUDIO_SRC
+ * (sources.mk), which links libsoxr and kissfft; the aarch64 cross build leaves it out. */
+#ifndef G4_AUDIO_AUDIO_H
+#define G4_AUDIO_AUDIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define G4_AUDIO_RATE 16000
+/* the processor's max_length: 30 s at 16 kHz; longer audio is refused, never truncated */
+#define G4_AUDIO_MAX_SAMPLES 480000
+#define G4_AUDIO_MEL_BINS 128
+
+/* One decoded WAV: frames x channels floats, interleaved, scaled as libsndfile reads them. */
+typedef struct {
+    float *samples;
+    size_t frames;
+    int channels;
+    int rate;
+} g4_wav;
+
+/* Parses a RIFF/WAVE file held in memory: PCM 8/16/24/32-bit int, IEEE float 32/64-bit, plain or
+ * WAVE_FORMAT_EXTENSIBLE, any channel count up to 64. `name` labels the errors (a path, "audio").
+ * Returns 0, or -1 with a one-line g4_last_error naming the field that is wrong. */
+int g4_wav_decode(const void *bytes, size_t len, const char *name, g4_wav *out);
+void g4_wav_free(g4_wav *w);
+
+/* The channel mean per frame, as librosa.to_mono (float32, channels summed in order). Returns a
+ * malloc'd frames-long array or NULL (out of memory, error set). */
+float *g4_wav_downmix(const g4_wav *w);
+
+/* Resamples mono float PCM from `rate` to 16 kHz with libsoxr's HQ recipe (librosa's default
+ * res_type 'soxr_hq'). *out is malloc'd; at rate 16000 it is a copy. */
+int g4_audio_resample(const float *in, size_t n, int rate, float **out, size_t *n_out);
+
+/* WAV bytes to 16 kHz mono: decode, down-mix, resample. Refuses audio longer than 30 s. */
+int g4_audio_pcm16k(const void *bytes, size_t len, const char *name, float **pcm, size_t *n);
+
+/* Gemma4AudioFeatureExtractor on one clip of n samples (n <= G4_AUDIO_MAX_SAMPLES): the clip padded
+ * with zeros to a multiple of 128 samples (the processor's pad_to_multiple_of), 160 zeros
+ * prepended, frames of 320 with hop 160, periodic Hann, |rfft(512)|, 128 HTK mel bins 0-8000 Hz,
+ * log(mel + 1e-3), frames whose window reaches past the real audio masked (set to 0, mask 0).
+ * *mel is malloc'd n_frames x 128 floats, *mask n_frames bytes (0/1). */
+int g4_audio_log_mel(const float *pcm, size_t n, float **mel, uint8_t **mask, int *n_frames);
+
+/* Frames of g4_audio_log_mel for n samples. */
+int g4_audio_mel_frames(size_t n);
+
+#endif

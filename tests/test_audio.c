@@ -1,0 +1,300 @@
+/* The audio front end (src/audio/) against transformers 5.17: WAV decoding + down-mix + soxr
+ * resampling against load_audio (librosa.load at 16 kHz), the log-mel features against
+ * Gemma4AudioFeatureExtractor, on the clips of tests/fixtures/audio (gen_audio_goldens.py); the
+ * sample scaling against worked values; every malformed header refused with a one-line error. */
+#include <stdint.h>
+
+#include "audio/audio.h"
+#include "check.h"
+#include "format/safetensors.h"
+#include "g4.h"
+#include "util/file.h"
+
+#define FIX "tests/fixtures/audio"
+
+/* Bands, measured (max |g4 - transformers|) and set just above. pcm16k: Debian's libsoxr against
+ * python-soxr's bundled build of the same library: measured 0 (bit-equal) on every clip. mel, in
+ * log units (natural log of mel energies): kissfft's float FFT against numpy's double one; the FFT's
+ * rounding is absolute (~1e-7 of the frame's energy), so it shows most in bins near the 1e-3 floor:
+ * max 2.6e-6..2.5e-5, mean <= 3.2e-7 on five clips; the 8 kHz clip, resampled, has almost nothing
+ * above 4 kHz, and there max 1.9e-3, mean 4.0e-5. */
+#define PCM_BAND 0.0f
+#define MEL_BAND 2.5e-3f
+#define MEL_MEAN_BAND 5e-5
+
+static const char *clips[] = {"s16_16k_mono", "s16_44k_stereo", "u8_8k_mono", "s24_48k_mono", "s32_16k_stereo", "f32_22k_3ch"};
+
+static const g4_tensor *golden(const g4_safetensors *st, const char *clip, const char *what) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", clip, what);
+    const g4_tensor *t = g4_st_find(st, name);
+    CHECK(t != NULL, "golden tensor %s missing", name);
+    return t;
+}
+
+static float max_diff_f32(const float *a, const g4_tensor *t, size_t n, double *mean) {
+    float m = 0;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - g4_load_f32(t->data + 4 * i));
+        if (!(d <= m)) m = d;   /* a NaN counts as the worst */
+        sum += d;
+    }
+    if (mean) *mean = n ? sum / (double)n : 0;
+    return m;
+}
+
+/* g4's mel of pcm against the clip's golden mel and mask */
+static void check_mel(const char *clip, const char *from, const float *pcm, size_t n, const g4_tensor *gmel,
+                      const g4_tensor *gmask) {
+    float *mel;
+    uint8_t *mask;
+    int T;
+    int rc = g4_audio_log_mel(pcm, n, &mel, &mask, &T);
+    CHECK(rc == 0, "%s: log-mel failed: %s", clip, g4_last_error());
+    if (rc != 0) return;
+    CHECK(T == gmel->shape[0] && gmel->shape[1] == G4_AUDIO_MEL_BINS && T == gmask->shape[0], "%s: %d frames, golden %lld",
+          clip, T, (long long)gmel->shape[0]);
+    if (T == gmel->shape[0]) {
+        int mask_eq = memcmp(mask, gmask->data, (size_t)T) == 0;
+        CHECK(mask_eq, "%s: frame mask differs", clip);
+        double mean;
+        float d = max_diff_f32(mel, gmel, (size_t)T * G4_AUDIO_MEL_BINS, &mean);
+        CHECK(d <= MEL_BAND && mean <= MEL_MEAN_BAND, "%s: mel (from %s) max |diff| %g (band %g), mean %g (band %g)", clip,
+              from, d, MEL_BAND, mean, MEL_MEAN_BAND);
+        printf("ok %s: mel from %s: %d frames, max |diff| %.3g (band %g), mean %.3g (band %g)\n", clip, from, T, d,
+               MEL_BAND, mean, MEL_MEAN_BAND);
+    }
+    free(mel);
+    free(mask);
+}
+
+static void test_clips(void) {
+    g4_safetensors st;
+    int rc = g4_st_open_file(&st, FIX "/golden.safetensors");
+    CHECK(rc == 0, "%s", g4_last_error());
+    if (rc != 0) return;
+    for (size_t c = 0; c < sizeof clips / sizeof clips[0]; c++) {
+        const char *clip = clips[c];
+        char path[256];
+        snprintf(path, sizeof path, FIX "/%s.wav", clip);
+        char *bytes;
+        size_t len;
+        if (g4_read_file(path, &bytes, &len) != 0) {
+            CHECK(0, "%s", g4_last_error());
+            continue;
+        }
+        const g4_tensor *gpcm = golden(&st, clip, "pcm16k"), *gmel = golden(&st, clip, "mel"), *gmask = golden(&st, clip, "mask");
+        float *pcm;
+        size_t n;
+        rc = g4_audio_pcm16k(bytes, len, path, &pcm, &n);
+        CHECK(rc == 0, "%s: %s", clip, g4_last_error());
+        if (rc == 0 && gpcm && gmel && gmask) {
+            CHECK(n == (size_t)gpcm->shape[0], "%s: %zu samples at 16 kHz, transformers %lld", clip, n, (long long)gpcm->shape[0]);
+            if (n == (size_t)gpcm->shape[0]) {
+                float d = max_diff_f32(pcm, gpcm, n, NULL);
+                CHECK(d <= PCM_BAND, "%s: pcm16k max |diff| %g > %g", clip, d, PCM_BAND);
+                printf("ok %s: pcm16k %zu samples, max |diff| %.3g (band %g)\n", clip, n, d, PCM_BAND);
+            }
+            /* the features alone (from transformers' own pcm), then the whole chain */
+            float *ref = malloc((size_t)gpcm->shape[0] * sizeof *ref);
+            for (int64_t i = 0; i < gpcm->shape[0]; i++) ref[i] = g4_load_f32(gpcm->data + 4 * i);
+            check_mel(clip, "transformers' pcm", ref, (size_t)gpcm->shape[0], gmel, gmask);
+            check_mel(clip, "the WAV", pcm, n, gmel, gmask);
+            free(ref);
+        }
+        free(pcm);
+        free(bytes);
+    }
+    g4_st_close(&st);
+}
+
+/* ---- hand-built WAVs ---- */
+
+typedef struct {
+    unsigned char *b;
+    size_t len, cap;
+} buf;
+
+static void put(buf *w, const void *p, size_t n) {
+    if (w->len + n > w->cap) {
+        w->cap = (w->len + n) * 2;
+        w->b = realloc(w->b, w->cap);
+    }
+    memcpy(w->b + w->len, p, n);
+    w->len += n;
+}
+static void put16(buf *w, unsigned v) {
+    unsigned char b[2] = {v & 255, (v >> 8) & 255};
+    put(w, b, 2);
+}
+static void put32(buf *w, uint32_t v) {
+    unsigned char b[4] = {v & 255, (v >> 8) & 255, (v >> 16) & 255, v >> 24};
+    put(w, b, 4);
+}
+
+/* A RIFF/WAVE with a plain fmt chunk (tag, channels, rate, bits) and `data` as the data chunk. */
+static buf make_wav(int tag, int channels, uint32_t rate, int bits, const void *data, uint32_t data_len) {
+    buf w = {0};
+    put(&w, "RIFF", 4);
+    put32(&w, 4 + 8 + 16 + 8 + data_len + (data_len & 1));
+    put(&w, "WAVEfmt ", 8);
+    put32(&w, 16);
+    put16(&w, (unsigned)tag);
+    put16(&w, (unsigned)channels);
+    put32(&w, rate);
+    put32(&w, rate * (uint32_t)(channels * bits / 8));
+    put16(&w, (unsigned)(channels * bits / 8));
+    put16(&w, (unsigned)bits);
+    put(&w, "data", 4);
+    put32(&w, data_len);
+    if (data_len) put(&w, data, data_len);
+    if (data_len & 1) put(&w, "", 1);
+    return w;
+}
+
+static void set32(buf *w, size_t at, uint32_t v) {
+    for (int i = 0; i < 4; i++) w->b[at + i] = (unsigned char)(v >> (8 * i));
+}
+
+/* decodes and checks the samples against worked values, exactly */
+static void check_samples(const char *what, buf w, const float *want, size_t n, int channels) {
+    g4_wav out;
+    int rc = g4_wav_decode(w.b, w.len, what, &out);
+    CHECK(rc == 0, "%s: %s", what, g4_last_error());
+    if (rc == 0) {
+        CHECK(out.frames * (size_t)out.channels == n && out.channels == channels, "%s: %zu frames x %d", what, out.frames, out.channels);
+        int eq = out.frames * (size_t)out.channels == n && memcmp(out.samples, want, n * sizeof *want) == 0;
+        CHECK(eq, "%s: samples differ from the worked values", what);
+        g4_wav_free(&out);
+    }
+    free(w.b);
+}
+
+static void test_scaling(void) {
+    /* libsndfile's float read: u8 (x-128)/128, s16 x/32768, s24 x/2^23, s32 x/2^31 */
+    unsigned char u8[3] = {0, 128, 255};
+    float u8_want[3] = {-1.0f, 0.0f, 127.0f / 128.0f};
+    check_samples("u8", make_wav(1, 1, 8000, 8, u8, 3), u8_want, 3, 1);
+    unsigned char s16[6] = {0x00, 0x80, 0xff, 0x7f, 0x01, 0x00};
+    float s16_want[3] = {-1.0f, 32767.0f / 32768.0f, 1.0f / 32768.0f};
+    check_samples("s16", make_wav(1, 1, 16000, 16, s16, 6), s16_want, 3, 1);
+    unsigned char s24[6] = {0x00, 0x00, 0x80, 0xff, 0xff, 0xff};
+    float s24_want[2] = {-1.0f, -1.0f / 8388608.0f};
+    check_samples("s24", make_wav(1, 2, 16000, 24, s24, 6), s24_want, 2, 2);
+    unsigned char s32[8] = {0x00, 0x00, 0x00, 0x80, 0x00, 0x00, 0x00, 0x40};
+    float s32_want[2] = {-1.0f, 0.5f};
+    check_samples("s32", make_wav(1, 1, 16000, 32, s32, 8), s32_want, 2, 1);
+    double f64[2] = {0.25, -0.125};
+    float f64_want[2] = {0.25f, -0.125f};
+    check_samples("f64", make_wav(3, 1, 16000, 64, f64, 16), f64_want, 2, 1);
+
+    /* WAVE_FORMAT_EXTENSIBLE with the PCM sub-format GUID: the s16 samples again */
+    buf w = {0};
+    put(&w, "RIFF", 4);
+    put32(&w, 4 + 8 + 40 + 8 + 6);
+    put(&w, "WAVEfmt ", 8);
+    put32(&w, 40);
+    put16(&w, 0xFFFE), put16(&w, 1), put32(&w, 16000), put32(&w, 32000), put16(&w, 2), put16(&w, 16);
+    put16(&w, 22), put16(&w, 16), put32(&w, 4);
+    static const unsigned char guid[16] = {1, 0, 0, 0, 0, 0, 0x10, 0, 0x80, 0, 0, 0xAA, 0, 0x38, 0x9B, 0x71};
+    put(&w, guid, 16);
+    put(&w, "data", 4);
+    put32(&w, 6);
+    put(&w, s16, 6);
+    check_samples("extensible", w, s16_want, 3, 1);
+
+    /* the down-mix is the channel mean (librosa.to_mono) */
+    g4_wav st = {.samples = (float[]){0.5f, 0.25f, -1.0f, 1.0f}, .frames = 2, .channels = 2, .rate = 16000};
+    float *m = g4_wav_downmix(&st);
+    CHECK(m && m[0] == 0.375f && m[1] == 0.0f, "down-mix %g %g", m ? m[0] : -9, m ? m[1] : -9);
+    free(m);
+}
+
+/* decoding (or the whole front end) refuses `w` with an error containing `want` */
+static void check_refused(const char *what, const void *b, size_t len, const char *want) {
+    float *pcm = NULL;
+    size_t n = 0;
+    int rc = g4_audio_pcm16k(b, len, "clip.wav", &pcm, &n);
+    const char *e = g4_last_error();
+    CHECK(rc == -1 && pcm == NULL, "%s: accepted", what);
+    CHECK(strstr(e, want) && strstr(e, "clip.wav") && !strchr(e, '\n'), "%s: error '%s' lacks '%s'", what, e, want);
+    printf("ok refused %s: %s\n", what, e);
+    free(pcm);
+}
+
+static void test_bad_media(void) {
+    unsigned char s16[4] = {1, 2, 3, 4};
+    check_refused("a 0-byte file", "", 0, "0 bytes");
+    check_refused("garbage", "this is not a wav file at all", 29, "not a WAV file");
+    buf w = make_wav(1, 1, 16000, 16, s16, 4);
+    set32(&w, 4, 1000);   /* RIFF size beyond the file */
+    check_refused("a RIFF size past the end", w.b, w.len, "RIFF size says 1008 bytes, the file has 48");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 16, s16, 4);
+    set32(&w, 40, 4000);   /* data chunk size beyond the file */
+    check_refused("a data size past the end", w.b, w.len, "chunk 'data' at byte 36 says 4000 bytes, only 4 remain");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 16, s16, 4);
+    check_refused("a truncated file", w.b, w.len - 2, "RIFF size says");
+    free(w.b);
+    w = make_wav(2, 1, 16000, 16, s16, 4);
+    check_refused("ADPCM", w.b, w.len, "format tag 0x0002");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 12, s16, 4);
+    check_refused("12-bit PCM", w.b, w.len, "bits per sample 12");
+    free(w.b);
+    w = make_wav(1, 0, 16000, 16, s16, 4);
+    check_refused("0 channels", w.b, w.len, "channel count 0");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 16, s16, 4);
+    w.b[32] = 4;   /* block align 4 for one 16-bit channel */
+    check_refused("a wrong block align", w.b, w.len, "block align 4");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 16, s16, 4);
+    set32(&w, 28, 12345);
+    check_refused("a wrong byte rate", w.b, w.len, "byte rate 12345");
+    free(w.b);
+    w = make_wav(1, 2, 16000, 16, s16, 2);
+    check_refused("half a frame", w.b, w.len, "not a whole number of 4-byte frames");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 16, s16, 0);
+    check_refused("no samples", w.b, w.len, "no audio samples");
+    free(w.b);
+    float nan_s[2] = {0.0f, NAN};
+    w = make_wav(3, 1, 16000, 32, nan_s, 8);
+    check_refused("a NaN sample", w.b, w.len, "sample 1 is not a finite number");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 16, s16, 4);
+    memcpy(w.b + 12, "junk", 4);   /* the fmt chunk renamed: data comes first */
+    check_refused("no fmt before data", w.b, w.len, "data chunk before the fmt chunk");
+    free(w.b);
+
+    /* 31 s refused before any resampling; exactly 30 s accepted, at 16 kHz and at 44.1 kHz */
+    size_t n31 = 31 * 16000;
+    void *zeros = calloc(31 * 44100 * 4, 1);   /* the largest clip below */
+    w = make_wav(1, 1, 16000, 16, zeros, (uint32_t)(n31 * 2));
+    check_refused("31 s of audio", w.b, w.len, "audio is 31.00 s long; at most 30 s");
+    free(w.b);
+    w = make_wav(1, 2, 44100, 16, zeros, 31 * 44100 * 4);
+    check_refused("31 s of 44.1 kHz stereo", w.b, w.len, "at most 30 s");
+    free(w.b);
+    int rates[2] = {16000, 44100};
+    for (int i = 0; i < 2; i++) {
+        w = make_wav(1, 1, (uint32_t)rates[i], 16, zeros, (uint32_t)(30 * rates[i] * 2));
+        float *pcm;
+        size_t n;
+        int rc = g4_audio_pcm16k(w.b, w.len, "30s.wav", &pcm, &n);
+        CHECK(rc == 0 && n == G4_AUDIO_MAX_SAMPLES, "30 s at %d Hz: rc %d, %zu samples: %s", rates[i], rc, n, g4_last_error());
+        if (rc == 0) free(pcm);
+        free(w.b);
+    }
+    free(zeros);
+}
+
+int main(void) {
+    test_clips();
+    test_scaling();
+    test_bad_media();
+    return check_report("test_audio");
+}
