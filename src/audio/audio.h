@@ -48,4 +48,13 @@ int g4_audio_log_mel(const float *pcm, size_t n, float **mel, uint8_t **mask, in
 /* Frames of g4_audio_log_mel for n samples. */
 int g4_audio_mel_frames(size_t n);
 
+/* The conformer's subsampling: a length n after one 3x3 stride-2 pad-1 convolution. */
+int g4_audio_subsampled_len(int n);
+
+/* One subsampling layer on in [T][F][cin] (channels last) with its frame mask: out
+ * [T'][F'][cout], mask_out [T'] (mask[::2]); w is the Conv2d weight [cout][cin][3][3], norm_w the
+ * LayerNorm weight [cout]. Float in every activation mode (the checkpoint keeps it float). */
+void g4_audio_subsample_layer(const float *in, const uint8_t *mask, int T, int F, int cin, const float *w,
+                              const float *norm_w, int cout, float eps, float *out, uint8_t *mask_out);
+
 #endif
