@@ -57,4 +57,16 @@ int g4_audio_subsampled_len(int n);
 void g4_audio_subsample_layer(const float *in, const uint8_t *mask, int T, int F, int cin, const float *w,
                               const float *norm_w, int cout, float eps, float *out, uint8_t *mask_out);
 
+/* The relative-position sinusoids of the conformer's attention: rows positions rows-1 .. 0, each
+ * [sin(p x inv_ts), cos(p x inv_ts)], inv_ts[i] = exp(-i ln(1e4) / (hidden/2 - 1)); out [rows][hidden]. */
+void g4_audio_rel_pos_sinusoids(int hidden, int rows, float *out);
+
+/* The chunked local attention between the projections and `post` (audio/attention.c): q, k, v
+ * [T][H*D] as the projections give them (unscaled), rel_k [L][H*D] (relative_k_proj of the
+ * sinusoids), per_dim_scale [D] (the raw parameter; softplus applied here), valid [T] the key mask;
+ * out [T][H*D]. */
+void g4_audio_local_attention(const float *q, const float *k, const float *v, int T, int H, int D, const float *rel_k,
+                              int L, const float *per_dim_scale, const uint8_t *valid, int chunk, int context_left,
+                              int context_right, float logit_cap, float *out);
+
 #endif
