@@ -10,5 +10,5 @@ LIB_SRC = \
   src/eval/gsm8k.c src/eval/results.c src/eval/harness.c src/eval/merge.c
 # issue 35, audio input (src/audio/): WAV, resampling (libsoxr), log-mel (kissfft). A list of its own so
 # the aarch64 cross build (neon-test), which has only arm64 cJSON/PCRE2, leaves it and its libraries out.
-AUDIO_SRC = src/audio/wav.c src/audio/resample.c src/audio/mel.c src/audio/subsample.c src/audio/attention.c
+AUDIO_SRC = src/audio/wav.c src/audio/resample.c src/audio/mel.c src/audio/subsample.c src/audio/attention.c src/audio/lconv.c
 AUDIO_LIBS = -lsoxr -lkissfft-float

@@ -69,4 +69,8 @@ void g4_audio_local_attention(const float *q, const float *k, const float *v, in
                               int L, const float *per_dim_scale, const uint8_t *valid, int chunk, int context_left,
                               int context_right, float logit_cap, float *out);
 
+/* The light conv's core (audio/lconv.c): x [T][2C] (linear_start's output) -> GLU -> causal
+ * depthwise conv with w [C][kernel] -> out [T][C] (conv_norm's input). */
+void g4_audio_glu_depthwise_conv(const float *x, int T, int C, const float *w, int kernel, float *out);
+
 #endif
