@@ -365,6 +365,10 @@ static void test_bad_media(void) {
     w = make_wav(3, 1, 16000, 32, nan_s, 8);
     check_refused("a NaN sample", w.b, w.len, "sample 1 is not a finite number");
     free(w.b);
+    float huge[3] = {0.5f, -1.5f, 3e38f};   /* finite, but its channel sum or filtering overflows */
+    w = make_wav(3, 1, 16000, 32, huge, 12);
+    check_refused("a 3e38 float sample", w.b, w.len, "WAV float sample 2 is 3e+38, not audio");
+    free(w.b);
     w = make_wav(1, 1, 16000, 16, s16, 4);
     memcpy(w.b + 12, "junk", 4);   /* the fmt chunk renamed: data comes first */
     check_refused("no fmt before data", w.b, w.len, "data chunk before the fmt chunk");

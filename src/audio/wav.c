@@ -16,6 +16,7 @@
 #define WAVE_FORMAT_PCM 1
 #define WAVE_FORMAT_IEEE_FLOAT 3
 #define WAVE_FORMAT_EXTENSIBLE 0xFFFE
+#define WAV_FLOAT_LIMIT 1e6   /* see g4_wav_decode */
 
 static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -149,9 +150,18 @@ int g4_wav_decode(const void *bytes, size_t len, const char *name, g4_wav *out) 
     int bps = f.bits / 8;
     for (size_t i = 0; i < frames * (size_t)f.channels; i++) {
         s[i] = sample_at(data + i * (size_t)bps, &f);
-        if (!isfinite(s[i])) {   /* only float WAVs can hold these; they would poison every feature */
+        /* only float WAVs can hold these. Audio is within [-1, 1] (some clipping past it is fine);
+         * a sample past WAV_FLOAT_LIMIT is garbage, and summing channels or filtering such values
+         * overflows to infinity, which would poison every feature */
+        if (!isfinite(s[i])) {
             free(s);
             return g4_fail("%s: WAV sample %zu is not a finite number", name, i);
+        }
+        if (fabsf(s[i]) > WAV_FLOAT_LIMIT) {
+            double bad = s[i];
+            free(s);
+            return g4_fail("%s: WAV float sample %zu is %g, not audio (at most %g in magnitude)", name, i, bad,
+                           WAV_FLOAT_LIMIT);
         }
     }
     out->samples = s;
