@@ -79,6 +79,15 @@ int g4_audio_log_mel(const float *pcm, size_t n, float **mel, uint8_t **mask, in
     }
     memcpy(wave + PAD_LEFT, pcm, n * sizeof *pcm);
     mel_filters(fb);
+    int lo[G4_AUDIO_MEL_BINS], hi[G4_AUDIO_MEL_BINS];
+    for (int j = 0; j < G4_AUDIO_MEL_BINS; j++) {
+        lo[j] = BINS, hi[j] = 0;
+        for (int k = 0; k < BINS; k++)
+            if (fb[k][j] != 0.0) {
+                if (k < lo[j]) lo[j] = k;
+                hi[j] = k + 1;
+            }
+    }
     float win[FRAME];
     hann_periodic(win);
     kiss_fft_scalar frame[FFT];
@@ -98,9 +107,11 @@ int g4_audio_log_mel(const float *pcm, size_t n, float **mel, uint8_t **mask, in
         memset(frame + FRAME, 0, (FFT - FRAME) * sizeof frame[0]);
         kiss_fftr(cfg, frame, spec);
         for (int k = 0; k < BINS; k++) mag[k] = hypot((double)spec[k].r, (double)spec[k].i);
+        /* only each triangle's non-zero FFT bins: the skipped terms are +0 added to a sum of
+         * non-negative terms, so the sum is the full product's, bit for bit */
         for (int j = 0; j < G4_AUDIO_MEL_BINS; j++) {
             double s = 0.0;
-            for (int k = 0; k < BINS; k++) s += mag[k] * fb[k][j];
+            for (int k = lo[j]; k < hi[j]; k++) s += mag[k] * fb[k][j];
             o[j] = (float)log(s + MEL_FLOOR);
         }
     }
