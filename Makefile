@@ -7,7 +7,7 @@
 
 CC      ?= cc
 CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iinclude -Isrc -Itools -MMD -MP
-LDLIBS  = -lcjson -lpcre2-8 -lm -pthread $(AUDIO_LIBS)
+LDLIBS  = -lcjson -lpcre2-8 -lm -pthread $(MEDIA_LIBS)
 # g4 serve's HTTP (libmicrohttpd): the g4 command and the server's tests only, not the library
 SERVE_LIBS = -lmicrohttpd
 SERVE_OBJ = $(OUT)/tools/serve_cmd.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/engine.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/serve/chat_html.o
@@ -24,9 +24,9 @@ OUT = build/$(BUILD)
 
 include sources.mk
 
-TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_serve_tokens test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft test_grammar test_audio
+TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_serve_tokens test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft test_grammar test_audio test_vision
 
-LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o) $(AUDIO_SRC:%.c=$(OUT)/%.o)
+LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o) $(MEDIA_SRC:%.c=$(OUT)/%.o)
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test serve-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test python-test
@@ -75,7 +75,7 @@ $(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a
 # drift from it). Soname libg4.so.$(G4_SOVERSION); the file carries the full version.
 G4_VERSION := $(shell sed -n 's/^\#define G4_VERSION "\(.*\)"/\1/p' include/g4.h)
 G4_SOVERSION = 0
-PIC_OBJ = $(LIB_SRC:%.c=$(OUT)/pic/%.o) $(AUDIO_SRC:%.c=$(OUT)/pic/%.o)
+PIC_OBJ = $(LIB_SRC:%.c=$(OUT)/pic/%.o) $(MEDIA_SRC:%.c=$(OUT)/pic/%.o)
 $(OUT)/pic/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -fPIC -c $< -o $@
@@ -217,7 +217,7 @@ $(A64_OUT)/libg4.a: $(A64_LIB_OBJ)
 	@rm -f $@; $(A64_AR) rcs $@ $^
 
 $(A64_OUT)/tests/%: $(A64_OUT)/tests/%.o $(A64_OUT)/libg4.a
-	@$(A64_CC) $(LDFLAGS) -o $@ $^ -L$(A64_LIBDIR) -Wl,-rpath,$(A64_LIBDIR) $(filter-out $(AUDIO_LIBS),$(LDLIBS))
+	@$(A64_CC) $(LDFLAGS) -o $@ $^ -L$(A64_LIBDIR) -Wl,-rpath,$(A64_LIBDIR) $(filter-out $(MEDIA_LIBS),$(LDLIBS))
 
 neon-test: $(NEON_TESTS:%=$(A64_OUT)/tests/%)
 	@total_p=0; total_f=0; total_s=0; \

@@ -8,7 +8,9 @@ LIB_SRC = \
   src/generate/sampler.c src/generate/stepper.c src/generate/generate.c src/generate/grammar.c src/generate/json_schema.c \
   src/text/tokenizer.c src/text/chat.c src/text/reply.c src/text/conversation.c src/text/tools.c \
   src/eval/gsm8k.c src/eval/results.c src/eval/harness.c src/eval/merge.c
-# issue 35, audio input (src/audio/): WAV, resampling (libsoxr), log-mel (kissfft). A list of its own so
-# the aarch64 cross build (neon-test), which has only arm64 cJSON/PCRE2, leaves it and its libraries out.
-AUDIO_SRC = src/audio/wav.c src/audio/resample.c src/audio/mel.c src/audio/subsample.c src/audio/attention.c src/audio/lconv.c
-AUDIO_LIBS = -lsoxr -lkissfft-float
+# Image and audio input (issue 35): decoding (libpng, libjpeg-turbo; WAV), resampling (libsoxr), the
+# log-mel FFT (kissfft), the towers. Kept out of LIB_SRC so the aarch64 cross build (neon-test), which
+# has only cjson/pcre2 arm64 copies, needs none of their libraries.
+MEDIA_SRC = src/vision/image.c src/vision/preprocess.c src/vision/tower.c src/vision/api.c \
+  src/audio/wav.c src/audio/resample.c src/audio/mel.c src/audio/subsample.c src/audio/attention.c src/audio/lconv.c
+MEDIA_LIBS = -lpng -ljpeg -lsoxr -lkissfft-float

@@ -936,6 +936,19 @@ long g4_grammar_mask(const g4_grammar_vocab *v, g4_grammar_state *st, const int3
 /* Advances the state by a token's bytes: 0, or -1 when the grammar rejects them. */
 int g4_grammar_accept_token(const g4_grammar_vocab *v, g4_grammar_state *st, int32_t id);
 
+/* ---- media: image input (issue 35) ----------------------------------------------------------- */
+/* An image's soft tokens: `bytes` of a PNG or JPEG file through the Gemma 4 image processor
+ * (RGB, antialiased bicubic resize to sides that are multiples of 48 within max_soft_tokens x 9
+ * patches, /255) and the model's vision tower + embed_vision, in o's activation mode (float,
+ * fake, int) on the current kernel level. On success *embd is malloc'd n_tokens x
+ * g4_model_hidden_size(m) floats (free() them): rows for g4_batch_row.embd, not scaled by
+ * sqrt(d). max_soft_tokens: 70, 140, 280, 560 or 1120; <= 0 means the model's default
+ * (processor_config.json, else 280). The tower is bound on the first call (a text-only run
+ * never loads it). Returns 0, or -1 with g4_last_error() set (one line: a bad file, an image
+ * over the size bounds, a model without vision_config, a tensor that does not match). */
+int g4_image_soft_tokens(const g4_model *m, const g4_options *o, const void *bytes, size_t len, int max_soft_tokens, float **embd,
+                         int *n_tokens);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,7 +43,7 @@ def build_from_source():
     try:
         subprocess.run(cmd, check=True, env=env)
     except (OSError, subprocess.CalledProcessError) as e:
-        fail(f"building libg4 failed ({e}); the build needs gcc, make, libcjson-dev and libpcre2-dev "
+        fail(f"building libg4 failed ({e}); the build needs gcc, make, libcjson-dev, libpcre2-dev, libpng-dev and libjpeg62-turbo-dev "
              "(scripts/install-deps.sh), or install libg4 (make install) and set G4_LIB=pkg-config")
     return ROOT / "build" / "release" / "libg4.so"
 

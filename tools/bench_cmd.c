@@ -14,8 +14,11 @@
 #include "../bench/stream_bw.h"
 #include "cli.h"
 #include "kernels/kernels.h"
+#include "model/model.h"
 #include "model/probe.h"
 #include "util/err.h"
+#include "util/file.h"
+#include "vision/tower.h"
 
 /* --kernels: the levels compared, at most this many; and the models (-m given several times) */
 #define BENCH_MAX_LEVELS 5
@@ -42,6 +45,7 @@ typedef struct {
     draft_args draft;
     /* --draft-costs: the costs of a drafting round's parts instead (draft_costs); gen_set: -n given */
     int draft_costs, gen_set;
+    const char *image; /* --image FILE: the vision tower's encode instead of text */
 } bench_args;
 
 /* The bandwidth is measured just before and just after every repetition's decode, since this
@@ -258,6 +262,7 @@ const command_usage usage_bench = {
         {"--kernels LEVEL,LEVEL...", "alternate between these kernel levels"},
         {"--alternate reps|steps", "with --kernels: alternate whole reps or decode steps"},
         {"--draft-costs", "with --draft: time verifying K+1 rows (K = 0..8) and one draft step after a -p prompt"},
+        {"--image FILE", "time the vision tower on a PNG/JPEG at the model's default budget (-r reps) and its int8 linears' MAC rate next to a text prefill chunk's"},
         {NULL, NULL},
     },
     USAGE_ENGINE | USAGE_DRAFT,
@@ -296,6 +301,7 @@ static int parse_bench(args_t *a, bench_args *b) {
             if ((v = flag_value(a, "--alternate", &bad)) && parse_choice(a->cmd, "--alternate", v, alts, &b->alt_steps)) bad = 1;
         } else if (flag_is(a, "--json")) b->json = 1;
         else if (flag_is(a, "--draft-costs")) b->draft_costs = 1;
+        else if (flag_is(a, "--image")) b->image = flag_value(a, "--image", &bad);
         else if (!engine_flag(a, &b->o, &bad) && !draft_flag(a, &b->draft, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
@@ -311,6 +317,8 @@ static int parse_bench(args_t *a, bench_args *b) {
         return die("g4 bench: --draft compares decoding with and without the drafter on one model and level%s", "");
     if (b->draft.tokens && !b->draft.dir) return die("g4 bench: --draft-tokens needs --draft DIR%s", "");
     if (b->draft_costs && !b->draft.dir) return die("g4 bench: --draft-costs needs --draft DIR%s", "");
+    if (b->image && (b->draft.dir || b->n_levels || b->n_models > 1))
+        return die("g4 bench: --image times one model's vision tower: no --draft, --kernels or several -m%s", "");
     if (b->draft_costs && (b->draft.tokens || b->gen_set || b->logits != LOGITS_GREEDY || b->alt_steps || b->prompt < 1))
         return die("g4 bench: --draft-costs times K = 0..%s greedy drafts after a prompt of -p (at least 1) tokens: no -n, --draft-tokens, "
                    "--logits or --alternate", G4_STR(COST_MAX_K));
@@ -587,6 +595,60 @@ static int draft_costs(const g4_model *m, const bench_args *b, double load_s) {
     return 0;
 }
 
+/* g4 bench --image: decoding + preprocessing, the tower's encode (median of -r reps) and the
+ * int8 MAC rate of its linears, next to the rate of the text model's first MLP gate on a prefill
+ * chunk of 64 rows through the same linear step. */
+static int image_bench(const g4_model *m, const bench_args *b) {
+    char *data;
+    size_t len;
+    if (g4_read_file_bounded(b->image, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) return die_lib();
+    const g4_vision_tower *vt = g4_vision_tower_get(m);
+    double t0 = now_s();
+    g4_rgb_image im;
+    g4_image_patches p;
+    if (!vt || g4_image_decode(data, len, &im)) return free(data), die_lib();
+    free(data);
+    int w = im.w, h = im.h, rc = g4_image_patchify(&im, g4_vision_patch_size(vt), g4_vision_pooling(vt), g4_vision_default_soft_tokens(vt), &p);
+    g4_rgb_image_free(&im);
+    if (rc) return die_lib();
+    double prep_s = now_s() - t0, *enc = calloc((size_t)b->reps, sizeof *enc), lin_s = 0, macs = 0, fmacs = 0;
+    int n = 0;
+    for (int r = 0; r < b->reps && enc; r++) {
+        float *e;
+        g4_vision_stats st;
+        if (g4_vision_encode(m, vt, &b->o, &p, &e, &n, &st)) {
+            free(enc), g4_image_patches_free(&p);
+            return die_lib();
+        }
+        free(e);
+        enc[r] = st.seconds, lin_s += st.linear_seconds, macs += st.int_macs, fmacs += st.float_macs;
+    }
+    if (!enc) return g4_image_patches_free(&p), die("g4 bench: out of memory%s", "");
+    /* the text side: layer 0's gate_proj on 64 rows, as a prefill chunk runs it, for >= 0.3 s */
+    g4_session *s = g4_session_new(m, &b->o);
+    int H = g4_model_hidden_size(m), F = m->layers[0].mlp_dim, iters = 0, ran_int = 0;
+    float *x = calloc((size_t)64 * H, sizeof *x), *y = calloc((size_t)64 * F, sizeof *y);
+    double text_s = 0;
+    if (s && x && y) {
+        for (size_t i = 0; i < (size_t)64 * H; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+        double t1 = now_s();
+        while ((text_s = now_s() - t1) < 0.3 && (ran_int = g4_session_run_linear(s, "model.language_model.layers.0.mlp.gate_proj", x, 64, y, NULL, NULL)) >= 0) iters++;
+    }
+    double text_macs = (double)iters * 64 * H * F;
+    printf("image %s: %d x %d -> %d patches (%d x %d) -> %d soft tokens; decode + preprocess %.1f ms\n", b->image, w, h, p.n_real, p.grid_w,
+           p.grid_h, n, prep_s * 1e3);
+    printf("  vision encode   %.1f ms (median of %d), %.1f ms of it in the tower's linears\n", median(enc, b->reps) * 1e3, b->reps,
+           lin_s / b->reps * 1e3);
+    printf("  tower linears   %.2f G int8 MAC/s (%.2f G MACs in int8, %.2f G in float per encode; --act %s)\n", lin_s > 0 ? macs / lin_s / 1e9 : 0,
+           macs / b->reps / 1e9, fmacs / b->reps / 1e9, b->o.act == G4_ACT_INT ? "int" : b->o.act == G4_ACT_FAKE ? "fake" : "float");
+    printf("  text prefill    %.2f G MAC/s (layer 0 gate_proj, 64 rows, %s path)\n", text_s > 0 ? text_macs / text_s / 1e9 : 0, ran_int == 1 ? "int8" : "float");
+    print_kernels(stdout, 0, b);
+    g4_session_free(s);
+    free(x), free(y), free(enc);
+    g4_image_patches_free(&p);
+    return 0;
+}
+
 int cmd_bench(args_t *a) {
     bench_args b;
     if (parse_bench(a, &b) != 0) return 1;
@@ -610,6 +672,12 @@ int cmd_bench(args_t *a) {
         g4_model_free(m);
         if (probing) bw_probe_stop(&probe);
         return die_lib();
+    }
+    if (b.image) {
+        if (probing) bw_probe_stop(&probe);
+        int rc = image_bench(m, &b);
+        g4_model_free(m);
+        return rc;
     }
     if (b.draft_costs) {
         int rc = draft_costs(m, &b, load_s);

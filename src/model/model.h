@@ -60,6 +60,11 @@ struct g4_model {
     int static_act;
     float embed_scale;   /* f32(sqrt(hidden)) */
     float ple_embed_scale; /* f32(sqrt(ple_dim)) */
+    /* The vision tower (vision/tower.c), bound on the first image (a text-only run never pays
+     * for it), and how g4_model_free frees it (a pointer, so the library core links without
+     * the media sources). */
+    void *vision;
+    void (*vision_free)(void *);
 };
 
 /* The layer's bound linears (consumers have no k/v). Returns how many were written. */

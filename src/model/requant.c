@@ -52,8 +52,8 @@ static int build_requant_table(g4_session *s, const g4_linear *L) {
  * lm_head stays float). */
 int g4_requant_tables_build(g4_session *s) {
     const g4_model *m = s->m;
-    s->rq = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq);
-    s->rq_f32 = calloc((size_t)(m->n_linears > 0 ? m->n_linears : 1), sizeof *s->rq_f32);
+    s->rq = calloc((size_t)(s->n_linears > 0 ? s->n_linears : 1), sizeof *s->rq);
+    s->rq_f32 = calloc((size_t)(s->n_linears > 0 ? s->n_linears : 1), sizeof *s->rq_f32);
     if (!s->rq || !s->rq_f32) return g4_fail("out of memory for requantization tables");
     if (s->o.requant < G4_REQUANT_F32 || s->o.requant > G4_REQUANT_TFL_REF) return g4_fail("unknown requant rule %d", (int)s->o.requant);
     for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -65,9 +65,14 @@ int g4_requant_tables_build(g4_session *s) {
     return build_requant_table(s, &m->lm_head);
 }
 
+int g4_requant_table_add(g4_session *s, const g4_linear *L) {
+    if (L->id < 0 || L->id >= s->n_linears) return g4_fail("%s: linear %d is outside the session's %d", L->name, L->id, s->n_linears);
+    return build_requant_table(s, L);
+}
+
 void g4_requant_tables_free(g4_session *s) {
-    for (int i = 0; s->rq && i < s->m->n_linears; i++) free(s->rq[i]);
-    for (int i = 0; s->rq_f32 && i < s->m->n_linears; i++) free(s->rq_f32[i]);
+    for (int i = 0; s->rq && i < s->n_linears; i++) free(s->rq[i]);
+    for (int i = 0; s->rq_f32 && i < s->n_linears; i++) free(s->rq_f32[i]);
     free(s->rq);
     free(s->rq_f32);
 }

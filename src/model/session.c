@@ -47,7 +47,7 @@ static int resolve_options(g4_session *s) {
 
 /* The per-linear row counts of probe.h (g4_session_linear_rows). */
 static int alloc_linear_counts(g4_session *s) {
-    size_t n = (size_t)(s->m->n_linears > 0 ? s->m->n_linears : 1);
+    size_t n = (size_t)(s->n_linears > 0 ? s->n_linears : 1);
     s->rows_int = calloc(n, sizeof *s->rows_int);
     s->rows_float = calloc(n, sizeof *s->rows_float);
     return s->rows_int && s->rows_float ? 0 : g4_fail("out of memory for the session");
@@ -167,6 +167,7 @@ g4_session *g4_session_new(const g4_model *m, const g4_options *o) {
         return NULL;
     }
     s->m = m;
+    s->n_linears = m->n_linears;
     s->o = *o;
     s->k = g4_kernels_get();
     s->n_seq = o->n_seq > 0 ? o->n_seq : 1;

@@ -45,6 +45,8 @@ struct g4_session {
     g4_qdiv qdiv;
     g4_requant **rq; /* [n_linears] per-row requantization (int mode, rules other than f32) */
     float **rq_f32;  /* [n_linears] per-row f32 multipliers (int mode, requant f32: XNNPACK's rule) */
+    int n_linears; /* the model's linears when the session was made: the per-linear tables' length (a
+                    * tower bound later, vision/tower.c, gets a session of its own) */
     long long *rows_int, *rows_float; /* [n_linears] token rows each linear ran through either path (probe.h) */
     kv_cache *kv;    /* [n_seq][n_layers]; empty for consumers */
     /* Per-chunk scratch. */
@@ -157,6 +159,8 @@ void g4_lm_head_coarse_done(g4_session *s, int seq, int coarse, int unsettled);
  * and n rows of int32 sums of L's outputs [o0, o0 + width) into floats through them. */
 int g4_requant_tables_build(g4_session *s);
 void g4_requant_tables_free(g4_session *s);
+/* The table of one more linear (a tower's, bound after the layers): 0 or -1. */
+int g4_requant_table_add(g4_session *s, const g4_linear *L);
 void g4_requant_apply(const g4_session *s, const g4_linear *L, const int32_t *acc, int n, int width, int o0, float *y);
 
 #endif

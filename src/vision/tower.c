@@ -1,0 +1,487 @@
+/* The vision tower's loader and forward pass (modeling_gemma4.py: Gemma4VisionModel,
+ * Gemma4VisionEncoderLayer, Gemma4VisionAttention, Gemma4VisionPooler; Gemma4MultimodalEmbedder).
+ * Every tower linear runs through the text model's linear step (g4_forward_linear in a session of
+ * its own), so float / fake / int modes, the ablation switches and the kernel levels apply as
+ * for the text decoder. The elementwise steps here are plain C, the same on every level. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/session.h"
+#include "util/err.h"
+#include "util/file.h"
+#include "vision/tower.h"
+
+#define VT "model.vision_tower."
+
+/* A Gemma4ClippableLinear: the linear and, in checkpoints with use_clipped_linears, its
+ * input/output clamps (infinite where the checkpoint leaves them open). */
+typedef struct {
+    g4_linear lin;
+    float in_min, in_max, out_min, out_max;
+} vt_linear;
+
+typedef struct {
+    vt_linear q, k, v, o, gate, up, down;
+    float *ln_in, *ln_post_attn, *ln_pre_ffw, *ln_post_ffw, *q_norm, *k_norm;
+} vt_layer;
+
+struct g4_vision_tower {
+    int hidden, n_layers, heads, head_dim, mlp, patch, pool, pos_size, text_hidden, default_tokens;
+    float eps, root_hidden;
+    int clipped, standardize;
+    g4_linear patch_proj;  /* patch_embedder.input_proj, float (BF16) */
+    float *pos_table;      /* [2, pos_size, hidden] */
+    vt_layer *layers;
+    float *std_bias, *std_scale; /* standardize only */
+    float *embed_w;        /* embed_vision.embedding_projection [text_hidden, hidden], f32 */
+    float *inv_freq;       /* [head_dim / 4] */
+    void **owned;
+    int n_owned;
+};
+
+static void *vt_own(g4_vision_tower *vt, size_t bytes) {
+    void **p = realloc(vt->owned, sizeof *p * (size_t)(vt->n_owned + 1));
+    if (!p) return NULL;
+    vt->owned = p;
+    void *b = calloc(1, bytes ? bytes : 1);
+    if (b) vt->owned[vt->n_owned++] = b;
+    return b;
+}
+
+static void vt_free(void *ptr) {
+    g4_vision_tower *vt = ptr;
+    if (!vt) return;
+    for (int i = 0; i < vt->n_owned; i++) free(vt->owned[i]);
+    free(vt->owned);
+    free(vt->layers);
+    free(vt);
+}
+
+/* A float tensor of exactly `numel` values with the given leading dims, copied to f32. */
+static float *load_floats(g4_model *m, g4_vision_tower *vt, const char *name, int ndim, const int64_t *shape) {
+    const g4_tensor *t = g4_st_find(&m->st, name);
+    if (!t) {
+        g4_fail("%s: tensor %s missing from the checkpoint (vision tower)", m->dir, name);
+        return NULL;
+    }
+    int ok = (t->dtype == G4_DT_BF16 || t->dtype == G4_DT_F32 || t->dtype == G4_DT_F16) && t->ndim == ndim;
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        ok = ok && t->shape[d] == shape[d];
+        numel *= shape[d];
+    }
+    if (!ok) {
+        char want[96], got[96];
+        int at = snprintf(want, sizeof want, "a float tensor [");
+        for (int d = 0; d < ndim; d++) at += snprintf(want + at, sizeof want - (size_t)at, d ? ", %lld" : "%lld", (long long)shape[d]);
+        snprintf(want + at, sizeof want - (size_t)at, "]");
+        g4_fail("%s: tensor %s: expected %s, found %s %s", g4_st_path(&m->st, t), name, want, g4_dtype_name(t->dtype),
+                g4_shape_str(t, got, sizeof got));
+        return NULL;
+    }
+    float *v = vt_own(vt, sizeof *v * (size_t)numel);
+    if (!v) {
+        g4_fail("%s: out of memory", name);
+        return NULL;
+    }
+    for (int64_t i = 0; i < numel; i++) v[i] = g4_tensor_float(t, i);
+    return v;
+}
+
+static float *load_vec(g4_model *m, g4_vision_tower *vt, const char *name, int n) {
+    int64_t shape[1] = {n};
+    return load_floats(m, vt, name, 1, shape);
+}
+
+static int load_clamp(g4_model *m, g4_vision_tower *vt, const char *module, const char *leaf, float *out) {
+    char name[256];
+    snprintf(name, sizeof name, "%s.%s", module, leaf);
+    const g4_tensor *t = g4_st_find(&m->st, name);
+    if (!t) return g4_fail("%s: tensor %s missing from the checkpoint (use_clipped_linears is true)", m->dir, name);
+    int64_t none[1] = {0};
+    float *v = load_floats(m, vt, name, t->ndim == 1 ? 1 : 0, t->ndim == 1 ? (int64_t[]){1} : none);
+    if (!v) return -1;
+    if (isnan(*v)) return g4_fail("%s: tensor %s is NaN", m->dir, name);
+    *out = *v;
+    return 0;
+}
+
+static int bind_clippable(g4_model *m, g4_vision_tower *vt, vt_linear *L, const char *module, int in, int out) {
+    char lin[224];
+    snprintf(lin, sizeof lin, "%s.linear", module);
+    if (g4_model_bind_linear(m, &L->lin, lin, in, out) != 0) return -1;
+    L->in_min = L->out_min = -INFINITY;
+    L->in_max = L->out_max = INFINITY;
+    if (!vt->clipped) return 0;
+    if (load_clamp(m, vt, module, "input_min", &L->in_min) || load_clamp(m, vt, module, "input_max", &L->in_max) ||
+        load_clamp(m, vt, module, "output_min", &L->out_min) || load_clamp(m, vt, module, "output_max", &L->out_max))
+        return -1;
+    return 0;
+}
+
+/* ---- vision_config ---- */
+
+static int cfg_int(const cJSON *vc, const char *path, const char *key, int def, int lo, int hi, int *out) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(vc, key);
+    if (!j || cJSON_IsNull(j)) {
+        if (def < lo) return g4_fail("%s: vision_config.%s missing", path, key);
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(j) || j->valuedouble != (double)(int)j->valuedouble || j->valuedouble < lo || j->valuedouble > hi)
+        return g4_fail("%s: vision_config.%s must be an integer in [%d, %d]", path, key, lo, hi);
+    *out = (int)j->valuedouble;
+    return 0;
+}
+
+static int read_vision_config(const g4_model *m, g4_vision_tower *vt, double *theta) {
+    char path[4096];
+    if (g4_path_join(path, sizeof path, m->dir, "config.json")) return -1;
+    char *text;
+    if (g4_read_file(path, &text, NULL)) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) return g4_fail("%s: not JSON", path);
+    const cJSON *vc = cJSON_GetObjectItemCaseSensitive(root, "vision_config");
+    int rc = -1, kv = 0;
+    if (!cJSON_IsObject(vc)) {
+        g4_fail("%s: no vision_config: this model takes no images", path);
+        goto done;
+    }
+    if (cfg_int(vc, path, "hidden_size", -1, 1, 1 << 16, &vt->hidden) || cfg_int(vc, path, "num_hidden_layers", -1, 1, 1024, &vt->n_layers) ||
+        cfg_int(vc, path, "num_attention_heads", -1, 1, 1024, &vt->heads) ||
+        cfg_int(vc, path, "num_key_value_heads", -1, 1, 1024, &kv) || cfg_int(vc, path, "intermediate_size", -1, 1, 1 << 20, &vt->mlp) ||
+        cfg_int(vc, path, "patch_size", -1, 1, 256, &vt->patch) || cfg_int(vc, path, "pooling_kernel_size", -1, 1, 16, &vt->pool) ||
+        cfg_int(vc, path, "position_embedding_size", -1, 1, 1 << 20, &vt->pos_size) ||
+        cfg_int(vc, path, "head_dim", vt->hidden / vt->heads, 1, 4096, &vt->head_dim))
+        goto done;
+    if (kv != vt->heads) {
+        g4_fail("%s: vision_config.num_key_value_heads %d differs from num_attention_heads %d (grouped vision attention is not supported)", path, kv, vt->heads);
+        goto done;
+    }
+    if (vt->head_dim % 4 || vt->head_dim > 256) {
+        g4_fail("%s: vision_config.head_dim %d: g4 takes a multiple of 4 (2-D RoPE halves) up to 256", path, vt->head_dim);
+        goto done;
+    }
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(vc, "rms_norm_eps");
+    vt->eps = cJSON_IsNumber(eps) ? (float)eps->valuedouble : 1e-6f;
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(vc, "rope_parameters");
+    const cJSON *th = cJSON_GetObjectItemCaseSensitive(rp, "rope_theta");
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+    if (cJSON_IsString(rt) && strcmp(rt->valuestring, "axial") != 0) {
+        g4_fail("%s: vision_config.rope_parameters.rope_type \"%s\": only \"axial\" is supported", path, rt->valuestring);
+        goto done;
+    }
+    *theta = cJSON_IsNumber(th) ? th->valuedouble : 100.0;
+    vt->clipped = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(vc, "use_clipped_linears"));
+    vt->standardize = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(vc, "standardize"));
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    const cJSON *th2 = cJSON_GetObjectItemCaseSensitive(tc ? tc : root, "hidden_size");
+    vt->text_hidden = cJSON_IsNumber(th2) ? (int)th2->valuedouble : m->cfg.hidden;
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* processor_config.json's image_processor.max_soft_tokens, else the processor's default 280. */
+static int read_default_tokens(const g4_model *m) {
+    char path[4096];
+    if (g4_path_join(path, sizeof path, m->dir, "processor_config.json") || !g4_file_exists(path)) return 280;
+    char *text;
+    if (g4_read_file(path, &text, NULL)) return 280;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *ip = cJSON_GetObjectItemCaseSensitive(root, "image_processor");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(ip ? ip : root, "max_soft_tokens");
+    int v = cJSON_IsNumber(t) ? (int)t->valuedouble : 280;
+    cJSON_Delete(root);
+    return v;
+}
+
+/* ---- loading ---- */
+
+static int bind_layer(g4_model *m, g4_vision_tower *vt, int l) {
+    vt_layer *L = &vt->layers[l];
+    char p[160], n[224];
+    int H = vt->hidden, QD = vt->heads * vt->head_dim;
+    snprintf(p, sizeof p, VT "encoder.layers.%d.", l);
+#define MOD(s) (snprintf(n, sizeof n, "%s%s", p, s), n)
+    if (bind_clippable(m, vt, &L->q, MOD("self_attn.q_proj"), H, QD) || bind_clippable(m, vt, &L->k, MOD("self_attn.k_proj"), H, QD) ||
+        bind_clippable(m, vt, &L->v, MOD("self_attn.v_proj"), H, QD) || bind_clippable(m, vt, &L->o, MOD("self_attn.o_proj"), QD, H) ||
+        bind_clippable(m, vt, &L->gate, MOD("mlp.gate_proj"), H, vt->mlp) || bind_clippable(m, vt, &L->up, MOD("mlp.up_proj"), H, vt->mlp) ||
+        bind_clippable(m, vt, &L->down, MOD("mlp.down_proj"), vt->mlp, H))
+        return -1;
+    if (!(L->ln_in = load_vec(m, vt, MOD("input_layernorm.weight"), H)) ||
+        !(L->ln_post_attn = load_vec(m, vt, MOD("post_attention_layernorm.weight"), H)) ||
+        !(L->ln_pre_ffw = load_vec(m, vt, MOD("pre_feedforward_layernorm.weight"), H)) ||
+        !(L->ln_post_ffw = load_vec(m, vt, MOD("post_feedforward_layernorm.weight"), H)) ||
+        !(L->q_norm = load_vec(m, vt, MOD("self_attn.q_norm.weight"), vt->head_dim)) ||
+        !(L->k_norm = load_vec(m, vt, MOD("self_attn.k_norm.weight"), vt->head_dim)))
+        return -1;
+#undef MOD
+    return 0;
+}
+
+static g4_vision_tower *vt_load(g4_model *m) {
+    g4_vision_tower *vt = calloc(1, sizeof *vt);
+    if (!vt) return g4_fail("out of memory for the vision tower"), NULL;
+    double theta = 100;
+    if (read_vision_config(m, vt, &theta)) goto fail;
+    vt->default_tokens = read_default_tokens(m);
+    vt->root_hidden = (float)sqrt((double)vt->hidden);
+    vt->layers = calloc((size_t)vt->n_layers, sizeof *vt->layers);
+    vt->inv_freq = vt_own(vt, sizeof(float) * (size_t)(vt->head_dim / 4));
+    if (!vt->layers || !vt->inv_freq) {
+        g4_fail("out of memory for the vision tower");
+        goto fail;
+    }
+    /* torch: 1.0 / (base ** (arange(0, d/2, 2).float() / (d/2))), in f32 */
+    int spatial = vt->head_dim / 2;
+    for (int j = 0; j < vt->head_dim / 4; j++) vt->inv_freq[j] = 1.0f / powf((float)theta, (float)(2 * j) / (float)spatial);
+    if (g4_model_bind_linear(m, &vt->patch_proj, VT "patch_embedder.input_proj", 3 * vt->patch * vt->patch, vt->hidden)) goto fail;
+    if (vt->patch_proj.w.bits != 16) {
+        g4_fail("%s: " VT "patch_embedder.input_proj is quantized; g4 expects it float (modules_to_not_convert)", m->dir);
+        goto fail;
+    }
+    int64_t pshape[3] = {2, vt->pos_size, vt->hidden};
+    if (!(vt->pos_table = load_floats(m, vt, VT "patch_embedder.position_embedding_table", 3, pshape))) goto fail;
+    for (int l = 0; l < vt->n_layers; l++)
+        if (bind_layer(m, vt, l)) goto fail;
+    if (vt->standardize && (!(vt->std_bias = load_vec(m, vt, VT "std_bias", vt->hidden)) ||
+                            !(vt->std_scale = load_vec(m, vt, VT "std_scale", vt->hidden))))
+        goto fail;
+    int64_t eshape[2] = {vt->text_hidden, vt->hidden};
+    if (!(vt->embed_w = load_floats(m, vt, "model.embed_vision.embedding_projection.weight", 2, eshape))) goto fail;
+    return vt;
+fail:
+    vt_free(vt);
+    return NULL;
+}
+
+static pthread_mutex_t vt_lock = PTHREAD_MUTEX_INITIALIZER;
+
+const g4_vision_tower *g4_vision_tower_get(const g4_model *cm) {
+    g4_model *m = (g4_model *)cm; /* the tower is a cache of the model's, bound once under the lock */
+    pthread_mutex_lock(&vt_lock);
+    if (!m->vision) {
+        int before = m->n_linears;
+        m->vision = vt_load(m);
+        if (m->vision) m->vision_free = vt_free;
+        else m->n_linears = before;
+    }
+    const g4_vision_tower *vt = m->vision;
+    pthread_mutex_unlock(&vt_lock);
+    return vt;
+}
+
+int g4_vision_patch_size(const g4_vision_tower *vt) { return vt->patch; }
+int g4_vision_pooling(const g4_vision_tower *vt) { return vt->pool; }
+int g4_vision_default_soft_tokens(const g4_vision_tower *vt) { return vt->default_tokens; }
+
+/* ---- the forward pass ---- */
+
+static void clamp_rows(float *x, size_t n, float lo, float hi) {
+    if (lo == -INFINITY && hi == INFINITY) return;
+    for (size_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
+}
+
+/* Rows of linear L one g4_forward_linear call takes: at most CHUNK, and no more than the
+ * session's scratch (CHUNK x the text model's widest linear) holds at L's width, so a tower wider
+ * than the text model (a small text model with a full-size tower) runs in smaller calls. */
+static int rows_per_call(const g4_session *s, const g4_linear *L) {
+    size_t wide = (size_t)(L->w.in > L->w.out ? L->w.in : L->w.out), rows = s->acc_len / wide;
+    return rows > CHUNK ? CHUNK : (int)rows;
+}
+
+/* y = linear(x) over n rows, in calls of rows_per_call rows. */
+static void linear_rows(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
+    int step = rows_per_call(s, L);
+    for (int r = 0; r < n; r += step) {
+        int c = n - r < step ? n - r : step;
+        g4_forward_linear(s, L, x + (size_t)r * L->w.in, c, y + (size_t)r * L->w.out);
+    }
+}
+
+/* y = clamp(linear(clamp(x))) over n rows. x may be clamped in place. */
+static void vt_linear_run(g4_session *s, const vt_linear *L, float *x, int n, float *y) {
+    clamp_rows(x, (size_t)n * L->lin.w.in, L->in_min, L->in_max);
+    linear_rows(s, &L->lin, x, n, y);
+    clamp_rows(y, (size_t)n * L->lin.w.out, L->out_min, L->out_max);
+}
+
+/* 8 running sums in a fixed order: the same bits on every build level, and vectorizable. */
+static float dot(const float *a, const float *b, int n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) s[i & 7] += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* 2-D RoPE on each head of n rows: dims [0, d/2) rotate with x, [d/2, d) with y, each half
+ * rotate-half with the d/4 frequencies. */
+static void rope_2d(const g4_vision_tower *vt, float *x, int n, const int32_t *pos) {
+    int hd = vt->head_dim, f = hd / 4;
+    float cs[2][64], sn[2][64];
+    for (int t = 0; t < n; t++) {
+        for (int a = 0; a < 2; a++)
+            for (int j = 0; j < f && j < 64; j++) {
+                float ang = (float)pos[2 * t + a] * vt->inv_freq[j];
+                cs[a][j] = cosf(ang);
+                sn[a][j] = sinf(ang);
+            }
+        for (int h = 0; h < vt->heads; h++) {
+            float *v = x + ((size_t)t * vt->heads + h) * hd;
+            g4_forward_rope(v, cs[0], sn[0], hd / 2);
+            g4_forward_rope(v + hd / 2, cs[1], sn[1], hd / 2);
+        }
+    }
+}
+
+typedef struct {
+    float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up;
+    g4_attn_row *rows;
+} vt_bufs;
+
+static void vt_layer_run(g4_session *s, const g4_vision_tower *vt, const vt_layer *L, vt_bufs *b, int n, const int32_t *pos) {
+    int H = vt->hidden, hd = vt->head_dim, W = vt->heads * hd;
+    float eps = vt->eps;
+    g4_forward_rmsnorm_rows(b->xn, b->x, L->ln_in, n, H, eps);
+    vt_linear_run(s, &L->q, b->xn, n, b->q);
+    vt_linear_run(s, &L->k, b->xn, n, b->k);
+    vt_linear_run(s, &L->v, b->xn, n, b->v);
+    g4_forward_rmsnorm_rows(b->q, b->q, L->q_norm, n * vt->heads, hd, eps);
+    g4_forward_rmsnorm_rows(b->k, b->k, L->k_norm, n * vt->heads, hd, eps);
+    g4_forward_rmsnorm_rows(b->v, b->v, NULL, n * vt->heads, hd, eps);
+    rope_2d(vt, b->q, n, pos);
+    rope_2d(vt, b->k, n, pos);
+    /* the text model's attention kernel (scale 1, as here), every query row seeing every key:
+     * bidirectional; the padding patches are not in the batch */
+    for (int t = 0; t < n; t++) b->rows[t] = (g4_attn_row){.kf = b->k, .vf = b->v, .lo = 0, .hi = n - 1};
+    g4_attn a = {.n = n, .n_heads = vt->heads, .head_dim = hd, .kv_width = W, .group = 1, .q = b->q, .out = b->att, .rows = b->rows};
+    s->k->attention(&a);
+    vt_linear_run(s, &L->o, b->att, n, b->proj);
+    g4_forward_add_normed(b->x, b->proj, L->ln_post_attn, n, H, eps);
+    g4_forward_rmsnorm_rows(b->xn, b->x, L->ln_pre_ffw, n, H, eps);
+    vt_linear_run(s, &L->gate, b->xn, n, b->gate);
+    vt_linear_run(s, &L->up, b->xn, n, b->up);
+    s->k->gelu_mul(b->gate, b->up, (size_t)n * vt->mlp, 0);
+    vt_linear_run(s, &L->down, b->gate, n, b->proj);
+    g4_forward_add_normed(b->x, b->proj, L->ln_post_ffw, n, H, eps);
+}
+
+/* The pooler: each k x k block of the patch grid averaged (weight f32(1/k^2), summed in patch
+ * order as the one-hot matmul), times f32(sqrt(hidden)). Blocks are row-major over the grid. */
+static void pool_blocks(const g4_vision_tower *vt, const float *x, const g4_image_patches *p, float *out, int n_out) {
+    int H = vt->hidden, k = vt->pool, bw = p->grid_w / k;
+    float w = 1.0f / (float)(k * k);
+    memset(out, 0, sizeof *out * (size_t)n_out * H);
+    for (int t = 0; t < p->n_real; t++) {
+        int bi = p->pos[2 * t] / k + bw * (p->pos[2 * t + 1] / k);
+        float *o = out + (size_t)bi * H;
+        for (int d = 0; d < H; d++) o[d] += w * x[(size_t)t * H + d];
+    }
+    for (size_t i = 0; i < (size_t)n_out * H; i++) out[i] *= vt->root_hidden;
+}
+
+int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_options *o, const g4_image_patches *p, float **embd,
+                     int *n_tokens, g4_vision_stats *stats) {
+    double t0 = g4_prof_clock();
+    *embd = NULL;
+    *n_tokens = 0;
+    int H = vt->hidden, W = vt->heads * vt->head_dim, n = p->n_real, pd = p->patch_dim;
+    if (pd != 3 * vt->patch * vt->patch) return g4_fail("vision: patches of %d values, the tower takes %d", pd, 3 * vt->patch * vt->patch);
+    if (p->grid_w % vt->pool || p->grid_h % vt->pool)
+        return g4_fail("vision: a %d x %d patch grid is not a multiple of the pooling %d", p->grid_w, p->grid_h, vt->pool);
+    if (p->grid_w > vt->pos_size || p->grid_h > vt->pos_size)
+        return g4_fail("vision: a %d x %d patch grid exceeds the position table (%d)", p->grid_w, p->grid_h, vt->pos_size);
+    int n_out = n / (vt->pool * vt->pool);
+    g4_options so = *o;
+    so.ctx = 1;
+    so.n_seq = 1;
+    g4_session *s = g4_session_new(m, &so);
+    if (!s) return g4_fail_prefix("vision: ");
+    size_t widest = (size_t)(H > W ? H : W);
+    if ((size_t)vt->mlp > widest) widest = vt->mlp;
+    if ((size_t)pd > widest) widest = (size_t)pd;
+    if (widest > s->acc_len) {
+        g4_session_free(s);
+        return g4_fail("vision: the tower's linears (%zu wide) are wider than a whole session buffer (%zu)", widest, s->acc_len);
+    }
+    for (int l = 0; l < vt->n_layers; l++) {
+        const vt_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
+                                  &vt->layers[l].gate, &vt->layers[l].up, &vt->layers[l].down};
+        for (int i = 0; i < 7; i++)
+            if (g4_requant_table_add(s, &Ls[i]->lin)) {
+                g4_session_free(s);
+                return -1;
+            }
+    }
+    if (stats) g4_session_set_profiling(s, 1);
+    vt_bufs b;
+    size_t big = (size_t)n * (vt->mlp > W ? vt->mlp : W);
+    b.x = malloc(sizeof(float) * (size_t)n * H);
+    b.xn = malloc(sizeof(float) * (size_t)n * (pd > H ? pd : H));
+    b.q = malloc(sizeof(float) * (size_t)n * W);
+    b.k = malloc(sizeof(float) * (size_t)n * W);
+    b.v = malloc(sizeof(float) * (size_t)n * W);
+    b.att = malloc(sizeof(float) * (size_t)n * W);
+    b.proj = malloc(sizeof(float) * (size_t)n * H);
+    b.gate = malloc(sizeof(float) * big);
+    b.up = malloc(sizeof(float) * big);
+    b.rows = malloc(sizeof *b.rows * (size_t)n);
+    float *pooled = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * H);
+    float *out = malloc(sizeof(float) * (size_t)(n_out > 0 ? n_out : 1) * vt->text_hidden);
+    int rc = -1;
+    if (!b.x || !b.xn || !b.q || !b.k || !b.v || !b.att || !b.proj || !b.gate || !b.up || !b.rows || !pooled || !out) {
+        g4_fail("vision: out of memory for %d patches", n);
+        goto done;
+    }
+    /* patch embedding: input_proj(2 (pixels - 0.5)) + (pos_x + pos_y) */
+    for (size_t i = 0; i < (size_t)n * pd; i++) b.xn[i] = 2.0f * (p->pixels[i] - 0.5f);
+    linear_rows(s, &vt->patch_proj, b.xn, n, b.x);
+    for (int t = 0; t < n; t++) {
+        const float *px = vt->pos_table + (size_t)p->pos[2 * t] * H;
+        const float *py = vt->pos_table + ((size_t)vt->pos_size + p->pos[2 * t + 1]) * H;
+        for (int d = 0; d < H; d++) b.x[(size_t)t * H + d] += px[d] + py[d];
+    }
+    for (int l = 0; l < vt->n_layers; l++) vt_layer_run(s, vt, &vt->layers[l], &b, n, p->pos);
+    pool_blocks(vt, b.x, p, pooled, n_out);
+    if (vt->standardize)
+        for (int t = 0; t < n_out; t++)
+            for (int d = 0; d < H; d++) pooled[(size_t)t * H + d] = (pooled[(size_t)t * H + d] - vt->std_bias[d]) * vt->std_scale[d];
+    /* embed_vision: weightless RMSNorm, then the float projection to the text width */
+    g4_forward_rmsnorm_rows(pooled, pooled, NULL, n_out, H, vt->eps);
+    for (int t = 0; t < n_out; t++)
+        for (int o2 = 0; o2 < vt->text_hidden; o2++) out[(size_t)t * vt->text_hidden + o2] = dot(vt->embed_w + (size_t)o2 * H, pooled + (size_t)t * H, H);
+    *embd = out;
+    out = NULL;
+    *n_tokens = n_out;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->linear_seconds = s->prof[G4_PROF_LINEAR];
+        for (int l = 0; l < vt->n_layers; l++) {
+            const vt_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
+                                      &vt->layers[l].gate, &vt->layers[l].up, &vt->layers[l].down};
+            for (int i = 0; i < 7; i++) {
+                double macs = (double)Ls[i]->lin.w.in * Ls[i]->lin.w.out;
+                stats->int_macs += macs * (double)s->rows_int[Ls[i]->lin.id];
+                stats->float_macs += macs * (double)s->rows_float[Ls[i]->lin.id];
+            }
+        }
+        stats->seconds = g4_prof_clock() - t0;
+    }
+    rc = 0;
+done:
+    free(b.x), free(b.xn), free(b.q), free(b.k), free(b.v), free(b.att), free(b.proj), free(b.gate), free(b.up), free(b.rows);
+    free(pooled);
+    free(out);
+    g4_session_free(s);
+    return rc;
+}
