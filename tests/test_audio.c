@@ -2,10 +2,13 @@
  * resampling against load_audio (librosa.load at 16 kHz), the log-mel features against
  * Gemma4AudioFeatureExtractor, on the clips of tests/fixtures/audio (gen_audio_goldens.py); the
  * sample scaling against worked values; every malformed header refused with a one-line error. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 
 #include "audio/audio.h"
 #include "check.h"
+#include "model/model.h"
+#include "testutil.h"
 #include "format/safetensors.h"
 #include "g4.h"
 #include "util/file.h"
@@ -396,11 +399,154 @@ static void test_bad_media(void) {
     free(zeros);
 }
 
+/* ---- the tower (part "tower"): tower/ is gen_audio_tower.py's variant of tiny-mobile ---- */
+
+/* Max |a - b| over n values, relative to the largest |b|. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= md)) md = d; /* NaN propagates */
+        if (fabs(b[i]) > mb) mb = fabs(b[i]);
+    }
+    return mb > 0 ? md / mb : md;
+}
+
+/* Bands (max |difference| / max |golden|) against gen_audio_tower.py's goldens: float and fake
+ * against transformers' own modes, int against the fake-quant goldens. Measured on the two
+ * full-band clips: float 1.3e-6, fake and int 3.9e-7 (int gives fake quantization's codes at
+ * every tower linear; float and fake differ by 2.1%, so the calibrated scales and the clamps
+ * bite). The 8 kHz clip's log-mel already differs by up to 1.9e-3 in near-empty bins (kissfft's
+ * float FFT, MEL_BAND above), which the tower carries: float 5.7e-5, fake and int 1.2e-5; it gets
+ * TOWER_BAND_8K. */
+#define TOWER_BAND_FLOAT 1e-5
+#define TOWER_BAND_FAKE 1e-5
+#define TOWER_BAND_INT 1e-5
+#define TOWER_BAND_8K 1e-4
+
+static const struct {
+    g4_act_mode act;
+    const char *name, *golden;
+    double band;
+} TOWER_MODES[] = {{G4_ACT_FLOAT, "float", "soft_float", TOWER_BAND_FLOAT},
+                   {G4_ACT_FAKE, "fake", "soft_fake", TOWER_BAND_FAKE},
+                   {G4_ACT_INT, "int", "soft_fake", TOWER_BAND_INT}};
+
+static const char *tower_clips[] = {"s16_16k_mono.wav", "s16_44k_stereo.wav", "u8_8k_mono.wav"};
+
+/* One clip through g4_audio_soft_tokens in every mode on every kernel level this CPU has: the
+ * first level against golden clip<ci>.soft_<mode> within the mode's band, the others equal to it
+ * bit for bit. */
+static void check_clip_modes(const g4_model *m, const g4_safetensors *st, int ci) {
+    g4_options o;
+    g4_options_default(&o);
+    int D = g4_model_hidden_size(m);
+    char path[256], *data;
+    size_t len;
+    snprintf(path, sizeof path, FIX "/%s", tower_clips[ci]);
+    CHECK(g4_read_file(path, &data, &len) == 0, "%s", g4_last_error());
+    char gname[64];
+    for (size_t md = 0; md < sizeof TOWER_MODES / sizeof TOWER_MODES[0]; md++) {
+        o.act = TOWER_MODES[md].act;
+        snprintf(gname, sizeof gname, "clip%d.%s", ci, TOWER_MODES[md].golden);
+        const g4_tensor *g = g4_st_find(st, gname);
+        CHECK(g != NULL, "golden %s missing", gname);
+        if (!g) continue;
+        float *ref = NULL;
+        int n_ref = 0, levels = 0;
+        for (int k = 0; k < g4_kernels_count(); k++) {
+            const g4_kernels *kl = g4_kernels_at(k);
+            if (!g4_kernels_available(kl)) continue;
+            setenv("G4_DISPATCH", kl->name, 1);
+            float *e = NULL;
+            int n = 0;
+            int rc = g4_audio_soft_tokens(m, &o, data, len, &e, &n);
+            CHECK(rc == 0, "%s %s %s: %s", tower_clips[ci], TOWER_MODES[md].name, kl->name, g4_last_error());
+            if (rc) continue;
+            levels++;
+            if (!ref) {
+                ref = e, n_ref = n;
+                CHECK(g->ndim == 2 && g->shape[0] == n && g->shape[1] == D, "%s %s: %d tokens x %d, golden %lld x %lld", tower_clips[ci],
+                      TOWER_MODES[md].name, n, D, (long long)g->shape[0], (long long)g->shape[1]);
+                if (g->shape[0] == n && g->shape[1] == D) {
+                    double r = rel_diff(e, (const float *)(const void *)g->data, (size_t)n * D), band = TOWER_MODES[md].band;
+                    if (strstr(tower_clips[ci], "8k")) band = TOWER_BAND_8K;
+                    printf("ok tower %s %s: %d soft tokens, max |g4 - transformers| / max |transformers| = %.3g (band %.3g)\n", tower_clips[ci],
+                           TOWER_MODES[md].name, n, r, band);
+                    CHECK(r <= band, "%s %s: relative difference %.3g over the band %.3g", tower_clips[ci], TOWER_MODES[md].name, r, band);
+                }
+            } else {
+                CHECK(n == n_ref && memcmp(e, ref, sizeof *e * (size_t)n * D) == 0, "%s %s: level %s differs from the first level",
+                      tower_clips[ci], TOWER_MODES[md].name, kl->name);
+                free(e);
+            }
+        }
+        unsetenv("G4_DISPATCH");
+        CHECK(levels >= 1, "no kernel level ran");
+        free(ref);
+    }
+    free(data);
+}
+
+static void test_tower(void) {
+    g4_safetensors st;
+    if (g4_st_open_file(&st, FIX "/tower/goldens.safetensors") != 0) {
+        CHECK(0, "%s", g4_last_error());
+        return;
+    }
+    g4_options o;
+    g4_options_default(&o);
+    g4_model *m = g4_model_load_options(FIX "/tower", &o);
+    CHECK(m != NULL, "%s", g4_last_error());
+    if (m) {
+        /* lazy: loading the model binds no tower; a text session made before keeps working */
+        CHECK(m->audio == NULL, "the audio tower was bound at load");
+        int before = m->n_linears;
+        g4_session *early = g4_session_new(m, &o);
+        CHECK(early != NULL, "%s", g4_last_error());
+        for (int i = 0; i < 3; i++) check_clip_modes(m, &st, i);
+        /* 10 clippable linears a layer, relative_k_proj, input_proj, output_proj, embed_audio */
+        CHECK(m->audio != NULL && m->n_linears == before + 11 + 3, "tower bound on first use: %d linears, %d before", m->n_linears, before);
+        if (early) {
+            int32_t ids[3] = {2, 10, 11};
+            CHECK(g4_session_eval(early, ids, 3, NULL, 0) == 0, "text session after the tower: %s", g4_last_error());
+            g4_session_free(early);
+        }
+        g4_model_free(m);
+    }
+    g4_st_close(&st);
+    char *data;
+    size_t len;
+    CHECK(g4_read_file(FIX "/s16_16k_mono.wav", &data, &len) == 0, "%s", g4_last_error());
+    /* tiny-mobile's own tower cannot take 128 mel bins (channels [8, 4]): refused naming the field */
+    g4_model *tiny = g4_model_load_options(tiny_dir(), &o);
+    CHECK(tiny != NULL, "%s", g4_last_error());
+    if (tiny) {
+        float *e = (float *)1;
+        int n = 7;
+        CHECK(g4_audio_soft_tokens(tiny, &o, data, len, &e, &n) == -1 && e == NULL && n == 0 &&
+                  strstr(g4_last_error(), "subsampling_conv_channels[0] is 8"),
+              "tiny-mobile's tower: %s", g4_last_error());
+        g4_model_free(tiny);
+    }
+    g4_model *text = g4_model_load_options("models/gemma4-tiny-math", &o);
+    CHECK(text != NULL, "%s", g4_last_error());
+    if (text) {
+        float *e = (float *)1;
+        int n = 7;
+        CHECK(g4_audio_soft_tokens(text, &o, data, len, &e, &n) == -1 && e == NULL && n == 0 && strstr(g4_last_error(), "no audio_config"),
+              "text-only model: %s", g4_last_error());
+        g4_model_free(text);
+    }
+    free(data);
+}
+
 int main(void) {
     test_clips();
     test_subsample();
     test_attention();
     test_scaling();
     test_bad_media();
+    if (check_dispatch_level()) test_tower();
     return check_report("test_audio");
 }
