@@ -11,17 +11,21 @@ VOCAB = 512
 FIRST_MARKER = VOCAB - len(MARKERS)
 IMAGE_SOFT = FIRST_MARKER + 1  # <|image|>, the soft-token placeholder
 VISION = os.path.join(ROOT, "tests", "fixtures", "vision")
+AUDIO = os.path.join(ROOT, "tests", "fixtures", "audio")
+AUDIO_TOWER = os.path.join(AUDIO, "tower")
+AUDIO_SOFT = FIRST_MARKER + 4  # <|audio|>
 
 
 def shared_dir():
     return os.environ.get("G4_SHARED") or os.path.join(ROOT, "..", "shared")
 
 
-def media_model(tmp):
-    """The folder, made under tmp."""
-    d = os.path.join(tmp, "tiny-mobile")
+def media_model(tmp, fixture=None, name="tiny-mobile"):
+    """The folder, made under tmp, of fixture's weights (default tiny-mobile; its audio tower is one
+    g4 does not take: tests/fixtures/audio/tower, gen_audio_tower.py's variant of it, has one)."""
+    d = os.path.join(tmp, name)
     os.mkdir(d)
-    fixture = os.path.realpath(os.path.join(shared_dir(), "fixtures", "tiny-mobile"))
+    fixture = os.path.realpath(fixture or os.path.join(shared_dir(), "fixtures", "tiny-mobile"))
     for f in ("config.json", "model.safetensors"):
         os.symlink(os.path.join(fixture, f), os.path.join(d, f))
     with open(os.path.join(ROOT, "models", "gemma4-tiny-math", "tokenizer.json"), encoding="utf-8") as f:

@@ -23,7 +23,7 @@
 enum { N_GEN = 6, MODEL_VOCAB = 512, FIRST_MARKER = MODEL_VOCAB - 6 };
 
 static const char *bin;
-static char tmp[256], model[600];
+static char tmp[256], model[600], audio_model[600]; /* audio_model: tests/fixtures/audio/tower's weights (tiny-mobile's audio tower is not one g4 takes) */
 
 /* The math model's tokenizer cut to the tiny-mobile vocabulary: ids below FIRST_MARKER (the byte
  * tokens among them, so any text encodes) and the merges among those, then the six media markers
@@ -90,14 +90,15 @@ typedef struct {
     int n_prompt, n_gen;
 } ids_pair;
 
-/* The library's greedy answer (the CLI's defaults, --temp 0, -n N_GEN) to a user turn of the
- * images (budget 0: the model's default) and PROMPT, through g4_conversation. */
-static void library_answer(const char *const *images, int n_images, int budget, ids_pair *want) {
+/* The library's greedy answer (the CLI's defaults, --temp 0, -n N_GEN) from the model at dir to a
+ * user turn of the media files (kinds[i], NULL: all images; budget 0: the model's default) and
+ * PROMPT, through g4_conversation. */
+static void library_answer_kinds(const char *dir, const char *const *images, const g4_media_kind *kinds, int n_images, int budget, ids_pair *want) {
     char path[700];
-    snprintf(path, sizeof path, "%s/tokenizer.json", model);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     g4_options o;
     g4_options_default(&o);
-    g4_model *m = g4_model_load(model);
+    g4_model *m = g4_model_load(dir);
     g4_tokenizer *tok = g4_tokenizer_load_ex(path, G4_TOKENIZER_NO_CACHE);
     g4_session *s = m ? g4_session_new(m, &o) : NULL;
     CHECK(m && tok && s, "%s", g4_last_error());
@@ -113,9 +114,11 @@ static void library_answer(const char *const *images, int n_images, int budget, 
         size_t len;
         float *e = NULL;
         int n = 0;
-        CHECK(g4_read_file(images[i], &data, &len) == 0 && g4_image_soft_tokens(m, &o, data, len, budget, &e, &n) == 0, "%s: %s", images[i],
-              g4_last_error());
-        CHECK(g4_conversation_add_media(c, G4_MEDIA_IMAGE, e, n) == 0, "%s", g4_last_error());
+        g4_media_kind kind = kinds ? kinds[i] : G4_MEDIA_IMAGE;
+        CHECK(g4_read_file(images[i], &data, &len) == 0 &&
+                  (kind == G4_MEDIA_IMAGE ? g4_image_soft_tokens(m, &o, data, len, budget, &e, &n) : g4_audio_soft_tokens(m, &o, data, len, &e, &n)) == 0,
+              "%s: %s", images[i], g4_last_error());
+        CHECK(g4_conversation_add_media(c, kind, e, n) == 0, "%s", g4_last_error());
         free(data);
         free(e);
     }
@@ -135,6 +138,10 @@ static void library_answer(const char *const *images, int n_images, int budget, 
     g4_session_free(s);
     g4_tokenizer_free(tok);
     g4_model_free(m);
+}
+
+static void library_answer(const char *const *images, int n_images, int budget, ids_pair *want) {
+    library_answer_kinds(model, images, NULL, n_images, budget, want);
 }
 
 /* The prompt and generated ids of the nth turn of a --verbose stderr capture. */
@@ -214,6 +221,47 @@ static void test_chat_image(void) {
     printf("ok chat /image PATH answers as the library does; bad /image lines leave the chat going\n");
 }
 
+/* --audio and --image mixed: the parts in the order given, the library's answer; /audio in chat. */
+static void expect_one_line(const char *args, const char *what);
+
+static void test_audio(void) {
+    static ids_pair want, got;
+    const char *files[3] = {"tests/fixtures/audio/s16_16k_mono.wav", VDIR "/rgb.png", "tests/fixtures/audio/u8_8k_mono.wav"};
+    const g4_media_kind kinds[3] = {G4_MEDIA_AUDIO, G4_MEDIA_IMAGE, G4_MEDIA_AUDIO};
+    library_answer_kinds(audio_model, files, kinds, 3, 0, &want);
+    char args[4096], out[700], err[700];
+    snprintf(out, sizeof out, "%s/audio.out", tmp);
+    snprintf(err, sizeof err, "%s/audio.err", tmp);
+    snprintf(args, sizeof args, "run -m %s --audio %s --image %s --audio %s -p '" PROMPT "' -n %d --temp 0 --verbose", audio_model, files[0], files[1], files[2],
+             N_GEN);
+    CHECK(run_into(bin, args, out, err) == 0, "run --audio --image --audio failed");
+    char *e = slurp(err);
+    cli_ids(e, 0, &got);
+    free(e);
+    expect_same(&got, &want, "run --audio A --image I --audio B");
+    int first_audio = -1, first_image = -1;
+    for (int i = got.n_prompt - 1; i >= 0; i--) {
+        if (got.prompt[i] == FIRST_MARKER + 3) first_audio = i;
+        if (got.prompt[i] == FIRST_MARKER) first_image = i;
+    }
+    CHECK(count_id(&got, FIRST_MARKER + 3) == 2 && count_id(&got, FIRST_MARKER) == 1 && first_audio >= 0 && first_audio < first_image,
+          "two recordings and an image, the first recording first: %d <|audio>, %d <|image>", count_id(&got, FIRST_MARKER + 3), count_id(&got, FIRST_MARKER));
+    printf("ok run --audio --image --audio: %d audio soft tokens, the parts in order, the library's answer\n", count_id(&got, FIRST_MARKER + 4));
+    library_answer_kinds(audio_model, files, kinds, 1, 0, &want);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "printf '/audio %s\\n" PROMPT "\\n' | %s chat -m %s -n %d --temp 0 --verbose > %s 2> %s", files[0], bin, audio_model, N_GEN, out, err);
+    CHECK(sh(cmd) == 0, "chat with /audio failed");
+    e = slurp(err);
+    cli_ids(e, 0, &got);
+    free(e);
+    expect_same(&got, &want, "chat /audio");
+    snprintf(args, sizeof args, "run -m %s --audio " VDIR "/rgb.png -p hi", audio_model);
+    expect_one_line(args, VDIR "/rgb.png: ");
+    snprintf(args, sizeof args, "run -m %s --audio tests/fixtures/audio/s16_16k_mono.wav -p hi", model);
+    expect_one_line(args, "s16_16k_mono.wav: ");
+    printf("ok chat /audio answers as the library does; a PNG as --audio and tiny-mobile's audio tower refused with one line\n");
+}
+
 /* `g4 ARGS` fails with exit 1 and one stderr line holding `what`. */
 static void expect_one_line(const char *args, const char *what) {
     char out[700], err[700];
@@ -264,9 +312,15 @@ int main(void) {
     if (sh(cmd) != 0) return 2;
     snprintf(path, sizeof path, "%s/tokenizer.json", model);
     write_media_tokenizer(path);
+    char tower[4096];
+    if (!realpath("tests/fixtures/audio/tower", tower)) return 2;
+    snprintf(audio_model, sizeof audio_model, "%s/audio", tmp);
+    snprintf(cmd, sizeof cmd, "mkdir %s && ln -s %s/config.json %s/model.safetensors %s/ && cp %s %s/", audio_model, tower, tower, audio_model, path, audio_model);
+    if (sh(cmd) != 0) return 2;
     test_run_images();
     test_chat_image();
     test_refusals();
+    test_audio();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (sh(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
     return check_report("media_cli");

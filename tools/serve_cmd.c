@@ -373,7 +373,7 @@ static int media_soft_tokens(server *sv, serve_request *r, serve_error *e) {
         if (m->kind == G4_MEDIA_IMAGE)
             rc = g4_image_soft_tokens(sv->m, &sv->a.o, m->bytes, m->len, m->budget ? m->budget : sv->a.image_tokens, &m->embd, &m->n);
         else
-            rc = g4_fail("audio input is not in this build of g4 serve yet");
+            rc = g4_audio_soft_tokens(sv->m, &sv->a.o, m->bytes, m->len, &m->embd, &m->n);
         pthread_mutex_unlock(&media_mu);
         free(m->bytes), m->bytes = NULL;
         if (rc) return serve_fail(e, 400, "invalid_request_error", NULL, m->param, "'%s': %s", m->param, g4_last_error());

@@ -75,6 +75,7 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     else if (flag_is(a, "--verbose")) t->verbose = 1;
     else if (flag_is(a, "--ignore-eos")) t->ignore_eos = 1;
     else if (flag_is(a, "--image")) media_flag(a, t, G4_MEDIA_IMAGE, "--image", bad);
+    else if (flag_is(a, "--audio")) media_flag(a, t, G4_MEDIA_AUDIO, "--audio", bad);
     else if (flag_is(a, "--image-tokens")) {
         int k;
         if ((v = flag_value(a, "--image-tokens", bad)) && parse_choice(a->cmd, "--image-tokens", v, image_budgets, &k)) *bad = 1;
@@ -111,6 +112,7 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     {"--raw", "g4 run: the prompt as it is, without the chat template"}, \
     {"--parse-special on|off", "g4 run --raw: special-token strings in the prompt as those tokens (default on)"}, \
     {"--image FILE", "a PNG or JPEG before the (first) turn's text; repeatable, kept in order"}, \
+    {"--audio FILE", "a WAV recording (at most 30 s) before the (first) turn's text; repeatable, kept in order with --image"}, \
     {"--image-tokens N", "an image's soft-token budget: 70, 140, 280, 560 or 1120 (default: the model's)"}
 
 const command_usage usage_run = {
@@ -131,7 +133,7 @@ const command_usage usage_run = {
 
 const command_usage usage_chat = {
     "chat [-m DIR] [flags]",
-    "Interactive chat that keeps the KV cache across turns: /image PATH (attached to the next message), /reset, /think on|off, /exit; Ctrl-C stops an answer,\n"
+    "Interactive chat that keeps the KV cache across turns: /image PATH, /audio PATH (attached to the next message), /reset, /think on|off, /exit; Ctrl-C stops an answer,\n"
     "Ctrl-C or Ctrl-D at the prompt leaves. Lines from a pipe are turns too.",
     (const usage_line[]){TEXT_USAGE_LINES, {NULL, NULL}},
     USAGE_ENGINE | USAGE_SAMPLING | USAGE_DRAFT,
@@ -211,7 +213,7 @@ static int text_model_open(text_model *t, const text_args *a) {
     return 0;
 }
 
-/* Reads an image (PNG, JPEG) and adds its soft tokens to the next user message; an error names the file. */
+/* Reads an image (PNG, JPEG) or a recording (WAV) and adds its soft tokens to the next user message; an error names the file. */
 static int attach_media(text_model *t, g4_media_kind kind, const char *path) {
     char *bytes;
     size_t len;
@@ -219,6 +221,7 @@ static int attach_media(text_model *t, g4_media_kind kind, const char *path) {
     float *embd = NULL;
     int n = 0, rc = -1;
     if (kind == G4_MEDIA_IMAGE) rc = g4_image_soft_tokens(t->m, &t->o, bytes, len, t->image_tokens, &embd, &n);
+    else rc = g4_audio_soft_tokens(t->m, &t->o, bytes, len, &embd, &n);
     free(bytes);
     if (rc != 0) {
         char why[1024];
@@ -351,12 +354,12 @@ static int chat_turn(text_model *t, const char *line, int *system_in, const char
     return 0;
 }
 
-/* "/image PATH": attaches the file to the next user message; 0 if the line is no such command. */
+/* "/image PATH", "/audio PATH": attaches the file to the next user message; 0 if the line is no such command. */
 static int chat_media_command(text_model *t, const char *line, int *system_in, const char *system) {
     static const struct {
         const char *cmd;
         g4_media_kind kind;
-    } cmds[] = {{"/image", G4_MEDIA_IMAGE}};
+    } cmds[] = {{"/image", G4_MEDIA_IMAGE}, {"/audio", G4_MEDIA_AUDIO}};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         size_t n = strlen(cmds[i].cmd);
         if (strncmp(line, cmds[i].cmd, n) != 0 || (line[n] != ' ' && line[n] != 0)) continue;
@@ -372,7 +375,7 @@ static int chat_media_command(text_model *t, const char *line, int *system_in, c
 }
 
 static void chat_help(void) {
-    fprintf(stderr, "commands: /image PATH (attach to your next message), /reset (new conversation), /think on|off (restarts the conversation), /exit; "
+    fprintf(stderr, "commands: /image PATH, /audio PATH (attach to your next message), /reset (new conversation), /think on|off (restarts the conversation), /exit; "
                     "Ctrl-C stops an answer; Ctrl-D or Ctrl-C at the prompt leaves\n");
 }
 
