@@ -610,6 +610,34 @@ def _image_part(part: Mapping[str, Any], what: str) -> _Media:
     raise InputError(f"{what}: 'image' must be a path, the file's bytes or a uint8 (H, W, 3) array, not {type(v).__name__}")
 
 
+def _wav(a: Any, rate: Any, what: str) -> bytes:
+    """A float32 array of samples ((n,) mono or (n, channels)) as a 32-bit float WAV file."""
+    if str(getattr(a, "dtype", "")) != "float32" or a.ndim not in (1, 2) or not a.size:
+        raise InputError(f"{what}: an audio array must be float32 of shape (n,) or (n, channels), not {getattr(a, 'dtype', '?')} {getattr(a, 'shape', '?')}")
+    if not isinstance(rate, int) or isinstance(rate, bool) or not 1 <= rate <= 1_000_000:
+        raise InputError(f"{what}: an audio array needs 'sample_rate', an integer in [1, 1000000], not {rate!r}")
+    ch = 1 if a.ndim == 1 else int(a.shape[1])
+    data = a.astype("<f4").tobytes(order="C")
+    fmt = struct.pack("<HHIIHH", 3, ch, rate, rate * ch * 4, ch * 4, 32)
+    return b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+
+
+def _audio_part(part: Mapping[str, Any], what: str) -> _Media:
+    """{"type": "audio", "audio": a path, a WAV file's bytes or a float32 array with "sample_rate"}."""
+    v = part.get("audio")
+    if isinstance(v, (str, os.PathLike)):
+        try:
+            with open(v, "rb") as f:
+                return (C.MEDIA_AUDIO, f.read(), 0, f"{what} ({os.fspath(v)})")
+        except OSError as e:
+            raise InputError(f"{what}: {os.fspath(v)}: {e.strerror}") from None
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return (C.MEDIA_AUDIO, bytes(v), 0, what)
+    if hasattr(v, "dtype") and hasattr(v, "shape"):
+        return (C.MEDIA_AUDIO, _wav(v, part.get("sample_rate"), what), 0, what)
+    raise InputError(f"{what}: 'audio' must be a path, a WAV file's bytes or a float32 array, not {type(v).__name__}")
+
+
 def _content_from(i: int, content: Any) -> Tuple[str, List[_Media]]:
     """A message's content: a string, or a list of parts (strings, {"type": "text", "text": ...},
     {"type": "image", ...}); the media parts go before the text, in order, as the template puts them."""
@@ -633,8 +661,10 @@ def _content_from(i: int, content: Any) -> Tuple[str, List[_Media]]:
             text.append(part["text"])
         elif part.get("type") == "image":
             media.append(_image_part(part, what))
+        elif part.get("type") == "audio":
+            media.append(_audio_part(part, what))
         else:
-            raise InputError(f"{what}: unknown part type {part.get('type')!r} (text, image)")
+            raise InputError(f"{what}: unknown part type {part.get('type')!r} (text, image, audio)")
     return "".join(t.strip() for t in text), media
 
 
@@ -659,7 +689,7 @@ def _messages_from(messages: Sequence[Message]) -> List[_Msg]:
         if lib.g4_chat_role_parse(role.encode(), byref(r)) != 0:
             raise _fail(InputError, f"message {i}: ")
         if media and r.value != C.CHAT_USER:
-            raise InputError(f"message {i}: images are taken in user messages only")
+            raise InputError(f"message {i}: images and audio are taken in user messages only")
         out.append((r.value, _c_string(f"message {i}: content", text), media))
     return out
 
@@ -1261,11 +1291,15 @@ class Model:
             raise
 
     def _add_media(self, conv: int, part: _Media) -> None:
-        """An image's soft tokens (the model's vision tower) as a part of the next user message."""
+        """An image's or a recording's soft tokens (the model's vision or audio tower) as a part of the next user message."""
         kind, data, budget, what = part
         embd, n = POINTER(c_float)(), c_int()
         buf = ctypes.create_string_buffer(data, len(data))
-        if lib.g4_image_soft_tokens(self._m, byref(self._opts), buf, len(data), budget, byref(embd), byref(n)) != 0:
+        if kind == C.MEDIA_IMAGE:
+            rc = lib.g4_image_soft_tokens(self._m, byref(self._opts), buf, len(data), budget, byref(embd), byref(n))
+        else:
+            rc = lib.g4_audio_soft_tokens(self._m, byref(self._opts), buf, len(data), byref(embd), byref(n))
+        if rc != 0:
             raise _fail(InputError, f"{what}: ")
         try:
             if lib.g4_conversation_add_media(conv, kind, embd, n.value) != 0:

@@ -18,7 +18,7 @@ import g4
 from conftest import ROOT, run_cli
 
 sys.path.insert(0, str(ROOT / "tests"))
-from media_model import VISION, media_model  # noqa: E402
+from media_model import AUDIO, AUDIO_TOWER, VISION, media_model  # noqa: E402
 
 TEXT = "What is in the image?"
 N = 8
@@ -32,9 +32,9 @@ def mm(tmp_path_factory):
     m.close()
 
 
-def cli(model_dir: str, image: str, *extra: str) -> list:
-    """`g4 run --image`'s greedy generated ids (--verbose)."""
-    err = run_cli("run", "-m", model_dir, "--image", f"{VISION}/{image}", "-p", TEXT, "-n", str(N), "--temp", "0", "--verbose", *extra).stderr
+def cli(model_dir: str, image: str, *extra: str, flag: str = "--image", folder: str = VISION) -> list:
+    """`g4 run --image`'s (or --audio's) greedy generated ids (--verbose)."""
+    err = run_cli("run", "-m", model_dir, flag, f"{folder}/{image}", "-p", TEXT, "-n", str(N), "--temp", "0", "--verbose", *extra).stderr
     line = [x for x in err.splitlines() if x.startswith("g4: generated ids:")][0]
     return [int(t) for t in line.split(":", 2)[2].split()]
 
@@ -94,3 +94,45 @@ def test_refusals(mm, tmp_path):
             text_model.chat(user({"type": "image", "image": f"{VISION}/rgb.png"}, TEXT))
     finally:
         text_model.close()
+
+
+@pytest.fixture(scope="module")
+def am(tmp_path_factory):
+    d = media_model(str(tmp_path_factory.mktemp("audio")), AUDIO_TOWER, "audio")
+    m = g4.Model(d)
+    yield d, m
+    m.close()
+
+
+def wav_samples(path: str):
+    """A float WAV's samples (n, channels) and rate, read by hand (RIFF chunks)."""
+    np = pytest.importorskip("numpy")
+    with open(path, "rb") as f:
+        b = f.read()
+    at, fmt, data = 12, None, None
+    while at + 8 <= len(b):
+        tag, size = b[at:at + 4], struct.unpack("<I", b[at + 4:at + 8])[0]
+        if tag == b"fmt ":
+            fmt = struct.unpack("<HHIIHH", b[at + 8:at + 24])
+        elif tag == b"data":
+            data = b[at + 8:at + 8 + size]
+        at += 8 + size + (size & 1)
+    assert fmt and fmt[5] == 32 and data is not None
+    return np.frombuffer(data, dtype="<f4").reshape(-1, fmt[1]).astype(np.float32), fmt[2]
+
+
+def test_audio(am, tmp_path):
+    d, m = am
+    want = cli(d, "s16_16k_mono.wav", flag="--audio", folder=AUDIO)
+    got = m.chat(user({"type": "audio", "audio": f"{AUDIO}/s16_16k_mono.wav"}, TEXT), temperature=0, max_tokens=N)
+    assert got.tokens == want
+    with open(f"{AUDIO}/s16_16k_mono.wav", "rb") as f:
+        got = m.chat(user({"type": "audio", "audio": f.read()}, TEXT), temperature=0, max_tokens=N)
+    assert got.tokens == want
+    samples, rate = wav_samples(f"{AUDIO}/f32_22k_3ch.wav")
+    got = m.chat(user({"type": "audio", "audio": samples, "sample_rate": rate}, TEXT), temperature=0, max_tokens=N)
+    assert got.tokens == cli(d, "f32_22k_3ch.wav", flag="--audio", folder=AUDIO)
+    with pytest.raises(g4.InputError, match="needs 'sample_rate'"):
+        m.chat(user({"type": "audio", "audio": samples}, TEXT))
+    with pytest.raises(g4.InputError, match=r"message 0: part 0 \(.*rgb\.png\): "):
+        m.chat(user({"type": "audio", "audio": f"{VISION}/rgb.png"}, TEXT))

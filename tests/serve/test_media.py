@@ -14,7 +14,7 @@ import serve_util
 from serve_util import G4, ROOT, TIMEOUT, Server, check, is_error_shape
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from media_model import IMAGE_SOFT, VISION, media_model  # noqa: E402
+from media_model import AUDIO, AUDIO_TOWER, IMAGE_SOFT, VISION, media_model  # noqa: E402
 
 TEXT = "What is in the image?"
 N = 8
@@ -112,11 +112,37 @@ def test_refusals(sv, tmp):
     expect_400(sv, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "mp3"}}]}],
                p + ".input_audio.format", "an audio format other than wav")
     expect_400(sv, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]}],
-               p + ".input_audio.data", "audio, which this build does not take yet", "audio input is not in this build")
+               p + ".input_audio.data", "a cut WAV")
+    with open(os.path.join(AUDIO, "s16_16k_mono.wav"), "rb") as f:
+        good_wav = base64.b64encode(f.read()).decode()
+    expect_400(sv, [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": good_wav, "format": "wav"}}]}],
+               p + ".input_audio.data", "a model whose audio tower g4 does not take (tiny-mobile's)", "subsampling_conv_channels")
     expect_400(sv, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": good}}]}],
                "messages[1].content[0]", "an image in an assistant message")
     three = [{"type": "image_url", "image_url": {"url": good}}] * 3
     expect_400(sv, [{"role": "user", "content": three}], "messages[0].content[2]", "more parts than --max-media 2", "at most 2")
+
+
+def test_audio(tmp):
+    """input_audio parts (with an image between two recordings) answer as g4 run --audio --image --audio."""
+    model = media_model(tmp, AUDIO_TOWER, "audio")
+    files = ["s16_16k_mono.wav", "rgb.png", "u8_8k_mono.wav"]
+    out = subprocess.run([G4, "run", "-m", model, "--audio", os.path.join(AUDIO, files[0]), "--image", os.path.join(VISION, files[1]), "--audio",
+                          os.path.join(AUDIO, files[2]), "-p", TEXT, "-n", str(N), "--temp", "0"], capture_output=True, text=True, timeout=TIMEOUT)
+    want = out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
+
+    def audio(name):
+        with open(os.path.join(AUDIO, name), "rb") as f:
+            return {"type": "input_audio", "input_audio": {"data": base64.b64encode(f.read()).decode(), "format": "wav"}}
+
+    parts = [audio(files[0]), {"type": "image_url", "image_url": {"url": data_url(files[1])}}, audio(files[2]), {"type": "text", "text": TEXT}]
+    sv = Server("-m", model, "--ctx", "2048", "--parallel", "1")
+    try:
+        r = sv.client().chat.completions.create(model="audio", messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=N)
+        got = r.choices[0].message.content
+        check(out.returncode == 0 and got == want, "audio, image, audio parts answer as g4 run --audio --image --audio", "%r != %r" % (got, want))
+    finally:
+        check(sv.stop() == 0, "the audio server stops cleanly")
 
 
 def test_text_model(tmp):
@@ -140,6 +166,7 @@ def run():
             test_refusals(sv, tmp)
         finally:
             check(sv.stop() == 0, "the media server stops cleanly", "".join(sv.log[-5:]))
+        test_audio(tmp)
         test_text_model(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
