@@ -2,8 +2,9 @@
  * resampling against load_audio (librosa.load at 16 kHz), the log-mel features against
  * Gemma4AudioFeatureExtractor, on the clips of tests/fixtures/audio (gen_audio_goldens.py); the
  * sample scaling against worked values; every malformed header refused with a one-line error. */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* setenv, mkdtemp, symlink, realpath */
 #include <stdint.h>
+#include <unistd.h>
 
 #include "audio/audio.h"
 #include "check.h"
@@ -414,10 +415,11 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 
 /* Bands (max |difference| / max |golden|) against gen_audio_tower.py's goldens: float and fake
  * against transformers' own modes, int against the fake-quant goldens. Measured on the two
- * full-band clips: float 1.3e-6, fake and int 3.9e-7 (int gives fake quantization's codes at
- * every tower linear; float and fake differ by 2.1%, so the calibrated scales and the clamps
- * bite). The 8 kHz clip's log-mel already differs by up to 1.9e-3 in near-empty bins (kissfft's
- * float FFT, MEL_BAND above), which the tower carries: float 5.7e-5, fake and int 1.2e-5; it gets
+ * full-band clips: float 4.9e-7, fake and int 3.0e-7 (int gives fake quantization's codes at
+ * every tower linear; float and fake differ by 0.54%, 1800 times the band, so the calibrated
+ * scales and the clamps are seen). The 8 kHz clip's log-mel already differs by up to 1.9e-3 in
+ * near-empty bins (kissfft's float FFT, MEL_BAND above), which the tower carries: float 1.2e-5,
+ * fake and int 1.7e-6; it gets
  * TOWER_BAND_8K. */
 #define TOWER_BAND_FLOAT 1e-5
 #define TOWER_BAND_FAKE 1e-5
@@ -488,6 +490,53 @@ static void check_clip_modes(const g4_model *m, const g4_safetensors *st, int ci
     free(data);
 }
 
+
+/* A copy of the tower fixture in a temp folder with `from` replaced by `to` in its config.json
+ * (once), its model.safetensors linked: the model loads (the text model is untouched), and the
+ * first clip is refused with one line holding `needle`. */
+static void expect_tower_refusal(const char *from, const char *to, const char *needle, const char *wav, size_t len) {
+    char dir[] = "/tmp/g4_audio_XXXXXX", path[4096], target[4096];
+    if (!mkdtemp(dir)) exit(2);
+    char *cfg = NULL;
+    size_t clen = 0;
+    if (g4_read_file(FIX "/tower/config.json", &cfg, &clen)) exit(2);
+    char *at = strstr(cfg, from);
+    CHECK(at != NULL, "tower/config.json has no %s", from);
+    if (at) {
+        size_t n = clen + strlen(to) + 1;
+        char *out = malloc(n);
+        snprintf(out, n, "%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        if (!f || fwrite(out, 1, strlen(out), f) != strlen(out) || fclose(f)) exit(2);
+        free(out);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (!realpath(FIX "/tower", target)) exit(2);
+        strncat(target, "/model.safetensors", sizeof target - strlen(target) - 1);
+        if (symlink(target, path) != 0) exit(2);
+        g4_options o;
+        g4_options_default(&o);
+        g4_model *m = g4_model_load_options(dir, &o);
+        CHECK(m != NULL, "%s -> %s: the model itself: %s", from, to, g4_last_error());
+        if (m) {
+            float *e = (float *)1;
+            int nt = 7;
+            int rc = g4_audio_soft_tokens(m, &o, wav, len, &e, &nt);
+            CHECK(rc == -1 && e == NULL && nt == 0 && strstr(g4_last_error(), needle) && !strchr(g4_last_error(), '\n'), "%s -> %s: %s", from,
+                  to, rc ? g4_last_error() : "accepted");
+            if (rc) printf("ok refused (%s -> %s): %s\n", from, to, g4_last_error());
+            /* a failed bind leaves the model as it was: a second call is refused the same way */
+            CHECK(m->audio == NULL && g4_audio_soft_tokens(m, &o, wav, len, &e, &nt) == -1, "%s -> %s: second call", from, to);
+            g4_model_free(m);
+        }
+        unlink(path);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+    }
+    free(cfg);
+    rmdir(dir);
+}
+
 static void test_tower(void) {
     g4_safetensors st;
     if (g4_st_open_file(&st, FIX "/tower/goldens.safetensors") != 0) {
@@ -529,6 +578,10 @@ static void test_tower(void) {
               "tiny-mobile's tower: %s", g4_last_error());
         g4_model_free(tiny);
     }
+    expect_tower_refusal("\"conv_kernel_size\": 5", "\"conv_kernel_size\": 3", "lconv1d.depthwise_conv1d.weight: expected a float tensor [32, 1, 3]",
+                         data, len);
+    expect_tower_refusal("\"output_proj_dims\": 64", "\"output_proj_dims\": 48", "output_proj.weight", data, len);
+    expect_tower_refusal("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "audio_config.hidden_act \"gelu\"", data, len);
     g4_model *text = g4_model_load_options("models/gemma4-tiny-math", &o);
     CHECK(text != NULL, "%s", g4_last_error());
     if (text) {

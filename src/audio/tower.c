@@ -15,24 +15,20 @@
 #include "audio/audio.h"
 #include "audio/tower.h"
 #include "model/session.h"
+#include "model/tower.h"
 #include "util/err.h"
 #include "util/file.h"
 
 #define AT "model.audio_tower."
-
-/* A Gemma4ClippableLinear: the linear and its clamps (infinite without use_clipped_linears). */
-typedef struct {
-    g4_linear lin;
-    float in_min, in_max, out_min, out_max;
-} at_linear;
+#define TOWER "audio tower"
 
 typedef struct {
-    at_linear ff1[2], ff2[2]; /* feed_forward1/2: ffw_layer_1, ffw_layer_2 */
+    g4_clip_linear ff1[2], ff2[2]; /* feed_forward1/2: ffw_layer_1, ffw_layer_2 */
     float *ff1_pre, *ff1_post, *ff2_pre, *ff2_post;
-    at_linear q, k, v, post;
+    g4_clip_linear q, k, v, post;
     g4_linear rel_k;          /* relative_k_proj, float */
     float *per_dim_scale, *norm_pre_attn, *norm_post_attn;
-    at_linear lc_start, lc_end;
+    g4_clip_linear lc_start, lc_end;
     float *lc_pre, *lc_conv_norm, *lc_conv_w; /* conv weight [hidden][kernel] */
     float *norm_out;
 } at_layer;
@@ -45,99 +41,15 @@ struct g4_audio_tower {
     g4_linear input_proj, output_proj, embed;
     float *output_bias;
     at_layer *layers;
-    void **owned;
-    int n_owned;
+    g4_tower_mem mem;
 };
-
-static void *at_own(g4_audio_tower *at, size_t bytes) {
-    void **p = realloc(at->owned, sizeof *p * (size_t)(at->n_owned + 1));
-    if (!p) return NULL;
-    at->owned = p;
-    void *b = calloc(1, bytes ? bytes : 1);
-    if (b) at->owned[at->n_owned++] = b;
-    return b;
-}
 
 static void at_free(void *ptr) {
     g4_audio_tower *at = ptr;
     if (!at) return;
-    for (int i = 0; i < at->n_owned; i++) free(at->owned[i]);
-    free(at->owned);
+    g4_tower_mem_free(&at->mem);
     free(at->layers);
     free(at);
-}
-
-/* A float tensor of exactly the given shape, copied to f32 (ndim 0: a scalar, [] or [1]). */
-static float *load_floats(g4_model *m, g4_audio_tower *at, const char *name, int ndim, const int64_t *shape) {
-    const g4_tensor *t = g4_st_find(&m->st, name);
-    if (!t) {
-        g4_fail("%s: tensor %s missing from the checkpoint (audio tower)", m->dir, name);
-        return NULL;
-    }
-    int ok = t->dtype == G4_DT_BF16 || t->dtype == G4_DT_F32 || t->dtype == G4_DT_F16;
-    int64_t numel = 1;
-    if (ndim == 0) {
-        ok = ok && (t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1));
-    } else {
-        ok = ok && t->ndim == ndim;
-        for (int d = 0; d < ndim; d++) {
-            ok = ok && t->shape[d] == shape[d];
-            numel *= shape[d];
-        }
-    }
-    if (!ok) {
-        char want[96] = "a float scalar", got[96];
-        if (ndim) {
-            int at2 = snprintf(want, sizeof want, "a float tensor [");
-            for (int d = 0; d < ndim; d++) at2 += snprintf(want + at2, sizeof want - (size_t)at2, d ? ", %lld" : "%lld", (long long)shape[d]);
-            snprintf(want + at2, sizeof want - (size_t)at2, "]");
-        }
-        g4_fail("%s: tensor %s: expected %s, found %s %s", g4_st_path(&m->st, t), name, want, g4_dtype_name(t->dtype),
-                g4_shape_str(t, got, sizeof got));
-        return NULL;
-    }
-    float *v = at_own(at, sizeof *v * (size_t)numel);
-    if (!v) {
-        g4_fail("%s: out of memory", name);
-        return NULL;
-    }
-    for (int64_t i = 0; i < numel; i++) v[i] = g4_tensor_float(t, i);
-    return v;
-}
-
-static float *load_vec(g4_model *m, g4_audio_tower *at, const char *name, int n) {
-    int64_t shape[1] = {n};
-    return load_floats(m, at, name, 1, shape);
-}
-
-static int load_clamp(g4_model *m, g4_audio_tower *at, const char *module, const char *leaf, float *out) {
-    char name[256];
-    snprintf(name, sizeof name, "%s.%s", module, leaf);
-    float *v = load_floats(m, at, name, 0, NULL);
-    if (!v) return -1;
-    if (isnan(*v)) return g4_fail("%s: tensor %s is NaN", m->dir, name);
-    *out = *v;
-    return 0;
-}
-
-static int bind_clippable(g4_model *m, g4_audio_tower *at, at_linear *L, const char *module, int in, int out) {
-    char lin[224];
-    snprintf(lin, sizeof lin, "%s.linear", module);
-    if (g4_model_bind_linear(m, &L->lin, lin, in, out) != 0) return -1;
-    L->in_min = L->out_min = -INFINITY;
-    L->in_max = L->out_max = INFINITY;
-    if (!at->clipped) return 0;
-    if (load_clamp(m, at, module, "input_min", &L->in_min) || load_clamp(m, at, module, "input_max", &L->in_max) ||
-        load_clamp(m, at, module, "output_min", &L->out_min) || load_clamp(m, at, module, "output_max", &L->out_max))
-        return -1;
-    return 0;
-}
-
-/* A linear the checkpoint keeps float (modules_to_not_convert). */
-static int bind_float(g4_model *m, g4_linear *L, const char *module, int in, int out) {
-    if (g4_model_bind_linear(m, L, module, in, out)) return -1;
-    if (L->w.bits != 16) return g4_fail("%s: %s is quantized; g4 expects it float (modules_to_not_convert)", m->dir, module);
-    return 0;
 }
 
 /* ---- audio_config ---- */
@@ -223,17 +135,21 @@ done:
 
 /* ---- loading ---- */
 
-static int bind_ffw(g4_model *m, g4_audio_tower *at, const char *p, at_linear ff[2], float **pre, float **post) {
+static int clip_bind(g4_model *m, g4_audio_tower *at, g4_clip_linear *L, const char *module, int in, int out) {
+    return g4_tower_bind_clippable(m, &at->mem, TOWER, L, module, in, out, at->clipped);
+}
+
+static int bind_ffw(g4_model *m, g4_audio_tower *at, const char *p, g4_clip_linear ff[2], float **pre, float **post) {
     char n[256];
     int H = at->hidden;
     snprintf(n, sizeof n, "%sffw_layer_1", p);
-    if (bind_clippable(m, at, &ff[0], n, H, 4 * H)) return -1;
+    if (clip_bind(m, at, &ff[0], n, H, 4 * H)) return -1;
     snprintf(n, sizeof n, "%sffw_layer_2", p);
-    if (bind_clippable(m, at, &ff[1], n, 4 * H, H)) return -1;
+    if (clip_bind(m, at, &ff[1], n, 4 * H, H)) return -1;
     snprintf(n, sizeof n, "%spre_layer_norm.weight", p);
-    if (!(*pre = load_vec(m, at, n, H))) return -1;
+    if (!(*pre = g4_tower_vec(m, &at->mem, TOWER, n, H))) return -1;
     snprintf(n, sizeof n, "%spost_layer_norm.weight", p);
-    if (!(*post = load_vec(m, at, n, H))) return -1;
+    if (!(*post = g4_tower_vec(m, &at->mem, TOWER, n, H))) return -1;
     return 0;
 }
 
@@ -247,20 +163,20 @@ static int bind_layer(g4_model *m, g4_audio_tower *at, int l) {
     if (bind_ffw(m, at, f, L->ff1, &L->ff1_pre, &L->ff1_post)) return -1;
     snprintf(f, sizeof f, "%sfeed_forward2.", p);
     if (bind_ffw(m, at, f, L->ff2, &L->ff2_pre, &L->ff2_post)) return -1;
-    if (bind_clippable(m, at, &L->q, MOD("self_attn.q_proj"), H, H) || bind_clippable(m, at, &L->k, MOD("self_attn.k_proj"), H, H) ||
-        bind_clippable(m, at, &L->v, MOD("self_attn.v_proj"), H, H) || bind_clippable(m, at, &L->post, MOD("self_attn.post"), H, H) ||
-        bind_float(m, &L->rel_k, MOD("self_attn.relative_k_proj"), H, H) ||
-        bind_clippable(m, at, &L->lc_start, MOD("lconv1d.linear_start"), H, 2 * H) ||
-        bind_clippable(m, at, &L->lc_end, MOD("lconv1d.linear_end"), H, H))
+    if (clip_bind(m, at, &L->q, MOD("self_attn.q_proj"), H, H) || clip_bind(m, at, &L->k, MOD("self_attn.k_proj"), H, H) ||
+        clip_bind(m, at, &L->v, MOD("self_attn.v_proj"), H, H) || clip_bind(m, at, &L->post, MOD("self_attn.post"), H, H) ||
+        g4_tower_bind_float(m, &L->rel_k, MOD("self_attn.relative_k_proj"), H, H) ||
+        clip_bind(m, at, &L->lc_start, MOD("lconv1d.linear_start"), H, 2 * H) ||
+        clip_bind(m, at, &L->lc_end, MOD("lconv1d.linear_end"), H, H))
         return -1;
     int64_t cshape[3] = {H, 1, at->kernel};
-    if (!(L->per_dim_scale = load_vec(m, at, MOD("self_attn.per_dim_scale"), at->head_dim)) ||
-        !(L->norm_pre_attn = load_vec(m, at, MOD("norm_pre_attn.weight"), H)) ||
-        !(L->norm_post_attn = load_vec(m, at, MOD("norm_post_attn.weight"), H)) ||
-        !(L->lc_pre = load_vec(m, at, MOD("lconv1d.pre_layer_norm.weight"), H)) ||
-        !(L->lc_conv_norm = load_vec(m, at, MOD("lconv1d.conv_norm.weight"), H)) ||
-        !(L->lc_conv_w = load_floats(m, at, MOD("lconv1d.depthwise_conv1d.weight"), 3, cshape)) ||
-        !(L->norm_out = load_vec(m, at, MOD("norm_out.weight"), H)))
+    if (!(L->per_dim_scale = g4_tower_vec(m, &at->mem, TOWER, MOD("self_attn.per_dim_scale"), at->head_dim)) ||
+        !(L->norm_pre_attn = g4_tower_vec(m, &at->mem, TOWER, MOD("norm_pre_attn.weight"), H)) ||
+        !(L->norm_post_attn = g4_tower_vec(m, &at->mem, TOWER, MOD("norm_post_attn.weight"), H)) ||
+        !(L->lc_pre = g4_tower_vec(m, &at->mem, TOWER, MOD("lconv1d.pre_layer_norm.weight"), H)) ||
+        !(L->lc_conv_norm = g4_tower_vec(m, &at->mem, TOWER, MOD("lconv1d.conv_norm.weight"), H)) ||
+        !(L->lc_conv_w = g4_tower_floats(m, &at->mem, TOWER, MOD("lconv1d.depthwise_conv1d.weight"), 3, cshape)) ||
+        !(L->norm_out = g4_tower_vec(m, &at->mem, TOWER, MOD("norm_out.weight"), H)))
         return -1;
 #undef MOD
     return 0;
@@ -276,18 +192,18 @@ static g4_audio_tower *at_load(g4_model *m) {
         goto fail;
     }
     int64_t c0[4] = {at->ch0, 1, 3, 3}, c1[4] = {at->ch1, at->ch0, 3, 3};
-    if (!(at->conv0_w = load_floats(m, at, AT "subsample_conv_projection.layer0.conv.weight", 4, c0)) ||
-        !(at->conv0_norm = load_vec(m, at, AT "subsample_conv_projection.layer0.norm.weight", at->ch0)) ||
-        !(at->conv1_w = load_floats(m, at, AT "subsample_conv_projection.layer1.conv.weight", 4, c1)) ||
-        !(at->conv1_norm = load_vec(m, at, AT "subsample_conv_projection.layer1.norm.weight", at->ch1)))
+    if (!(at->conv0_w = g4_tower_floats(m, &at->mem, TOWER, AT "subsample_conv_projection.layer0.conv.weight", 4, c0)) ||
+        !(at->conv0_norm = g4_tower_vec(m, &at->mem, TOWER, AT "subsample_conv_projection.layer0.norm.weight", at->ch0)) ||
+        !(at->conv1_w = g4_tower_floats(m, &at->mem, TOWER, AT "subsample_conv_projection.layer1.conv.weight", 4, c1)) ||
+        !(at->conv1_norm = g4_tower_vec(m, &at->mem, TOWER, AT "subsample_conv_projection.layer1.norm.weight", at->ch1)))
         goto fail;
-    if (bind_float(m, &at->input_proj, AT "subsample_conv_projection.input_proj_linear", G4_AUDIO_MEL_BINS / 4 * at->ch1, at->hidden))
+    if (g4_tower_bind_float(m, &at->input_proj, AT "subsample_conv_projection.input_proj_linear", G4_AUDIO_MEL_BINS / 4 * at->ch1, at->hidden))
         goto fail;
     for (int l = 0; l < at->n_layers; l++)
         if (bind_layer(m, at, l)) goto fail;
-    if (bind_float(m, &at->output_proj, AT "output_proj", at->hidden, at->out_dims) ||
-        !(at->output_bias = load_vec(m, at, AT "output_proj.bias", at->out_dims)) ||
-        bind_float(m, &at->embed, "model.embed_audio.embedding_projection", at->out_dims, at->text_hidden))
+    if (g4_tower_bind_float(m, &at->output_proj, AT "output_proj", at->hidden, at->out_dims) ||
+        !(at->output_bias = g4_tower_vec(m, &at->mem, TOWER, AT "output_proj.bias", at->out_dims)) ||
+        g4_tower_bind_float(m, &at->embed, "model.embed_audio.embedding_projection", at->out_dims, at->text_hidden))
         goto fail;
     return at;
 fail:
@@ -313,28 +229,6 @@ const g4_audio_tower *g4_audio_tower_get(const g4_model *cm) {
 
 /* ---- the forward pass ---- */
 
-static void clamp_rows(float *x, size_t n, float lo, float hi) {
-    if (lo == -INFINITY && hi == INFINITY) return;
-    for (size_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
-}
-
-/* y = linear(x) over n rows, in calls no larger than the session's scratch holds (as vision). */
-static void linear_rows(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
-    size_t wide = (size_t)(L->w.in > L->w.out ? L->w.in : L->w.out), rows = s->acc_len / wide;
-    int step = rows > CHUNK ? CHUNK : (int)rows;
-    for (int r = 0; r < n; r += step) {
-        int c = n - r < step ? n - r : step;
-        g4_forward_linear(s, L, x + (size_t)r * L->w.in, c, y + (size_t)r * L->w.out);
-    }
-}
-
-/* y = clamp(linear(clamp(x))) over n rows; x may be clamped in place. */
-static void at_linear_run(g4_session *s, const at_linear *L, float *x, int n, float *y) {
-    clamp_rows(x, (size_t)n * L->lin.w.in, L->in_min, L->in_max);
-    linear_rows(s, &L->lin, x, n, y);
-    clamp_rows(y, (size_t)n * L->lin.w.out, L->out_min, L->out_max);
-}
-
 /* torch's silu in f32: x * sigmoid(x) */
 static void silu(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
@@ -345,16 +239,16 @@ typedef struct {
 } at_bufs;
 
 /* Gemma4AudioFeedForward: x += residual_weight x post_norm(clip(ffw2(silu(ffw1(pre_norm(clip(x))))))) */
-static void ffw_run(g4_session *s, const g4_audio_tower *at, const at_linear ff[2], const float *pre, const float *post, at_bufs *b, int n) {
+static void ffw_run(g4_session *s, const g4_audio_tower *at, const g4_clip_linear ff[2], const float *pre, const float *post, at_bufs *b, int n) {
     int H = at->hidden;
     size_t nh = (size_t)n * H;
     memcpy(b->xn, b->x, sizeof(float) * nh);
-    clamp_rows(b->xn, nh, -at->grad_clip, at->grad_clip);
+    g4_tower_clamp(b->xn, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->xn, b->xn, pre, n, H, at->eps);
-    at_linear_run(s, &ff[0], b->xn, n, b->big);
+    g4_tower_clip_linear(s, &ff[0], b->xn, n, b->big);
     silu(b->big, (size_t)n * 4 * H);
-    at_linear_run(s, &ff[1], b->big, n, b->a);
-    clamp_rows(b->a, nh, -at->grad_clip, at->grad_clip);
+    g4_tower_clip_linear(s, &ff[1], b->big, n, b->a);
+    g4_tower_clamp(b->a, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->a, b->a, post, n, H, at->eps);
     for (size_t i = 0; i < nh; i++) b->x[i] += b->a[i] * at->residual_weight;
 }
@@ -365,29 +259,29 @@ static void layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L
     ffw_run(s, at, L->ff1, L->ff1_pre, L->ff1_post, b, n);
     /* attention block: x += norm_post_attn(clip(post(attention(norm_pre_attn(clip(x)))))) */
     memcpy(b->xn, b->x, sizeof(float) * nh);
-    clamp_rows(b->xn, nh, -at->grad_clip, at->grad_clip);
+    g4_tower_clamp(b->xn, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->xn, b->xn, L->norm_pre_attn, n, H, at->eps);
-    at_linear_run(s, &L->q, b->xn, n, b->a);
-    at_linear_run(s, &L->k, b->xn, n, b->b);
-    at_linear_run(s, &L->v, b->xn, n, b->c);
-    linear_rows(s, &L->rel_k, b->pos, n_pos, b->relk);
+    g4_tower_clip_linear(s, &L->q, b->xn, n, b->a);
+    g4_tower_clip_linear(s, &L->k, b->xn, n, b->b);
+    g4_tower_clip_linear(s, &L->v, b->xn, n, b->c);
+    g4_tower_linear_rows(s, &L->rel_k, b->pos, n_pos, b->relk);
     g4_audio_local_attention(b->a, b->b, b->c, n, at->heads, at->head_dim, b->relk, n_pos, L->per_dim_scale, valid, at->chunk,
                              at->ctx_left, at->ctx_right, at->logit_cap, b->xn);
-    at_linear_run(s, &L->post, b->xn, n, b->a);
-    clamp_rows(b->a, nh, -at->grad_clip, at->grad_clip);
+    g4_tower_clip_linear(s, &L->post, b->xn, n, b->a);
+    g4_tower_clamp(b->a, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->a, b->a, L->norm_post_attn, n, H, at->eps);
     for (size_t i = 0; i < nh; i++) b->x[i] += b->a[i];
     /* light conv block: x += linear_end(silu(conv_norm(clip(conv(glu(linear_start(pre_norm(x)))))))) */
     g4_forward_rmsnorm_rows(b->xn, b->x, L->lc_pre, n, H, at->eps);
-    at_linear_run(s, &L->lc_start, b->xn, n, b->big);
+    g4_tower_clip_linear(s, &L->lc_start, b->xn, n, b->big);
     g4_audio_glu_depthwise_conv(b->big, n, H, L->lc_conv_w, at->kernel, b->a);
-    clamp_rows(b->a, nh, -at->grad_clip, at->grad_clip);
+    g4_tower_clamp(b->a, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->a, b->a, L->lc_conv_norm, n, H, at->eps);
     silu(b->a, nh);
-    at_linear_run(s, &L->lc_end, b->a, n, b->c);
+    g4_tower_clip_linear(s, &L->lc_end, b->a, n, b->c);
     for (size_t i = 0; i < nh; i++) b->x[i] += b->c[i];
     ffw_run(s, at, L->ff2, L->ff2_pre, L->ff2_post, b, n);
-    clamp_rows(b->x, nh, -at->grad_clip, at->grad_clip);
+    g4_tower_clamp(b->x, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->x, b->x, L->norm_out, n, H, at->eps);
 }
 
@@ -395,7 +289,7 @@ static void layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L
 static int add_requant_tables(g4_session *s, const g4_audio_tower *at) {
     for (int l = 0; l < at->n_layers; l++) {
         const at_layer *L = &at->layers[l];
-        const at_linear *Ls[10] = {&L->ff1[0], &L->ff1[1], &L->ff2[0], &L->ff2[1], &L->q, &L->k, &L->v, &L->post, &L->lc_start, &L->lc_end};
+        const g4_clip_linear *Ls[10] = {&L->ff1[0], &L->ff1[1], &L->ff2[0], &L->ff2[1], &L->q, &L->k, &L->v, &L->post, &L->lc_start, &L->lc_end};
         for (int i = 0; i < 10; i++)
             if (g4_requant_table_add(s, &Ls[i]->lin)) return -1;
     }
@@ -446,12 +340,12 @@ int g4_audio_encode(const g4_model *m, const g4_audio_tower *at, const g4_option
     }
     g4_audio_subsample_layer(mel, mask, T, G4_AUDIO_MEL_BINS, 1, at->conv0_w, at->conv0_norm, at->ch0, at->eps, h0, m1);
     g4_audio_subsample_layer(h0, m1, T1, F1, at->ch0, at->conv1_w, at->conv1_norm, at->ch1, at->eps, h1, valid);
-    linear_rows(s, &at->input_proj, h1, n, b.x);
+    g4_tower_linear_rows(s, &at->input_proj, h1, n, b.x);
     g4_audio_rel_pos_sinusoids(H, n_pos, b.pos);
     for (int l = 0; l < at->n_layers; l++) layer_run(s, at, &at->layers[l], &b, n, valid, n_pos);
     /* output_proj (float, with bias), then embed_audio: weightless RMSNorm and the float projection;
      * the padding frames (mask 0) are dropped, as Gemma4Model.forward does */
-    linear_rows(s, &at->output_proj, b.x, n, b.a);
+    g4_tower_linear_rows(s, &at->output_proj, b.x, n, b.a);
     int n_valid = 0;
     for (int t = 0; t < n; t++) {
         if (!valid[t]) continue;
@@ -465,7 +359,7 @@ int g4_audio_encode(const g4_model *m, const g4_audio_tower *at, const g4_option
         g4_fail("audio: out of memory for %d soft tokens", n_valid);
         goto done;
     }
-    linear_rows(s, &at->embed, b.xn, n_valid, out);
+    g4_tower_linear_rows(s, &at->embed, b.xn, n_valid, out);
     *embd = out;
     *n_tokens = n_valid;
     rc = 0;
