@@ -8,7 +8,9 @@ LIB_SRC = \
   src/generate/sampler.c src/generate/stepper.c src/generate/generate.c src/generate/grammar.c src/generate/json_schema.c src/generate/grammar_cache.c \
   src/text/tokenizer.c src/text/chat.c src/text/reply.c src/text/conversation.c src/text/tools.c \
   src/eval/gsm8k.c src/eval/results.c src/eval/harness.c src/eval/merge.c
-# Image input (issue 35): decoding (libpng, libjpeg-turbo), preprocessing, the vision tower. Kept out of
-# LIB_SRC so the aarch64 cross build (neon-test), which has only cjson/pcre2 arm64 copies, does not need them.
-MEDIA_SRC = src/vision/image.c src/vision/preprocess.c src/vision/tower.c src/vision/api.c
-MEDIA_LIBS = -lpng -ljpeg
+# Image and audio input (issue 35): decoding (libpng, libjpeg-turbo; WAV), resampling (libsoxr), the
+# log-mel FFT (kissfft), the towers. Kept out of LIB_SRC so the aarch64 cross build (neon-test), which
+# has only cjson/pcre2 arm64 copies, needs none of their libraries.
+MEDIA_SRC = src/model/tower.c src/vision/image.c src/vision/preprocess.c src/vision/tower.c src/vision/api.c \
+  src/audio/wav.c src/audio/resample.c src/audio/mel.c src/audio/subsample.c src/audio/attention.c src/audio/lconv.c src/audio/tower.c
+MEDIA_LIBS = -lpng -ljpeg -lsoxr -lkissfft-float

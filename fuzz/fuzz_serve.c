@@ -30,7 +30,7 @@
 static g4_tokenizer *tok;
 static int vocab;
 static const serve_limits LIM = {.model_id = "m", .strict_model = 1, .ctx = 512, .max_messages = 16, .max_tools = 4, .max_stop = 4, .max_stop_len = 32,
-                                 .max_json_values = 4096, .max_n = 4, .vocab = 512};
+                                 .max_json_values = 4096, .max_n = 4, .vocab = 512, .max_media = 4};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -63,12 +63,34 @@ static void fuzz_request(const char *data, size_t n, serve_kind kind) {
         size_t len = strlen(r.msgs[i].content);
         FZ_CHECK(g4_text_utf8_prefix(r.msgs[i].content, len) == len, "message %zu is not UTF-8", i);
     }
+    /* media parts: in user messages, within the limit, each with its bytes and field; given stand-in
+     * soft tokens (1 to 3 rows), the prompt holds each part's placeholders where its span says */
+    static const float row[1] = {0};
+    FZ_CHECK(r.n_media <= LIM.max_media, "%d media parts", r.n_media);
+    for (int k = 0; k < r.n_media; k++) {
+        const serve_media *m = &r.media[k];
+        FZ_CHECK(m->msg < r.n_msgs && r.msgs[m->msg].role == G4_CHAT_USER && m->bytes && m->len > 0 && !strncmp(m->param, "messages[", 9),
+                 "media part %d", k);
+        r.media[k].n = 1 + k % 3;
+        r.media[k].embd = malloc(sizeof row);
+    }
     int32_t *ids;
     int n_ids, opens, budget;
     char *prefill;
     if (serve_prompt(&r, tok, G4_CHAT_FORM_E2B, vocab, &LIM, &ids, &n_ids, &opens, &prefill, &budget, &e) == 0) {
         FZ_CHECK(n_ids >= 1 && n_ids <= LIM.ctx && budget >= 1 && n_ids + budget - 1 <= LIM.ctx, "prompt %d budget %d", n_ids, budget);
         for (int i = 0; i < n_ids; i++) FZ_CHECK(ids[i] >= 0 && ids[i] < vocab, "token %d", ids[i]);
+        g4_embd_span *spans = NULL;
+        if (r.n_media) {
+            FZ_CHECK(serve_media_spans(&r, tok, ids, n_ids, &spans, &e) == 0, "media spans: %s", e.message);
+            for (int k = 0; spans && k < r.n_media; k++) {
+                int32_t mk[3];
+                FZ_CHECK(g4_media_marker_ids(tok, r.media[k].kind, mk) == 0 && spans[k].n == r.media[k].n && spans[k].at >= 1 &&
+                             spans[k].at + spans[k].n < n_ids && ids[spans[k].at - 1] == mk[0] && ids[spans[k].at + spans[k].n] == mk[2],
+                         "media span %d", k);
+            }
+        }
+        free(spans);
         free(ids);
         free(prefill);
     } else {

@@ -272,6 +272,13 @@ def gen_serve():
                                                          stream=False, stream_options=None)).encode())
     put(t, "chat_min", b'\x00{"model":"m","messages":[{"role":"user","content":"hi"}]}')
     put(t, "chat_bad_role", b'\x00{"model":"m","messages":[{"role":"wizard","content":"hi"}]}')
+    png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    media = {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": png, "detail": "low"}}, {"type": "text", "text": "What is this?"},
+        {"type": "input_audio", "input_audio": {"data": "UklGRiQAAABXQVZF", "format": "wav"}}]},
+        {"role": "assistant", "content": "A dot."}, {"role": "user", "content": [{"type": "image_url", "image_url": {"url": png}}]}]}
+    put(t, "chat_media", b"\x00" + json.dumps(media).encode())
+    put(t, "chat_media_bad", b'\x00{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,@="}}]}]}')
     put(t, "completion_text", b'\x01{"model":"m","prompt":"<|turn>user\\nhi","max_tokens":5,"stop":"x"}')
     put(t, "completion_ids", b'\x01{"model":"m","prompt":[2,105,2364,107]}')
     put(t, "args_simple", b'\x02{city:<|"|>Paris<|"|>,n:[1,2.5,-3e-7],ok:true,none:null}')

@@ -1037,6 +1037,17 @@ void g4_grammar_cache_stats(const g4_grammar_cache *c, int *entries, long *compi
 int g4_image_soft_tokens(const g4_model *m, const g4_options *o, const void *bytes, size_t len, int max_soft_tokens, float **embd,
                          int *n_tokens);
 
+/* ---- media: audio input (issue 35) ----------------------------------------------------------- */
+/* An audio clip's soft tokens: `bytes` of a WAV file (PCM 8/16/24/32-bit or float, any rate and
+ * channel count, at most 30 s) down-mixed and resampled to 16 kHz mono, Gemma 4's log-mel
+ * features, then the model's audio tower (conformer) + embed_audio, in o's activation mode
+ * (float, fake, int) on the current kernel level: about 25 tokens per second of audio. Same
+ * conventions as g4_image_soft_tokens: *embd is malloc'd n_tokens x g4_model_hidden_size(m)
+ * floats (free() them), rows for g4_batch_row.embd, not scaled by sqrt(d); the tower is bound on
+ * the first call. Returns 0, or -1 with g4_last_error() set (one line: a bad WAV, audio over
+ * 30 s, a model without audio_config, a tensor that does not match). */
+int g4_audio_soft_tokens(const g4_model *m, const g4_options *o, const void *bytes, size_t len, float **embd, int *n_tokens);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,12 +14,13 @@ set -euo pipefail
 # chromedriver's WebDriver API (tests/serve/test_page.py). perl: the build embeds that page with
 # tools/serve/embed_page.pl (Digest::SHA for its policy's hashes). python3-jsonschema: tests/
 # test_structured.c validates constrained outputs with it (tests/structured/validate.py). libpng-dev,
-# libjpeg62-turbo-dev: image input's PNG and JPEG decoding (src/vision/image.c; host build only, not the
-# aarch64 cross build).
+# libjpeg62-turbo-dev: image input's PNG and JPEG decoding (src/vision/image.c); libsoxr-dev,
+# libkissfft-dev: audio input (src/audio/: resampling to 16 kHz, the log-mel FFT). Host build only,
+# not the aarch64 cross build.
 packages=(gcc make libc6-dev libcjson-dev libpcre2-dev pkgconf clang libclang-rt-14-dev
           gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user parallel
           python3 python3-venv libmicrohttpd-dev nginx chromium chromium-driver perl
-          python3-jsonschema libpng-dev libjpeg62-turbo-dev)
+          python3-jsonschema libpng-dev libjpeg62-turbo-dev libsoxr-dev libkissfft-dev)
 
 # The arm64 builds of cJSON and PCRE2 for that cross build are unpacked (dpkg-deb -x) into
 # AARCH64_DEPS, not installed as multiarch packages (libcjson-dev:arm64 libpcre2-dev:arm64):

@@ -508,6 +508,44 @@ static void check_constraints(void) {
         serve_request_free(&r);
     }
     printf("ok constraint fields\n");
+/* Media parts (issue 35): data: URLs and input_audio decoded as RFC 4648 base64 (padding optional,
+ * the RFC's test vectors), each part's message, kind, budget and field; bad base64 refused. */
+static void check_media_parts(void) {
+    static const char *const vectors[][2] = {{"Zg==", "f"}, {"Zm8=", "fo"}, {"Zm9v", "foo"}, {"Zm9vYg", "foob"}, {"Zm9vYmE=", "fooba"}, {"Zm9vYmFy", "foobar"}};
+    serve_limits lim = LIM;
+    lim.max_media = 3;
+    for (size_t i = 0; i < sizeof vectors / sizeof *vectors; i++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                 "\"text\":\"q\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,%s\",\"detail\":\"low\"}},"
+                 "{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"%s\",\"format\":\"wav\"}}]}]}",
+                 vectors[i][0], vectors[i][0]);
+        serve_request r;
+        serve_error e;
+        int rc = serve_parse_request(body, strlen(body), SERVE_CHAT, &lim, &r, &e);
+        CHECK(rc == 0 && r.n_media == 2, "%s: %s", vectors[i][0], rc ? e.message : "two parts");
+        if (rc) continue;
+        size_t n = strlen(vectors[i][1]);
+        for (int k = 0; k < 2; k++)
+            CHECK(r.media[k].msg == 1 && r.media[k].len == n && !memcmp(r.media[k].bytes, vectors[i][1], n), "%s: part %d decodes to %.*s", vectors[i][0], k,
+                  (int)r.media[k].len, (const char *)r.media[k].bytes);
+        CHECK(r.media[0].kind == G4_MEDIA_IMAGE && r.media[0].budget == 70 && !strcmp(r.media[0].param, "messages[1].content[1].image_url.url") &&
+                  r.media[1].kind == G4_MEDIA_AUDIO && !strcmp(r.media[1].param, "messages[1].content[2].input_audio.data") && !strcmp(r.msgs[1].content, "q"),
+              "%s: the parts' kinds, budget and fields", vectors[i][0]);
+        serve_request_free(&r);
+    }
+    const char *bad[] = {"Z", "Zm9=v", "Zm9v!", "Zm 9v", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,%s\"}}]}]}",
+                 bad[i]);
+        serve_request r;
+        serve_error e;
+        int rc = serve_parse_request(body, strlen(body), SERVE_CHAT, &lim, &r, &e);
+        CHECK(rc != 0 && e.status == 400 && !strcmp(e.param, "messages[0].content[0].image_url.url"), "base64 '%s': rc %d %s", bad[i], rc, e.message);
+    }
+    printf("ok media parts: base64 per RFC 4648 (6 vectors, 5 refusals), kinds, budget and fields\n");
 }
 
 int main(void) {
@@ -521,6 +559,7 @@ int main(void) {
     check_fields();
     check_prompts();
     check_replies();
+    check_media_parts();
     g4_tokenizer_free(tok);
     return check_report("test_serve");
 }

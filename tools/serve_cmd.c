@@ -46,6 +46,7 @@ typedef struct {
     int sampling_given;
     double drain_s;
     size_t max_body, max_body_total, max_unread;
+    int image_tokens;     /* --image-tokens: an image part's soft-token budget (0: the model's) */
     const char *cors[16]; /* --cors-origin: origins (or "*") whose browsers may read the replies */
     int n_cors;
     int pooling;          /* --pooling: SERVE_POOL_MEAN or SERVE_POOL_LAST (/v1/embeddings) */
@@ -377,6 +378,27 @@ static int constrain(server *sv, const serve_request *r, g4_grammar_state **star
     return 0;
 }
 
+/* The tower's work is the whole machine's: one request's media at a time. */
+static pthread_mutex_t media_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The request's image and audio parts through the model's towers (their bytes dropped after); a
+ * part the tower refuses (a bad file, a model without that tower) is a 400 naming it. */
+static int media_soft_tokens(server *sv, serve_request *r, serve_error *e) {
+    for (int k = 0; k < r->n_media; k++) {
+        serve_media *m = &r->media[k];
+        int rc;
+        pthread_mutex_lock(&media_mu);
+        if (m->kind == G4_MEDIA_IMAGE)
+            rc = g4_image_soft_tokens(sv->m, &sv->a.o, m->bytes, m->len, m->budget ? m->budget : sv->a.image_tokens, &m->embd, &m->n);
+        else
+            rc = g4_audio_soft_tokens(sv->m, &sv->a.o, m->bytes, m->len, &m->embd, &m->n);
+        pthread_mutex_unlock(&media_mu);
+        free(m->bytes), m->bytes = NULL;
+        if (rc) return serve_fail(e, 400, "invalid_request_error", NULL, m->param, "'%s': %s", m->param, g4_last_error());
+    }
+    return 0;
+}
+
 /* Parses, renders and admits the request; streams its reply, or waits for it and sends it whole. */
 static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c, serve_kind kind) {
     server *sv = rc->sv;
@@ -388,7 +410,8 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
     if (serve_parse_request(rc->body ? rc->body : "", rc->len, kind, &sv->a.lim, &r, &e))
         return send_error(rc, c, &e);
     r.api_key = rc->api_key; /* the prompt cache's scope: this key's and r.cache_salt's */
-    if (serve_prompt(&r, sv->tok, sv->form, sv->vocab, &sv->a.lim, &ids, &n_ids, &opens, &prefill, &max_tokens, &e)) {
+    if (media_soft_tokens(sv, &r, &e) ||
+        serve_prompt(&r, sv->tok, sv->form, sv->vocab, &sv->a.lim, &ids, &n_ids, &opens, &prefill, &max_tokens, &e)) {
         serve_request_free(&r);
         return send_error(rc, c, &e);
     }
@@ -413,12 +436,25 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         open = g4_tokenizer_piece_to_id(sv->tok, "<|channel>"), close = g4_tokenizer_piece_to_id(sv->tok, "<channel|>");
         if (open <= 0 || close <= 0) open = close = 0;
     }
-    serve_job *j = serve_job_new(&r, ids, n_ids, opens, prefill, max_tokens, sv->a.lim.model_id);
-    if (!j) {
+    g4_embd_span *spans = NULL;
+    int n_spans = r.n_media;
+    if (n_spans && serve_media_spans(&r, sv->tok, ids, n_ids, &spans, &e)) {
+        if (start) g4_grammar_cache_done(sv->grammars, start, NULL);
         serve_request_free(&r);
         free(ids), free(prefill);
+        return send_error(rc, c, &e);
+    }
+    serve_request media = {.media = r.media, .n_media = r.n_media}; /* the soft tokens, copied by the job, freed after */
+    r.media = NULL, r.n_media = 0;
+    serve_job *j = serve_job_new(&r, ids, n_ids, opens, prefill, max_tokens, sv->a.lim.model_id);
+    int media_rc = j && n_spans ? serve_job_set_media(j, spans, n_spans, g4_model_hidden_size(sv->m)) : 0;
+    free(spans);
+    serve_request_free(&media);
+    if (!j || media_rc) {
         if (start) g4_grammar_cache_done(sv->grammars, start, NULL);
-        return fail(rc, c, 500, "server_error", NULL, "out of memory");
+        if (j) serve_job_release(sv->engine, j);
+        else serve_request_free(&r), free(ids), free(prefill);
+        return fail(rc, c, 500, "server_error", NULL, j ? g4_last_error() : "out of memory");
     }
     if (start) serve_job_constrain(j, sv->grammars, start, open, close);
     if (serve_engine_submit(sv->engine, j, &e)) {
@@ -952,6 +988,8 @@ const command_usage usage_serve = {
         {"--pooling mean|last", "/v1/embeddings: the mean of the hidden states or the last one (default mean)"},
         {"--max-messages N", "messages a request may have (default 1024)"},
         {"--max-tools N", "tools a request may have (default 128)"},
+        {"--max-media N", "image and audio parts a request may have (default 16; their bytes count in --max-body)"},
+        {"--image-tokens N", "an image part's soft-token budget: 70, 140, 280, 560 or 1120 (default: the model's; detail \"low\": 70)"},
         {"--timeout S", "an idle or stalled connection is closed after S seconds (default 60)"},
         {"--drain-timeout S", "after SIGTERM, requests still running after S seconds end (default 30)"},
         {"--prompt-cache on|off", "reuse idle slots' KV prefixes (default on)"},
@@ -992,7 +1030,7 @@ static int parse_serve_args(args_t *a, serve_args *s) {
     s->prompt_cache = 1;
     s->max_body = 4u << 20;
     s->max_unread = 1u << 20;
-    s->lim = (serve_limits){.max_messages = 1024, .max_tools = 128, .max_stop = 4, .max_stop_len = 256};
+    s->lim = (serve_limits){.max_messages = 1024, .max_tools = 128, .max_stop = 4, .max_stop_len = 256, .max_media = 16};
     int bad = 0, cache = 1, n, values_given = 0;
     static const char *const onoff[] = {"off", "on", NULL};
     static const char *const pooling_names[] = {"mean", "last", NULL}; /* serve_pooling's order */
@@ -1040,7 +1078,13 @@ static int parse_serve_args(args_t *a, serve_args *s) {
         else if (flag_is(a, "--max-body")) bad = !(v = flag_value(a, "--max-body", &bad)) || parse_size(a->cmd, "--max-body", v, 1024, 1u << 30, &s->max_body);
         else if (flag_is(a, "--max-unread")) bad = !(v = flag_value(a, "--max-unread", &bad)) || parse_size(a->cmd, "--max-unread", v, 1024, 1u << 30, &s->max_unread);
         else if (flag_is(a, "--max-messages")) bad = !(v = flag_value(a, "--max-messages", &bad)) || parse_int(a->cmd, "--max-messages", v, 1, 1 << 20, &s->lim.max_messages);
-        else if (flag_is(a, "--max-tools")) bad = !(v = flag_value(a, "--max-tools", &bad)) || parse_int(a->cmd, "--max-tools", v, 0, 1 << 16, &s->lim.max_tools);
+        else if (flag_is(a, "--max-media")) bad = !(v = flag_value(a, "--max-media", &bad)) || parse_int(a->cmd, "--max-media", v, 0, 1024, &s->lim.max_media);
+        else if (flag_is(a, "--image-tokens")) {
+            static const char *const budgets[] = {"70", "140", "280", "560", "1120", NULL};
+            int k;
+            bad = !(v = flag_value(a, "--image-tokens", &bad)) || parse_choice(a->cmd, "--image-tokens", v, budgets, &k);
+            if (!bad) s->image_tokens = atoi(budgets[k]);
+        } else if (flag_is(a, "--max-tools")) bad = !(v = flag_value(a, "--max-tools", &bad)) || parse_int(a->cmd, "--max-tools", v, 0, 1 << 16, &s->lim.max_tools);
         else if (flag_is(a, "-n") || flag_is(a, "--max-tokens"))
             bad = !(v = flag_value(a, "--max-tokens", &bad)) || parse_int(a->cmd, "--max-tokens", v, 1, 1 << 24, &s->lim.max_tokens);
         else if (!engine_flag(a, &s->o, &bad) && !draft_flag(a, &s->draft, &bad) && !sampling_flag(a, &s->sampling, &s->sampling_given, &bad))

@@ -34,6 +34,8 @@ static void catch_sigint(void) {
 
 /* ---- options shared by run -p and chat ---- */
 
+enum { TEXT_MAX_MEDIA = 16 }; /* media parts of one user turn from the command line */
+
 typedef struct {
     const char *dir, *prompt, *prompt_file, *system;
     int raw, think, show_thinking, form, form_given, max_tokens, parse_special, verbose, ignore_eos;
@@ -44,10 +46,27 @@ typedef struct {
     /* structured output: one of --grammar FILE, --json-schema FILE|JSON, --json */
     const char *grammar_file, *json_schema;
     int json;
+    g4_media_kind media_kind[TEXT_MAX_MEDIA]; /* --image/--audio, in the order given */
+    const char *media_path[TEXT_MAX_MEDIA];
+    int n_media, image_tokens; /* image_tokens: 0 is the model's default budget */
 } text_args;
 
 static const char *const onoff[] = {"off", "on", NULL};
 static const char *const forms[] = {"e2b", "26b", NULL};
+static const char *const image_budgets[] = {"70", "140", "280", "560", "1120", NULL}; /* the processor's soft-token budgets */
+
+/* --image FILE / --audio FILE: one more media part for the first user turn. */
+static int media_flag(args_t *a, text_args *t, g4_media_kind kind, const char *flag, int *bad) {
+    const char *v = flag_value(a, flag, bad);
+    if (!v) return 1;
+    if (t->n_media == TEXT_MAX_MEDIA) {
+        fprintf(stderr, "g4 %s: error: %s %s: at most %d media files a turn\n", a->cmd, flag, v, TEXT_MAX_MEDIA);
+        return *bad = 1;
+    }
+    t->media_kind[t->n_media] = kind;
+    t->media_path[t->n_media++] = v;
+    return 1;
+}
 
 /* Returns 1 if argv[i] was a text option; sets *bad on a bad value. */
 static int text_flag(args_t *a, text_args *t, int *bad) {
@@ -58,7 +77,13 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     else if (flag_is(a, "--show-thinking")) t->show_thinking = 1;
     else if (flag_is(a, "--verbose")) t->verbose = 1;
     else if (flag_is(a, "--ignore-eos")) t->ignore_eos = 1;
-    else if (flag_is(a, "--think")) {
+    else if (flag_is(a, "--image")) media_flag(a, t, G4_MEDIA_IMAGE, "--image", bad);
+    else if (flag_is(a, "--audio")) media_flag(a, t, G4_MEDIA_AUDIO, "--audio", bad);
+    else if (flag_is(a, "--image-tokens")) {
+        int k;
+        if ((v = flag_value(a, "--image-tokens", bad)) && parse_choice(a->cmd, "--image-tokens", v, image_budgets, &k)) *bad = 1;
+        else if (v) t->image_tokens = atoi(image_budgets[k]);
+    } else if (flag_is(a, "--think")) {
         if ((v = flag_value(a, "--think", bad)) && parse_choice(a->cmd, "--think", v, onoff, &t->think)) *bad = 1;
     } else if (flag_is(a, "--chat-form")) {
         if ((v = flag_value(a, "--chat-form", bad)) && parse_choice(a->cmd, "--chat-form", v, forms, &t->form)) *bad = 1;
@@ -97,7 +122,10 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     {"--parse-special on|off", "g4 run --raw: special-token strings in the prompt as those tokens (default on)"}, \
     {"--grammar FILE", "answers constrained to a GBNF grammar (llama.cpp's dialect; README \"Structured output\")"}, \
     {"--json-schema FILE|JSON", "answers constrained to a JSON schema (a file, or the schema itself if it starts with {)"}, \
-    {"--json", "answers constrained to one JSON object (JSON mode)"}
+    {"--json", "answers constrained to one JSON object (JSON mode)"}, \
+    {"--image FILE", "a PNG or JPEG before the (first) turn's text; repeatable, kept in order"}, \
+    {"--audio FILE", "a WAV recording (at most 30 s) before the (first) turn's text; repeatable, kept in order with --image"}, \
+    {"--image-tokens N", "an image's soft-token budget: 70, 140, 280, 560 or 1120 (default: the model's)"}
 
 const command_usage usage_run = {
     "run [-m DIR] (-p TEXT | -f FILE | < FILE) [flags]\n       g4 run [-m DIR] --ids 2,651,9 [-n 16] [--logits-npy FILE] [--dump-dir DIR] [flags]",
@@ -117,7 +145,7 @@ const command_usage usage_run = {
 
 const command_usage usage_chat = {
     "chat [-m DIR] [flags]",
-    "Interactive chat that keeps the KV cache across turns: /reset, /think on|off, /exit; Ctrl-C stops an answer,\n"
+    "Interactive chat that keeps the KV cache across turns: /image PATH, /audio PATH (attached to the next message), /reset, /think on|off, /exit; Ctrl-C stops an answer,\n"
     "Ctrl-C or Ctrl-D at the prompt leaves. Lines from a pipe are turns too.",
     (const usage_line[]){TEXT_USAGE_LINES, {NULL, NULL}},
     USAGE_ENGINE | USAGE_SAMPLING | USAGE_DRAFT,
@@ -157,6 +185,8 @@ typedef struct {
     g4_grammar *grammar; /* structured output: the grammar, its start state, the tokenizer's trie */
     g4_grammar_state *start;
     g4_grammar_vocab *vocab;
+    g4_options o;     /* the options the model was loaded with: the media towers run in them */
+    int image_tokens; /* --image-tokens (0: the model's default) */
 } text_model;
 
 static void text_model_free(text_model *t) {
@@ -232,6 +262,35 @@ static int text_model_open(text_model *t, const text_args *a) {
     t->chat = co.chat;
     t->show_thinking = a->show_thinking;
     t->verbose = a->verbose;
+    t->o = a->o;
+    t->image_tokens = a->image_tokens;
+    return 0;
+}
+
+/* Reads an image (PNG, JPEG) or a recording (WAV) and adds its soft tokens to the next user message; an error names the file. */
+static int attach_media(text_model *t, g4_media_kind kind, const char *path) {
+    char *bytes;
+    size_t len;
+    if (g4_read_file(path, &bytes, &len) != 0) return -1;
+    float *embd = NULL;
+    int n = 0, rc = -1;
+    if (kind == G4_MEDIA_IMAGE) rc = g4_image_soft_tokens(t->m, &t->o, bytes, len, t->image_tokens, &embd, &n);
+    else rc = g4_audio_soft_tokens(t->m, &t->o, bytes, len, &embd, &n);
+    free(bytes);
+    if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", g4_last_error());
+        return g4_fail("%s: %s", path, why);
+    }
+    rc = g4_conversation_add_media(t->conv, kind, embd, n);
+    free(embd);
+    return rc;
+}
+
+/* The command line's media parts, in order, for the next user message. */
+static int attach_all(text_model *t, const text_args *a) {
+    for (int i = 0; i < a->n_media; i++)
+        if (attach_media(t, a->media_kind[i], a->media_path[i]) != 0) return -1;
     return 0;
 }
 
@@ -306,11 +365,15 @@ int cmd_run_text(args_t *a) {
     text_model t = {0};
     int rc = 1;
     if (read_prompt(&ta, &text) != 0 || text_model_open(&t, &ta) != 0) goto done;
+    if (ta.raw && ta.n_media) {
+        g4_fail("--raw takes no media: the chat template places the --image/--audio parts");
+        goto done;
+    }
     if (ta.raw) {
         if (g4_tokenizer_encode(t.tok, text, strlen(text), ta.parse_special, &ids, &n_ids) != 0 ||
             g4_conversation_add_tokens(t.conv, ids, n_ids) != 0)
             goto done;
-    } else if ((ta.system && g4_conversation_add(t.conv, G4_CHAT_SYSTEM, ta.system) != 0) ||
+    } else if ((ta.system && g4_conversation_add(t.conv, G4_CHAT_SYSTEM, ta.system) != 0) || attach_all(&t, &ta) != 0 ||
                g4_conversation_add(t.conv, G4_CHAT_USER, text) != 0) {
         goto done;
     }
@@ -329,18 +392,44 @@ done:
 
 /* ---- g4 chat ---- */
 
-/* A user turn (the system message first in a new conversation) and its answer. */
-static int chat_turn(text_model *t, const char *line, int first, const char *system, g4_generate_result *res) {
-    if (first && system && g4_conversation_add(t->conv, G4_CHAT_SYSTEM, system) != 0) return -1;
-    if (g4_conversation_add(t->conv, G4_CHAT_USER, line) != 0 || answer(t, res) != 0) {
-        g4_conversation_discard(t->conv); /* the failed turn is not part of the conversation */
+/* The system message once, first in a conversation: before its first media part or user turn. */
+static int chat_system(text_model *t, int *system_in, const char *system) {
+    if (!*system_in && system && g4_conversation_add(t->conv, G4_CHAT_SYSTEM, system) != 0) return -1;
+    *system_in = 1;
+    return 0;
+}
+
+/* A user turn (after the media parts attached to it) and its answer. */
+static int chat_turn(text_model *t, const char *line, int *system_in, const char *system, g4_generate_result *res) {
+    if (chat_system(t, system_in, system) != 0 || g4_conversation_add(t->conv, G4_CHAT_USER, line) != 0 || answer(t, res) != 0) {
+        g4_conversation_discard(t->conv); /* the failed turn (its media parts too) is not part of the conversation */
         return -1;
     }
     return 0;
 }
 
+/* "/image PATH", "/audio PATH": attaches the file to the next user message; 0 if the line is no such command. */
+static int chat_media_command(text_model *t, const char *line, int *system_in, const char *system) {
+    static const struct {
+        const char *cmd;
+        g4_media_kind kind;
+    } cmds[] = {{"/image", G4_MEDIA_IMAGE}, {"/audio", G4_MEDIA_AUDIO}};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        size_t n = strlen(cmds[i].cmd);
+        if (strncmp(line, cmds[i].cmd, n) != 0 || (line[n] != ' ' && line[n] != 0)) continue;
+        const char *path = line + n;
+        while (*path == ' ') path++;
+        if (!*path) fprintf(stderr, "g4 chat: %s takes a file: %s PATH\n", cmds[i].cmd, cmds[i].cmd);
+        else if (chat_system(t, system_in, system) != 0 || attach_media(t, cmds[i].kind, path) != 0)
+            fprintf(stderr, "g4: error: %s\n", g4_last_error());
+        else fprintf(stderr, "(%s attached to your next message)\n", path);
+        return 1;
+    }
+    return 0;
+}
+
 static void chat_help(void) {
-    fprintf(stderr, "commands: /reset (new conversation), /think on|off (restarts the conversation), /exit; "
+    fprintf(stderr, "commands: /image PATH, /audio PATH (attach to your next message), /reset (new conversation), /think on|off (restarts the conversation), /exit; "
                     "Ctrl-C stops an answer; Ctrl-D or Ctrl-C at the prompt leaves\n");
 }
 
@@ -354,6 +443,12 @@ int cmd_chat(args_t *a) {
     if (!ta.dir) ta.dir = default_model_dir();
     text_model t;
     if (text_model_open(&t, &ta) != 0) {
+        die_lib();
+        text_model_free(&t);
+        return 1;
+    }
+    int system_in = 0; /* the system message was added to the conversation */
+    if (chat_system(&t, &system_in, ta.system) != 0 || attach_all(&t, &ta) != 0) {
         die_lib();
         text_model_free(&t);
         return 1;
@@ -401,18 +496,20 @@ int cmd_chat(args_t *a) {
                 fprintf(stderr, "g4: error: %s\n", g4_last_error());
                 continue;
             }
-            first = 1;
+            first = 1, system_in = 0;
             fprintf(stderr, "(new conversation%s)\n", t.chat.thinking ? ", thinking on" : "");
             continue;
         }
+        if (chat_media_command(&t, line, &system_in, ta.system)) continue;
         if (line[0] == '/') {
             fprintf(stderr, "g4 chat: unknown command %s\n", line);
             chat_help();
             continue;
         }
         g4_generate_result res;
-        if (chat_turn(&t, line, first, ta.system, &res) != 0) {
+        if (chat_turn(&t, line, &system_in, ta.system, &res) != 0) {
             fprintf(stderr, "g4: error: %s%s\n", g4_last_error(), first ? "" : " (/reset starts a new conversation)");
+            if (first) system_in = 0; /* discarded with the turn */
             failed = 1;
             continue;
         }

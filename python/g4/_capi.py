@@ -303,6 +303,14 @@ _proto("g4_conversation_free", None, _p)
 _proto("g4_conversation_reset", c_int, _p, POINTER(ChatOptions))
 _proto("g4_conversation_add", c_int, _p, c_int, c_char_p)
 _proto("g4_conversation_add_tokens", c_int, _p, POINTER(c_int32), c_size_t)
+# ---- media parts (issue 35): an image's or a recording's soft tokens into the next user message ----
+MEDIA_IMAGE, MEDIA_AUDIO = 0, 1
+_proto("g4_image_soft_tokens", c_int, _p, POINTER(Options), c_void_p, c_size_t, c_int, POINTER(POINTER(c_float)), POINTER(c_int))
+_proto("g4_audio_soft_tokens", c_int, _p, POINTER(Options), c_void_p, c_size_t, POINTER(POINTER(c_float)), POINTER(c_int))
+_proto("g4_conversation_add_media", c_int, _p, c_int, POINTER(c_float), c_int)
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes, _libc.free.restype = [c_void_p], None
+free = _libc.free  # what g4_image_soft_tokens' rows were malloc'd with
 _proto("g4_conversation_discard", None, _p)
 _proto("g4_conversation_prompt", c_int, _p, POINTER(POINTER(c_int32)), POINTER(c_size_t))
 _proto("g4_conversation_reply", c_int, _p, REPLY_FN, c_void_p, POINTER(GenerateResult))

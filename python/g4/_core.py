@@ -7,8 +7,10 @@ import atexit
 import ctypes
 import os
 import queue
+import struct
 import threading
 import warnings
+import zlib
 from contextlib import contextmanager
 from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int32, c_size_t, c_void_p
 from dataclasses import dataclass, field
@@ -569,8 +571,105 @@ class _Session:
             self.handle = None
 
 
-def _messages_from(messages: Sequence[Message]) -> List[Tuple[int, bytes]]:
-    out = []
+# A media part of a message: (kind, the file's bytes, soft-token budget (0: the model's), its name in errors).
+_Media = Tuple[int, bytes, int, str]
+_Msg = Tuple[int, bytes, List[_Media]]
+_IMAGE_BUDGETS = (70, 140, 280, 560, 1120)
+
+
+def _png(a: Any, what: str) -> bytes:
+    """A uint8 HxWx3 array as a PNG file (lossless: the C API takes image files)."""
+    if getattr(a, "dtype", None) is None or str(a.dtype) != "uint8" or a.ndim != 3 or a.shape[2] != 3 or not a.shape[0] or not a.shape[1]:
+        raise InputError(f"{what}: an image array must be uint8 of shape (H, W, 3), not {getattr(a, 'dtype', '?')} {getattr(a, 'shape', '?')}")
+    h, w = int(a.shape[0]), int(a.shape[1])
+    rows = a.tobytes(order="C")
+    raw = b"".join(b"\x00" + rows[y * w * 3:(y + 1) * w * 3] for y in range(h))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def _image_part(part: Mapping[str, Any], what: str) -> _Media:
+    """{"type": "image", "image": a path, the file's bytes or a uint8 HxWx3 array[, "max_soft_tokens": N]}."""
+    v = part.get("image")
+    budget = part.get("max_soft_tokens") or 0
+    if budget and budget not in _IMAGE_BUDGETS:
+        raise OptionError(f"{what}: max_soft_tokens must be one of 70, 140, 280, 560, 1120, not {budget!r}")
+    if isinstance(v, (str, os.PathLike)):
+        try:
+            with open(v, "rb") as f:
+                return (C.MEDIA_IMAGE, f.read(), budget, f"{what} ({os.fspath(v)})")
+        except OSError as e:
+            raise InputError(f"{what}: {os.fspath(v)}: {e.strerror}") from None
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return (C.MEDIA_IMAGE, bytes(v), budget, what)
+    if hasattr(v, "dtype") and hasattr(v, "shape"):
+        return (C.MEDIA_IMAGE, _png(v, what), budget, what)
+    raise InputError(f"{what}: 'image' must be a path, the file's bytes or a uint8 (H, W, 3) array, not {type(v).__name__}")
+
+
+def _wav(a: Any, rate: Any, what: str) -> bytes:
+    """A float32 array of samples ((n,) mono or (n, channels)) as a 32-bit float WAV file."""
+    if str(getattr(a, "dtype", "")) != "float32" or a.ndim not in (1, 2) or not a.size:
+        raise InputError(f"{what}: an audio array must be float32 of shape (n,) or (n, channels), not {getattr(a, 'dtype', '?')} {getattr(a, 'shape', '?')}")
+    if not isinstance(rate, int) or isinstance(rate, bool) or not 1 <= rate <= 1_000_000:
+        raise InputError(f"{what}: an audio array needs 'sample_rate', an integer in [1, 1000000], not {rate!r}")
+    ch = 1 if a.ndim == 1 else int(a.shape[1])
+    data = a.astype("<f4").tobytes(order="C")
+    fmt = struct.pack("<HHIIHH", 3, ch, rate, rate * ch * 4, ch * 4, 32)
+    return b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+
+
+def _audio_part(part: Mapping[str, Any], what: str) -> _Media:
+    """{"type": "audio", "audio": a path, a WAV file's bytes or a float32 array with "sample_rate"}."""
+    v = part.get("audio")
+    if isinstance(v, (str, os.PathLike)):
+        try:
+            with open(v, "rb") as f:
+                return (C.MEDIA_AUDIO, f.read(), 0, f"{what} ({os.fspath(v)})")
+        except OSError as e:
+            raise InputError(f"{what}: {os.fspath(v)}: {e.strerror}") from None
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return (C.MEDIA_AUDIO, bytes(v), 0, what)
+    if hasattr(v, "dtype") and hasattr(v, "shape"):
+        return (C.MEDIA_AUDIO, _wav(v, part.get("sample_rate"), what), 0, what)
+    raise InputError(f"{what}: 'audio' must be a path, a WAV file's bytes or a float32 array, not {type(v).__name__}")
+
+
+def _content_from(i: int, content: Any) -> Tuple[str, List[_Media]]:
+    """A message's content: a string, or a list of parts (strings, {"type": "text", "text": ...},
+    {"type": "image", ...}); the media parts go before the text, in order, as the template puts them."""
+    if content is None:
+        return "", []
+    if isinstance(content, str):
+        return content, []
+    if not isinstance(content, (list, tuple)):
+        raise InputError(f"message {i}: the content must be a string or a list of parts, not {type(content).__name__}")
+    text: List[str] = []
+    media: List[_Media] = []
+    for k, part in enumerate(content):
+        what = f"message {i}: part {k}"
+        if isinstance(part, str):
+            text.append(part)
+        elif not isinstance(part, Mapping):
+            raise InputError(f"{what}: expected a string or a mapping with a type")
+        elif part.get("type") == "text":
+            if not isinstance(part.get("text"), str):
+                raise InputError(f"{what}: a text part needs a 'text' string")
+            text.append(part["text"])
+        elif part.get("type") == "image":
+            media.append(_image_part(part, what))
+        elif part.get("type") == "audio":
+            media.append(_audio_part(part, what))
+        else:
+            raise InputError(f"{what}: unknown part type {part.get('type')!r} (text, image, audio)")
+    return "".join(t.strip() for t in text), media
+
+
+def _messages_from(messages: Sequence[Message]) -> List[_Msg]:
+    out: List[_Msg] = []
     for i, m in enumerate(messages):
         if isinstance(m, Mapping):
             role, content = m.get("role"), m.get("content")
@@ -585,14 +684,13 @@ def _messages_from(messages: Sequence[Message]) -> List[Tuple[int, bytes]]:
             raise InputError(f"message {i}: expected a mapping with role and content, or a (role, content) pair")
         if not isinstance(role, str):
             raise InputError(f"message {i}: the role must be a string, not {type(role).__name__}")
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise InputError(f"message {i}: the content must be a string, not {type(content).__name__}")
+        text, media = _content_from(i, content)
         r = c_int()
         if lib.g4_chat_role_parse(role.encode(), byref(r)) != 0:
             raise _fail(InputError, f"message {i}: ")
-        out.append((r.value, _c_string(f"message {i}: content", content)))
+        if media and r.value != C.CHAT_USER:
+            raise InputError(f"message {i}: images and audio are taken in user messages only")
+        out.append((r.value, _c_string(f"message {i}: content", text), media))
     return out
 
 
@@ -1007,7 +1105,7 @@ class Model:
         if not all(isinstance(s, str) for s in stops):
             raise OptionError("stop: expected a string or a list of strings")
         ids: Optional[List[int]] = None
-        msgs: List[Tuple[int, bytes]] = []
+        msgs: List[_Msg] = []
         if (raw or not isinstance(prompt, str)) and (system is not None or thinking):
             raise OptionError(
                 f"{'system' if system is not None else 'thinking'}: a raw prompt has no chat template to put it in"
@@ -1017,8 +1115,8 @@ class Model:
                 ids = self.tokenize(prompt)
             else:
                 if system is not None:
-                    msgs.append((C.CHAT_SYSTEM, _c_string("system", system)))
-                msgs.append((C.CHAT_USER, _c_string("prompt", prompt)))
+                    msgs.append((C.CHAT_SYSTEM, _c_string("system", system), []))
+                msgs.append((C.CHAT_USER, _c_string("prompt", prompt), []))
         else:
             ids = list(prompt)
         if ids is not None and not ids:
@@ -1226,7 +1324,7 @@ class Model:
         self,
         s: _Session,
         settings: _Settings,
-        msgs: Sequence[Tuple[int, bytes]],
+        msgs: Sequence[_Msg],
         ids: Optional[Sequence[int]],
         on_spans: Callable[[int, str, str, str], bool],
         cancel: Optional[threading.Event],
@@ -1239,7 +1337,9 @@ class Model:
             self._unconstrain(start)
             raise _fail(Error)
         try:
-            for role, content in msgs:
+            for role, content, media in msgs:
+                for part in media:
+                    self._add_media(conv, part)
                 if lib.g4_conversation_add(conv, role, content) != 0:
                     raise _fail(InputError)
             if ids is not None:
@@ -1280,6 +1380,23 @@ class Model:
     def _unconstrain(self, start: Optional[int]) -> None:
         if start:
             lib.g4_grammar_cache_done(self._grammars, start, None)
+
+    def _add_media(self, conv: int, part: _Media) -> None:
+        """An image's or a recording's soft tokens (the model's vision or audio tower) as a part of the next user message."""
+        kind, data, budget, what = part
+        embd, n = POINTER(c_float)(), c_int()
+        buf = ctypes.create_string_buffer(data, len(data))
+        if kind == C.MEDIA_IMAGE:
+            rc = lib.g4_image_soft_tokens(self._m, byref(self._opts), buf, len(data), budget, byref(embd), byref(n))
+        else:
+            rc = lib.g4_audio_soft_tokens(self._m, byref(self._opts), buf, len(data), byref(embd), byref(n))
+        if rc != 0:
+            raise _fail(InputError, f"{what}: ")
+        try:
+            if lib.g4_conversation_add_media(conv, kind, embd, n.value) != 0:
+                raise _fail(InputError, f"{what}: ")
+        finally:
+            C.free(embd)
 
     # ---- closing ----
 
@@ -1472,12 +1589,15 @@ class Conversation:
             raise Error("the conversation is closed")
         return self._conv
 
-    def add(self, role: str, content: str) -> None:
-        """Adds a message for the next reply (role as in Model.chat)."""
+    def add(self, role: str, content: Any) -> None:
+        """Adds a message for the next reply (role and content as in Model.chat: a user message may
+        hold image parts)."""
         with self._lock:
             conv = self._handle()
-            ((r, b),) = _messages_from([(role, content)])
+            ((r, b, media),) = _messages_from([(role, content)])
             self._add_system()
+            for part in media:
+                self.model._add_media(conv, part)
             if lib.g4_conversation_add(conv, r, b) != 0:
                 raise _fail(InputError)
 
@@ -1515,12 +1635,12 @@ class Conversation:
         return r
 
     @overload
-    def send(self, content: str, *, stream: Literal[False] = False) -> ChatReply: ...
+    def send(self, content: Any, *, stream: Literal[False] = False) -> ChatReply: ...
 
     @overload
-    def send(self, content: str, *, stream: Literal[True]) -> "Stream[ChatDelta, ChatReply]": ...
+    def send(self, content: Any, *, stream: Literal[True]) -> "Stream[ChatDelta, ChatReply]": ...
 
-    def send(self, content: str, *, stream: bool = False) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
+    def send(self, content: Any, *, stream: bool = False) -> Union[ChatReply, "Stream[ChatDelta, ChatReply]"]:
         """Adds a user message and returns the model's reply (see reply())."""
         self.add("user", content)
         return self.reply(stream=True) if stream else self.reply()

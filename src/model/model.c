@@ -559,6 +559,7 @@ int g4_model_weights_resident(const g4_model *m) { return m->resident != NULL; }
 void g4_model_free(g4_model *m) {
     if (!m) return;
     if (m->vision_free) m->vision_free(m->vision);
+    if (m->audio_free) m->audio_free(m->audio);
     if (m->resident) munmap(m->resident, m->resident_len);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);

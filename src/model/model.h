@@ -65,6 +65,9 @@ struct g4_model {
      * the media sources). */
     void *vision;
     void (*vision_free)(void *);
+    /* The audio tower (audio/tower.c), bound on the first audio clip, likewise. */
+    void *audio;
+    void (*audio_free)(void *);
 };
 
 /* The layer's bound linears (consumers have no k/v). Returns how many were written. */

@@ -11,21 +11,16 @@
 #include <string.h>
 
 #include "model/session.h"
+#include "model/tower.h"
 #include "util/err.h"
 #include "util/file.h"
 #include "vision/tower.h"
 
 #define VT "model.vision_tower."
-
-/* A Gemma4ClippableLinear: the linear and, in checkpoints with use_clipped_linears, its
- * input/output clamps (infinite where the checkpoint leaves them open). */
-typedef struct {
-    g4_linear lin;
-    float in_min, in_max, out_min, out_max;
-} vt_linear;
+#define TOWER "vision tower"
 
 typedef struct {
-    vt_linear q, k, v, o, gate, up, down;
+    g4_clip_linear q, k, v, o, gate, up, down;
     float *ln_in, *ln_post_attn, *ln_pre_ffw, *ln_post_ffw, *q_norm, *k_norm;
 } vt_layer;
 
@@ -39,88 +34,25 @@ struct g4_vision_tower {
     float *std_bias, *std_scale; /* standardize only */
     float *embed_w;        /* embed_vision.embedding_projection [text_hidden, hidden], f32 */
     float *inv_freq;       /* [head_dim / 4] */
-    void **owned;
-    int n_owned;
+    g4_tower_mem mem;
 };
-
-static void *vt_own(g4_vision_tower *vt, size_t bytes) {
-    void **p = realloc(vt->owned, sizeof *p * (size_t)(vt->n_owned + 1));
-    if (!p) return NULL;
-    vt->owned = p;
-    void *b = calloc(1, bytes ? bytes : 1);
-    if (b) vt->owned[vt->n_owned++] = b;
-    return b;
-}
 
 static void vt_free(void *ptr) {
     g4_vision_tower *vt = ptr;
     if (!vt) return;
-    for (int i = 0; i < vt->n_owned; i++) free(vt->owned[i]);
-    free(vt->owned);
+    g4_tower_mem_free(&vt->mem);
     free(vt->layers);
     free(vt);
 }
 
-/* A float tensor of exactly `numel` values with the given leading dims, copied to f32. */
 static float *load_floats(g4_model *m, g4_vision_tower *vt, const char *name, int ndim, const int64_t *shape) {
-    const g4_tensor *t = g4_st_find(&m->st, name);
-    if (!t) {
-        g4_fail("%s: tensor %s missing from the checkpoint (vision tower)", m->dir, name);
-        return NULL;
-    }
-    int ok = (t->dtype == G4_DT_BF16 || t->dtype == G4_DT_F32 || t->dtype == G4_DT_F16) && t->ndim == ndim;
-    int64_t numel = 1;
-    for (int d = 0; d < ndim; d++) {
-        ok = ok && t->shape[d] == shape[d];
-        numel *= shape[d];
-    }
-    if (!ok) {
-        char want[96], got[96];
-        int at = snprintf(want, sizeof want, "a float tensor [");
-        for (int d = 0; d < ndim; d++) at += snprintf(want + at, sizeof want - (size_t)at, d ? ", %lld" : "%lld", (long long)shape[d]);
-        snprintf(want + at, sizeof want - (size_t)at, "]");
-        g4_fail("%s: tensor %s: expected %s, found %s %s", g4_st_path(&m->st, t), name, want, g4_dtype_name(t->dtype),
-                g4_shape_str(t, got, sizeof got));
-        return NULL;
-    }
-    float *v = vt_own(vt, sizeof *v * (size_t)numel);
-    if (!v) {
-        g4_fail("%s: out of memory", name);
-        return NULL;
-    }
-    for (int64_t i = 0; i < numel; i++) v[i] = g4_tensor_float(t, i);
-    return v;
+    return g4_tower_floats(m, &vt->mem, TOWER, name, ndim, shape);
 }
 
-static float *load_vec(g4_model *m, g4_vision_tower *vt, const char *name, int n) {
-    int64_t shape[1] = {n};
-    return load_floats(m, vt, name, 1, shape);
-}
+static float *load_vec(g4_model *m, g4_vision_tower *vt, const char *name, int n) { return g4_tower_vec(m, &vt->mem, TOWER, name, n); }
 
-static int load_clamp(g4_model *m, g4_vision_tower *vt, const char *module, const char *leaf, float *out) {
-    char name[256];
-    snprintf(name, sizeof name, "%s.%s", module, leaf);
-    const g4_tensor *t = g4_st_find(&m->st, name);
-    if (!t) return g4_fail("%s: tensor %s missing from the checkpoint (use_clipped_linears is true)", m->dir, name);
-    int64_t none[1] = {0};
-    float *v = load_floats(m, vt, name, t->ndim == 1 ? 1 : 0, t->ndim == 1 ? (int64_t[]){1} : none);
-    if (!v) return -1;
-    if (isnan(*v)) return g4_fail("%s: tensor %s is NaN", m->dir, name);
-    *out = *v;
-    return 0;
-}
-
-static int bind_clippable(g4_model *m, g4_vision_tower *vt, vt_linear *L, const char *module, int in, int out) {
-    char lin[224];
-    snprintf(lin, sizeof lin, "%s.linear", module);
-    if (g4_model_bind_linear(m, &L->lin, lin, in, out) != 0) return -1;
-    L->in_min = L->out_min = -INFINITY;
-    L->in_max = L->out_max = INFINITY;
-    if (!vt->clipped) return 0;
-    if (load_clamp(m, vt, module, "input_min", &L->in_min) || load_clamp(m, vt, module, "input_max", &L->in_max) ||
-        load_clamp(m, vt, module, "output_min", &L->out_min) || load_clamp(m, vt, module, "output_max", &L->out_max))
-        return -1;
-    return 0;
+static int bind_clippable(g4_model *m, g4_vision_tower *vt, g4_clip_linear *L, const char *module, int in, int out) {
+    return g4_tower_bind_clippable(m, &vt->mem, TOWER, L, module, in, out, vt->clipped);
 }
 
 /* ---- vision_config ---- */
@@ -235,7 +167,7 @@ static g4_vision_tower *vt_load(g4_model *m) {
     vt->default_tokens = read_default_tokens(m);
     vt->root_hidden = (float)sqrt((double)vt->hidden);
     vt->layers = calloc((size_t)vt->n_layers, sizeof *vt->layers);
-    vt->inv_freq = vt_own(vt, sizeof(float) * (size_t)(vt->head_dim / 4));
+    vt->inv_freq = g4_tower_alloc(&vt->mem, sizeof(float) * (size_t)(vt->head_dim / 4));
     if (!vt->layers || !vt->inv_freq) {
         g4_fail("out of memory for the vision tower");
         goto fail;
@@ -243,11 +175,7 @@ static g4_vision_tower *vt_load(g4_model *m) {
     /* torch: 1.0 / (base ** (arange(0, d/2, 2).float() / (d/2))), in f32 */
     int spatial = vt->head_dim / 2;
     for (int j = 0; j < vt->head_dim / 4; j++) vt->inv_freq[j] = 1.0f / powf((float)theta, (float)(2 * j) / (float)spatial);
-    if (g4_model_bind_linear(m, &vt->patch_proj, VT "patch_embedder.input_proj", 3 * vt->patch * vt->patch, vt->hidden)) goto fail;
-    if (vt->patch_proj.w.bits != 16) {
-        g4_fail("%s: " VT "patch_embedder.input_proj is quantized; g4 expects it float (modules_to_not_convert)", m->dir);
-        goto fail;
-    }
+    if (g4_tower_bind_float(m, &vt->patch_proj, VT "patch_embedder.input_proj", 3 * vt->patch * vt->patch, vt->hidden)) goto fail;
     int64_t pshape[3] = {2, vt->pos_size, vt->hidden};
     if (!(vt->pos_table = load_floats(m, vt, VT "patch_embedder.position_embedding_table", 3, pshape))) goto fail;
     for (int l = 0; l < vt->n_layers; l++)
@@ -284,35 +212,6 @@ int g4_vision_pooling(const g4_vision_tower *vt) { return vt->pool; }
 int g4_vision_default_soft_tokens(const g4_vision_tower *vt) { return vt->default_tokens; }
 
 /* ---- the forward pass ---- */
-
-static void clamp_rows(float *x, size_t n, float lo, float hi) {
-    if (lo == -INFINITY && hi == INFINITY) return;
-    for (size_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
-}
-
-/* Rows of linear L one g4_forward_linear call takes: at most CHUNK, and no more than the
- * session's scratch (CHUNK x the text model's widest linear) holds at L's width, so a tower wider
- * than the text model (a small text model with a full-size tower) runs in smaller calls. */
-static int rows_per_call(const g4_session *s, const g4_linear *L) {
-    size_t wide = (size_t)(L->w.in > L->w.out ? L->w.in : L->w.out), rows = s->acc_len / wide;
-    return rows > CHUNK ? CHUNK : (int)rows;
-}
-
-/* y = linear(x) over n rows, in calls of rows_per_call rows. */
-static void linear_rows(g4_session *s, const g4_linear *L, const float *x, int n, float *y) {
-    int step = rows_per_call(s, L);
-    for (int r = 0; r < n; r += step) {
-        int c = n - r < step ? n - r : step;
-        g4_forward_linear(s, L, x + (size_t)r * L->w.in, c, y + (size_t)r * L->w.out);
-    }
-}
-
-/* y = clamp(linear(clamp(x))) over n rows. x may be clamped in place. */
-static void vt_linear_run(g4_session *s, const vt_linear *L, float *x, int n, float *y) {
-    clamp_rows(x, (size_t)n * L->lin.w.in, L->in_min, L->in_max);
-    linear_rows(s, &L->lin, x, n, y);
-    clamp_rows(y, (size_t)n * L->lin.w.out, L->out_min, L->out_max);
-}
 
 /* 8 running sums in a fixed order: the same bits on every build level, and vectorizable. */
 static float dot(const float *a, const float *b, int n) {
@@ -353,9 +252,9 @@ static void vt_layer_run(g4_session *s, const g4_vision_tower *vt, const vt_laye
     int H = vt->hidden, hd = vt->head_dim, W = vt->heads * hd;
     float eps = vt->eps;
     g4_forward_rmsnorm_rows(b->xn, b->x, L->ln_in, n, H, eps);
-    vt_linear_run(s, &L->q, b->xn, n, b->q);
-    vt_linear_run(s, &L->k, b->xn, n, b->k);
-    vt_linear_run(s, &L->v, b->xn, n, b->v);
+    g4_tower_clip_linear(s, &L->q, b->xn, n, b->q);
+    g4_tower_clip_linear(s, &L->k, b->xn, n, b->k);
+    g4_tower_clip_linear(s, &L->v, b->xn, n, b->v);
     g4_forward_rmsnorm_rows(b->q, b->q, L->q_norm, n * vt->heads, hd, eps);
     g4_forward_rmsnorm_rows(b->k, b->k, L->k_norm, n * vt->heads, hd, eps);
     g4_forward_rmsnorm_rows(b->v, b->v, NULL, n * vt->heads, hd, eps);
@@ -366,13 +265,13 @@ static void vt_layer_run(g4_session *s, const g4_vision_tower *vt, const vt_laye
     for (int t = 0; t < n; t++) b->rows[t] = (g4_attn_row){.kf = b->k, .vf = b->v, .lo = 0, .hi = n - 1};
     g4_attn a = {.n = n, .n_heads = vt->heads, .head_dim = hd, .kv_width = W, .group = 1, .q = b->q, .out = b->att, .rows = b->rows};
     s->k->attention(&a);
-    vt_linear_run(s, &L->o, b->att, n, b->proj);
+    g4_tower_clip_linear(s, &L->o, b->att, n, b->proj);
     g4_forward_add_normed(b->x, b->proj, L->ln_post_attn, n, H, eps);
     g4_forward_rmsnorm_rows(b->xn, b->x, L->ln_pre_ffw, n, H, eps);
-    vt_linear_run(s, &L->gate, b->xn, n, b->gate);
-    vt_linear_run(s, &L->up, b->xn, n, b->up);
+    g4_tower_clip_linear(s, &L->gate, b->xn, n, b->gate);
+    g4_tower_clip_linear(s, &L->up, b->xn, n, b->up);
     s->k->gelu_mul(b->gate, b->up, (size_t)n * vt->mlp, 0);
-    vt_linear_run(s, &L->down, b->gate, n, b->proj);
+    g4_tower_clip_linear(s, &L->down, b->gate, n, b->proj);
     g4_forward_add_normed(b->x, b->proj, L->ln_post_ffw, n, H, eps);
 }
 
@@ -415,7 +314,7 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
         return g4_fail("vision: the tower's linears (%zu wide) are wider than a whole session buffer (%zu)", widest, s->acc_len);
     }
     for (int l = 0; l < vt->n_layers; l++) {
-        const vt_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
+        const g4_clip_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
                                   &vt->layers[l].gate, &vt->layers[l].up, &vt->layers[l].down};
         for (int i = 0; i < 7; i++)
             if (g4_requant_table_add(s, &Ls[i]->lin)) {
@@ -445,7 +344,7 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
     }
     /* patch embedding: input_proj(2 (pixels - 0.5)) + (pos_x + pos_y) */
     for (size_t i = 0; i < (size_t)n * pd; i++) b.xn[i] = 2.0f * (p->pixels[i] - 0.5f);
-    linear_rows(s, &vt->patch_proj, b.xn, n, b.x);
+    g4_tower_linear_rows(s, &vt->patch_proj, b.xn, n, b.x);
     for (int t = 0; t < n; t++) {
         const float *px = vt->pos_table + (size_t)p->pos[2 * t] * H;
         const float *py = vt->pos_table + ((size_t)vt->pos_size + p->pos[2 * t + 1]) * H;
@@ -467,7 +366,7 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
         memset(stats, 0, sizeof *stats);
         stats->linear_seconds = s->prof[G4_PROF_LINEAR];
         for (int l = 0; l < vt->n_layers; l++) {
-            const vt_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
+            const g4_clip_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
                                       &vt->layers[l].gate, &vt->layers[l].up, &vt->layers[l].down};
             for (int i = 0; i < 7; i++) {
                 double macs = (double)Ls[i]->lin.w.in * Ls[i]->lin.w.out;

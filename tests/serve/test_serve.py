@@ -32,6 +32,7 @@ import test_endpoints
 import test_page
 import test_genapi
 import test_structured
+import test_media
 from serve_util import *  # noqa: F401,F403 (check, Server, problem, g4_run, ...)
 
 
@@ -240,8 +241,8 @@ def test_errors(sv):
          "messages[0].role"),
         ("content of a wrong type", "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": 5}]}, 400,
          None, "messages[0].content"),
-        ("an image part", "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, None, "messages[0].content[0]"),
+        ("a remote image URL", "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, None, "messages[0].content[0].image_url.url"),
         ("temperature a string", "POST", "/v1/chat/completions", chat_body("x", temperature="hot"), 400, None, "temperature"),
         ("temperature out of range", "POST", "/v1/chat/completions", chat_body("x", temperature=5), 400, None, "temperature"),
         ("max_tokens 0", "POST", "/v1/chat/completions", chat_body("x", max_tokens=0), 400, None, "max_tokens"),
@@ -701,6 +702,7 @@ def main():
     test_page.run()
     test_genapi.run()
     test_structured.run()
+    test_media.run()  # issue 35: images in the messages
     print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 

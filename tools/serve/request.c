@@ -384,9 +384,101 @@ static int read_common(const fields *f, serve_request *r, const serve_limits *li
 
 /* ---------------------------------------------------------------- messages */
 
-/* A message's content: a string, an array of text parts, or null (""). Parts are trimmed and
- * joined as the template joins them; other part types (images, audio) are refused. */
-static int read_content(const cJSON *c, const char *param, char **out, serve_error *e) {
+/* ---------------------------------------------------------------- media parts */
+
+/* Standard base64 (RFC 4648, padding optional, no other characters) into *out (malloc'd). */
+static int decode_base64(const char *s, size_t n, unsigned char **out, size_t *len) {
+    while (n > 0 && s[n - 1] == '=') n--;
+    if (n % 4 == 1) return -1;
+    unsigned char *b = malloc(n / 4 * 3 + 3);
+    if (!b) return -1;
+    size_t k = 0;
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        int v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52 : c == '+' ? 62 : c == '/' ? 63 : -1;
+        if (v < 0) {
+            free(b);
+            return -1;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        if (i % 4 == 3) b[k++] = (unsigned char)(acc >> 16), b[k++] = (unsigned char)(acc >> 8), b[k++] = (unsigned char)acc;
+    }
+    if (n % 4 == 2) b[k++] = (unsigned char)(acc >> 4);
+    else if (n % 4 == 3) b[k++] = (unsigned char)(acc >> 10), b[k++] = (unsigned char)(acc >> 2);
+    *out = b, *len = k;
+    return 0;
+}
+
+/* What a message's content list is read into: its text, and the request's media parts. */
+typedef struct {
+    serve_request *r;
+    const serve_limits *lim;
+    size_t msg;
+    g4_chat_role role;
+} content_ctx;
+
+/* One image_url or input_audio part (p: "messages[i].content[k]"): its bytes decoded into a new
+ * entry of r->media. Only data: URLs: the server fetches nothing. */
+static int read_media_part(const cJSON *part, const char *type, const char *p, const content_ctx *cx, serve_error *e) {
+    int image = !strcmp(type, "image_url");
+    char q[192];
+    if (cx->role != G4_CHAT_USER)
+        return serve_fail(e, 400, INVALID, NULL, p, "'%s': %s parts are taken in user messages only", p, image ? "image" : "audio");
+    if (cx->r->n_media >= cx->lim->max_media)
+        return serve_fail(e, 400, INVALID, NULL, p, "'%s': at most %d image and audio parts a request", p, cx->lim->max_media);
+    const cJSON *obj = cJSON_GetObjectItemCaseSensitive(part, type);
+    snprintf(q, sizeof q, "%s.%s", p, type);
+    if (!cJSON_IsObject(obj)) return bad(e, q, "'%s' must be an object", q);
+    const char *b64;
+    size_t n;
+    int budget = 0;
+    if (image) {
+        const cJSON *url = cJSON_GetObjectItemCaseSensitive(obj, "url"), *detail = cJSON_GetObjectItemCaseSensitive(obj, "detail");
+        if (detail && (!cJSON_IsString(detail) || (strcmp(detail->valuestring, "low") && strcmp(detail->valuestring, "high") && strcmp(detail->valuestring, "auto")))) {
+            snprintf(q, sizeof q, "%s.image_url.detail", p);
+            return bad(e, q, "'%s' must be \"low\", \"high\" or \"auto\"", q);
+        }
+        if (detail && !strcmp(detail->valuestring, "low")) budget = 70;
+        snprintf(q, sizeof q, "%s.image_url.url", p);
+        if (!cJSON_IsString(url)) return bad(e, q, "'%s' must be a string", q);
+        const char *u = url->valuestring, *comma = strchr(u, ',');
+        if (strncmp(u, "data:", 5) != 0)
+            return bad(e, q, "'%s': only data: URLs (data:image/png;base64,...) are taken; the server fetches no URL", q);
+        if (!comma || (size_t)(comma - u) < 12 || strncmp(comma - 7, ";base64", 7) != 0 || strncmp(u + 5, "image/", 6) != 0)
+            return bad(e, q, "'%s': expected data:image/<type>;base64,<data>", q);
+        b64 = comma + 1, n = strlen(comma + 1);
+    } else {
+        const cJSON *data = cJSON_GetObjectItemCaseSensitive(obj, "data"), *format = cJSON_GetObjectItemCaseSensitive(obj, "format");
+        snprintf(q, sizeof q, "%s.input_audio.format", p);
+        if (!cJSON_IsString(format) || strcmp(format->valuestring, "wav") != 0) return bad(e, q, "'%s' must be \"wav\"", q);
+        snprintf(q, sizeof q, "%s.input_audio.data", p);
+        if (!cJSON_IsString(data)) return bad(e, q, "'%s' must be a base64 string", q);
+        b64 = data->valuestring, n = strlen(data->valuestring);
+    }
+    unsigned char *bytes;
+    size_t len;
+    if (decode_base64(b64, n, &bytes, &len)) return bad(e, q, "'%s': not valid base64", q);
+    if (len == 0) {
+        free(bytes);
+        return bad(e, q, "'%s': the file is empty", q);
+    }
+    serve_media *m = realloc(cx->r->media, sizeof *m * (size_t)(cx->r->n_media + 1));
+    if (!m) {
+        free(bytes);
+        return serve_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    cx->r->media = m;
+    m += cx->r->n_media++;
+    *m = (serve_media){.msg = cx->msg, .kind = image ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO, .bytes = bytes, .len = len, .budget = budget};
+    snprintf(m->param, sizeof m->param, "%s", q);
+    return 0;
+}
+
+/* A message's content: a string, an array of parts, or null (""). Text parts are trimmed and
+ * joined as the template joins them; image_url and input_audio parts (cx: user messages) go to
+ * the request's media, before the message's text as the template puts them. */
+static int read_content(const cJSON *c, const char *param, const content_ctx *cx, char **out, serve_error *e) {
     g4_textbuf t = {0};
     int rc = g4_textbuf_append(&t, "", 0);
     if (!c || cJSON_IsNull(c)) {
@@ -399,8 +491,11 @@ static int read_content(const cJSON *c, const char *param, char **out, serve_err
             char p[128];
             snprintf(p, sizeof p, "%s[%d]", param, i);
             if (!cJSON_IsObject(part) || !cJSON_IsString(type)) rc = bad(e, p, "'%s' must be an object with a 'type'", p);
+            else if (!strcmp(type->valuestring, "image_url") || !strcmp(type->valuestring, "input_audio"))
+                rc = read_media_part(part, type->valuestring, p, cx, e);
             else if (strcmp(type->valuestring, "text") != 0)
-                rc = serve_fail(e, 400, INVALID, NULL, p, "'%s': content of type '%.40s' is not supported (text only)", p, type->valuestring);
+                rc = serve_fail(e, 400, INVALID, NULL, p, "'%s': content of type '%.40s' is not supported (text, image_url, input_audio)", p,
+                                type->valuestring);
             else if (!cJSON_IsString(text)) rc = bad(e, p, "'%s' needs a 'text' string", p);
             else {
                 size_t a, b;
@@ -409,7 +504,7 @@ static int read_content(const cJSON *c, const char *param, char **out, serve_err
             }
         }
     } else {
-        rc = bad(e, param, "'%s' must be a string, an array of text parts or null", param);
+        rc = bad(e, param, "'%s' must be a string, an array of content parts or null", param);
     }
     if (rc == 0) return g4_textbuf_take(&t, out, NULL) ? serve_fail(e, 500, "server_error", NULL, NULL, "out of memory") : 0;
     free(t.p);
@@ -467,7 +562,8 @@ static void order_tool_responses(g4_chat_message *msgs, const char **tool_ids, s
         }
 }
 
-static int read_message(const cJSON *m, int i, serve_request *r, const char **ids, int *n_ids, const char **tool_id, serve_error *e) {
+static int read_message(const cJSON *m, int i, serve_request *r, const serve_limits *lim, const char **ids, int *n_ids, const char **tool_id,
+                        serve_error *e) {
     char p[64], pr[80];
     snprintf(p, sizeof p, "messages[%d]", i);
     snprintf(pr, sizeof pr, "messages[%d].role", i);
@@ -480,7 +576,8 @@ static int read_message(const cJSON *m, int i, serve_request *r, const char **id
                           role->valuestring);
     snprintf(pr, sizeof pr, "messages[%d].content", i);
     char *content = NULL;
-    if (read_content(cJSON_GetObjectItemCaseSensitive(m, "content"), pr, &content, e)) return -1;
+    content_ctx cx = {r, lim, r->n_msgs, rl};
+    if (read_content(cJSON_GetObjectItemCaseSensitive(m, "content"), pr, &cx, &content, e)) return -1;
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (rl == G4_CHAT_MODEL && calls && !cJSON_IsNull(calls)) {
         g4_textbuf t = {0};
@@ -514,7 +611,7 @@ static int read_messages(const fields *f, serve_request *r, const serve_limits *
     int i = 0, n_ids = 0, rc = 0;
     size_t run = 0; /* where the tool messages after the last model message begin */
     for (const cJSON *m = msgs->child; m && !rc; m = m->next, i++) {
-        rc = read_message(m, i, r, ids, &n_ids, &tool_ids[i], f->e);
+        rc = read_message(m, i, r, lim, ids, &n_ids, &tool_ids[i], f->e);
         if (rc) break;
         g4_chat_role rl = r->msgs[i].role;
         if (rl != G4_CHAT_TOOL) {
@@ -697,6 +794,8 @@ void serve_request_free(serve_request *r) {
     free(r->constraint_text);
     free(r->bias_ids);
     free(r->bias_values);
+    for (int i = 0; i < r->n_media; i++) free(r->media[i].bytes), free(r->media[i].embd);
+    free(r->media);
     memset(r, 0, sizeof *r);
 }
 
@@ -720,8 +819,12 @@ static int chat_ids(const serve_request *r, const g4_tokenizer *tok, g4_chat_for
     o.form = form;
     o.thinking = r->thinking;
     if (r->tool_choice != SERVE_TOOLS_NONE) o.tools = (const char *const *)r->tools, o.n_tools = r->n_tools;
-    if (g4_chat_encode_from(tok, r->msgs, r->n_msgs, 0, &o, ids, n, opens_thought))
-        return serve_fail(e, 400, INVALID, NULL, "messages", "'messages': %s", g4_last_error());
+    g4_chat_media *media = r->n_media ? calloc((size_t)r->n_media, sizeof *media) : NULL;
+    if (r->n_media && !media) return serve_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    for (int k = 0; k < r->n_media; k++) media[k] = (g4_chat_media){r->media[k].msg, r->media[k].kind, r->media[k].n};
+    int rc = g4_chat_encode_media(tok, r->msgs, r->n_msgs, 0, &o, media, (size_t)r->n_media, ids, n, opens_thought);
+    free(media);
+    if (rc) return serve_fail(e, 400, INVALID, NULL, "messages", "'messages': %s", g4_last_error());
     /* a prompt that leaves a thought open (after a tool response, thinking on) lets the model
      * finish its thought: no call is forced into it */
     *prefill = *opens_thought ? NULL : call_prefill(r);
@@ -732,7 +835,7 @@ static int chat_ids(const serve_request *r, const g4_tokenizer *tok, g4_chat_for
     size_t n_more = 0;
     const char *name_part = *prefill + strlen("<|tool_call>");
     int32_t open = g4_tokenizer_piece_to_id(tok, "<|tool_call>");
-    int rc = open < 0 || g4_tokenizer_encode(tok, name_part, strlen(name_part), 0, &more, &n_more);
+    rc = open < 0 || g4_tokenizer_encode(tok, name_part, strlen(name_part), 0, &more, &n_more);
     int32_t *all = rc ? NULL : realloc(*ids, sizeof **ids * (*n + 1 + n_more));
     if (!all) {
         free(more);
@@ -801,3 +904,25 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
 }
 
 int serve_check_body(const char *body, size_t len, serve_error *e) { return check_body_text(body, len, e); }
+
+int serve_media_spans(const serve_request *r, const g4_tokenizer *tok, const int32_t *ids, int n_ids, g4_embd_span **spans, serve_error *e) {
+    *spans = malloc(sizeof **spans * (size_t)(r->n_media ? r->n_media : 1));
+    if (!*spans) return serve_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    int at = 0;
+    for (int k = 0; k < r->n_media; k++) {
+        int32_t mk[3];
+        const serve_media *m = &r->media[k];
+        if (g4_media_marker_ids(tok, m->kind, mk)) {
+            free(*spans), *spans = NULL;
+            return serve_fail(e, 400, INVALID, NULL, m->param, "'%s': %s", m->param, g4_last_error());
+        }
+        while (at + m->n + 1 < n_ids && !(ids[at] == mk[0] && ids[at + 1] == mk[1] && ids[at + m->n + 1] == mk[2])) at++;
+        if (!m->embd || at + m->n + 1 >= n_ids) {
+            free(*spans), *spans = NULL;
+            return serve_fail(e, 500, "server_error", NULL, m->param, "'%s': its soft tokens are not in the rendered prompt", m->param);
+        }
+        (*spans)[k] = (g4_embd_span){.at = at + 1, .n = m->n, .embd = m->embd};
+        at += m->n + 2;
+    }
+    return 0;
+}

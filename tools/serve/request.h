@@ -37,6 +37,7 @@ typedef struct {
     int max_json_values;  /* values in the body (serve_json_values), bounding cJSON's memory; 0: no bound */
     int max_n;            /* choices a request may ask for (n): the slots, --parallel */
     int vocab;            /* token ids logit_bias may name: [0, vocab) (0: not checked here) */
+    int max_media;        /* image and audio parts a request may hold (0: none); their decoded bytes are bounded by the body's */
     int max_tokens;       /* the budget of a reply that sets no max_tokens (-n/--max-tokens; 0: chat 4096, completions 16),
                              cut to what the context leaves */
 } serve_limits;
@@ -47,6 +48,19 @@ typedef struct {
 
 typedef enum { SERVE_CHAT = 0, SERVE_COMPLETION = 1 } serve_kind;
 typedef enum { SERVE_TOOLS_AUTO = 0, SERVE_TOOLS_NONE, SERVE_TOOLS_REQUIRED, SERVE_TOOLS_NAMED } serve_tool_choice;
+
+/* An image or audio part of a user message: its file's bytes (decoded from a data: URL or
+ * input_audio's base64), then its soft tokens (set by the server, serve_media_set). */
+typedef struct {
+    size_t msg;           /* the message it belongs to (r->msgs) */
+    g4_media_kind kind;
+    unsigned char *bytes; /* the file */
+    size_t len;
+    int budget;           /* an image's soft-token budget: 70 for detail "low", else 0 (the server's) */
+    char param[192];      /* where it stands: "messages[0].content[1].image_url.url" */
+    float *embd;          /* n soft tokens x hidden floats (malloc'd), or NULL */
+    int n;
+} serve_media;
 
 typedef struct {
     serve_kind kind;
@@ -85,6 +99,8 @@ typedef struct {
     int constraint_kind;
     char *constraint_text;
     char constraint_param[64];
+    serve_media *media;  /* the user messages' image and audio parts, in prompt order */
+    int n_media;
 } serve_request;
 
 /* An upper bound on the JSON values in a body (each value but the first follows a '[', ',' or
@@ -111,5 +127,9 @@ int serve_check_model(const char *model, const serve_limits *lim, serve_error *e
  * does not fit the context (400 context_length_exceeded) or has a token the model lacks. */
 int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form form, int vocab, const serve_limits *lim,
                  int32_t **ids, int *n_ids, int *opens_thought, char **prefill, int *max_tokens, serve_error *e);
+
+/* The embedding spans of a chat prompt's media parts (serve_prompt's ids, every part's embd set):
+ * each part's placeholders, found after its begin marker in order. *spans malloc'd (n_media). */
+int serve_media_spans(const serve_request *r, const g4_tokenizer *tok, const int32_t *ids, int n_ids, g4_embd_span **spans, serve_error *e);
 
 #endif
