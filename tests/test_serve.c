@@ -508,6 +508,8 @@ static void check_constraints(void) {
         serve_request_free(&r);
     }
     printf("ok constraint fields\n");
+}
+
 /* Media parts (issue 35): data: URLs and input_audio decoded as RFC 4648 base64 (padding optional,
  * the RFC's test vectors), each part's message, kind, budget and field; bad base64 refused. */
 static void check_media_parts(void) {
@@ -547,6 +549,7 @@ static void check_media_parts(void) {
     }
     printf("ok media parts: base64 per RFC 4648 (6 vectors, 5 refusals), kinds, budget and fields\n");
 }
+
 
 int main(void) {
     g4_set_log(NULL, NULL);
