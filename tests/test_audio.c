@@ -1,7 +1,9 @@
 /* The audio front end (src/audio/) against transformers 5.17: WAV decoding + down-mix + soxr
  * resampling against load_audio (librosa.load at 16 kHz), the log-mel features against
  * Gemma4AudioFeatureExtractor, on the clips of tests/fixtures/audio (gen_audio_goldens.py); the
- * sample scaling against worked values; every malformed header refused with a one-line error. */
+ * sample scaling against worked values; every malformed header refused with a one-line error; the
+ * whole tower (g4_audio_soft_tokens) against transformers' soft tokens on tests/fixtures/audio/tower
+ * (gen_audio_tower.py) in every activation mode on every kernel level. */
 #define _DEFAULT_SOURCE /* setenv, mkdtemp, symlink, realpath */
 #include <stdint.h>
 #include <unistd.h>
