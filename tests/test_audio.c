@@ -1,7 +1,9 @@
 /* The audio front end (src/audio/) against transformers 5.17: WAV decoding + down-mix + soxr
  * resampling against load_audio (librosa.load at 16 kHz), the log-mel features against
  * Gemma4AudioFeatureExtractor, on the clips of tests/fixtures/audio (gen_audio_goldens.py); the
- * sample scaling against worked values; every malformed header refused with a one-line error. */
+ * sample scaling against worked values; every malformed header refused with a one-line error; the
+ * whole tower (g4_audio_soft_tokens) against transformers' soft tokens on tests/fixtures/audio/tower
+ * (gen_audio_tower.py) in every activation mode on every kernel level. */
 #define _DEFAULT_SOURCE /* setenv, mkdtemp, symlink, realpath */
 #include <stdint.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include "audio/audio.h"
 #include "check.h"
 #include "model/model.h"
+#include "model/session.h"
 #include "testutil.h"
 #include "format/safetensors.h"
 #include "g4.h"
@@ -491,6 +494,48 @@ static void check_clip_modes(const g4_model *m, const g4_safetensors *st, int ci
 }
 
 
+/* A full 30 s clip (the longest accepted): the processor's audio_seq_length, 750 soft tokens,
+ * every frame valid, through linears called in several session-sized pieces. No transformers
+ * golden at this length (the clips above check the values): the count, finiteness and the
+ * kernel levels' equality in int mode. */
+static void check_30s(const g4_model *m) {
+    size_t n = 30 * 16000;
+    int16_t *pcm = malloc(n * sizeof *pcm);
+    for (size_t i = 0; i < n; i++) pcm[i] = (int16_t)(8000.0 * sin(2 * M_PI * 440.0 * (double)i / 16000.0) * (0.5 + 0.5 * sin((double)i / 9000.0)));
+    buf w = make_wav(1, 1, 16000, 16, pcm, (uint32_t)(n * 2));
+    free(pcm);
+    g4_options o;
+    g4_options_default(&o);
+    o.act = G4_ACT_INT;
+    float *ref = NULL;
+    int n_ref = 0, D = g4_model_hidden_size(m);
+    for (int k = 0; k < g4_kernels_count(); k++) {
+        const g4_kernels *kl = g4_kernels_at(k);
+        if (!g4_kernels_available(kl)) continue;
+        setenv("G4_DISPATCH", kl->name, 1);
+        float *e = NULL;
+        int nt = 0;
+        double t0 = g4_prof_clock();
+        int rc = g4_audio_soft_tokens(m, &o, w.b, w.len, &e, &nt);
+        double dt = g4_prof_clock() - t0;
+        CHECK(rc == 0 && nt == 750, "30 s clip on %s: rc %d, %d tokens (750 expected): %s", kl->name, rc, nt, rc ? g4_last_error() : "");
+        if (rc) continue;
+        int finite = 1;
+        for (size_t i = 0; i < (size_t)nt * D; i++) finite &= isfinite(e[i]) != 0;
+        CHECK(finite, "30 s clip on %s: a non-finite soft token value", kl->name);
+        if (!ref) {
+            ref = e, n_ref = nt;
+            printf("ok 30 s clip: %d soft tokens (int, level %s, %.2f s including decode, resampling and log-mel)\n", nt, kl->name, dt);
+        } else {
+            CHECK(nt == n_ref && memcmp(e, ref, sizeof *e * (size_t)nt * D) == 0, "30 s clip: level %s differs from the first level", kl->name);
+            free(e);
+        }
+    }
+    unsetenv("G4_DISPATCH");
+    free(ref);
+    free(w.b);
+}
+
 /* A copy of the tower fixture in a temp folder with `from` replaced by `to` in its config.json
  * (once), its model.safetensors linked: the model loads (the text model is untouched), and the
  * first clip is refused with one line holding `needle`. */
@@ -554,6 +599,7 @@ static void test_tower(void) {
         g4_session *early = g4_session_new(m, &o);
         CHECK(early != NULL, "%s", g4_last_error());
         for (int i = 0; i < 3; i++) check_clip_modes(m, &st, i);
+        check_30s(m);
         /* 10 clippable linears a layer, relative_k_proj, input_proj, output_proj, embed_audio */
         CHECK(m->audio != NULL && m->n_linears == before + 11 + 3, "tower bound on first use: %d linears, %d before", m->n_linears, before);
         if (early) {
