@@ -35,6 +35,7 @@
  * whose prepared activations and few-row matmuls it uses. */
 #define NEEDS "amx_tile amx_int8 avx512f avx512bw avx512vl avx512_vnni avx512vbmi avx2 fma"
 
+#if defined(__x86_64__)
 /* Activation rows from which the tiles run, by weight bits; fewer go to the AVX-512 VNNI level.
  * The tiles compute 16 activation rows whatever n is and unpack each 16-row weight group into
  * scratch once per call, so below about a tile's rows the vector kernels, which stream the
@@ -44,7 +45,6 @@
  * 0.93x at 8) and from 16 on the 8-bit 1536x256 (1.07x; 0.97x at 12). */
 static int amx_min_rows(int bits) { return bits == 4 ? 6 : bits == 2 ? 12 : 16; }
 
-#if defined(__x86_64__)
 #include <immintrin.h>
 
 #if defined(__clang__)
