@@ -7,7 +7,6 @@
  * attention, light conv) are plain C in audio/, the same on every level. */
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,20 +210,12 @@ fail:
     return NULL;
 }
 
-static pthread_mutex_t at_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The loader in the form g4_tower_get takes. */
+static void *at_load_any(g4_model *m) { return at_load(m); }
 
 const g4_audio_tower *g4_audio_tower_get(const g4_model *cm) {
-    g4_model *m = (g4_model *)cm; /* the tower is a cache of the model's, bound once under the lock */
-    pthread_mutex_lock(&at_lock);
-    if (!m->audio) {
-        int before = m->n_linears;
-        m->audio = at_load(m);
-        if (m->audio) m->audio_free = at_free;
-        else m->n_linears = before;
-    }
-    const g4_audio_tower *at = m->audio;
-    pthread_mutex_unlock(&at_lock);
-    return at;
+    g4_model *m = (g4_model *)cm; /* the tower is a cache of the model's, bound once */
+    return g4_tower_get(m, &m->audio, &m->audio_free, at_load_any, at_free);
 }
 
 /* ---- the forward pass ---- */

@@ -2,10 +2,26 @@
 #include "model/tower.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "util/err.h"
+
+static pthread_mutex_t tower_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void *g4_tower_get(g4_model *m, void **slot, void (**free_slot)(void *), void *(*load)(g4_model *), void (*free_fn)(void *)) {
+    pthread_mutex_lock(&tower_lock);
+    if (!*slot) {
+        int before = m->n_linears;
+        *slot = load(m);
+        if (*slot) *free_slot = free_fn;
+        else m->n_linears = before;
+    }
+    void *t = *slot;
+    pthread_mutex_unlock(&tower_lock);
+    return t;
+}
 
 void *g4_tower_alloc(g4_tower_mem *mem, size_t bytes) {
     void **p = realloc(mem->p, sizeof *p * (size_t)(mem->n + 1));

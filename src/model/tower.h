@@ -18,6 +18,10 @@ typedef struct {
 } g4_tower_mem;
 
 /* calloc'd bytes owned by mem, or NULL (out of memory). */
+/* The tower in *slot, bound by load on first use under one lock for every tower (binding adds
+ * linears to the model's count, which an image and a clip bound at once on two threads would
+ * both change); a failed load leaves the model as it was and is tried again next time. */
+void *g4_tower_get(g4_model *m, void **slot, void (**free_slot)(void *), void *(*load)(g4_model *), void (*free_fn)(void *));
 void *g4_tower_alloc(g4_tower_mem *mem, size_t bytes);
 void g4_tower_mem_free(g4_tower_mem *mem);
 

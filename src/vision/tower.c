@@ -5,7 +5,6 @@
  * for the text decoder. The elementwise steps here are plain C, the same on every level. */
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,20 +190,12 @@ fail:
     return NULL;
 }
 
-static pthread_mutex_t vt_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The loader in the form g4_tower_get takes. */
+static void *vt_load_any(g4_model *m) { return vt_load(m); }
 
 const g4_vision_tower *g4_vision_tower_get(const g4_model *cm) {
-    g4_model *m = (g4_model *)cm; /* the tower is a cache of the model's, bound once under the lock */
-    pthread_mutex_lock(&vt_lock);
-    if (!m->vision) {
-        int before = m->n_linears;
-        m->vision = vt_load(m);
-        if (m->vision) m->vision_free = vt_free;
-        else m->n_linears = before;
-    }
-    const g4_vision_tower *vt = m->vision;
-    pthread_mutex_unlock(&vt_lock);
-    return vt;
+    g4_model *m = (g4_model *)cm; /* the tower is a cache of the model's, bound once */
+    return g4_tower_get(m, &m->vision, &m->vision_free, vt_load_any, vt_free);
 }
 
 int g4_vision_patch_size(const g4_vision_tower *vt) { return vt->patch; }
