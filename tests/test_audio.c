@@ -343,6 +343,11 @@ static void test_bad_media(void) {
     check_refused("a data size past the end", w.b, w.len, "chunk 'data' at byte 36 says 4000 bytes, only 4 remain");
     free(w.b);
     w = make_wav(1, 1, 16000, 16, s16, 4);
+    set32(&w, 40, 4000);
+    memcpy(w.b + 36, "d\n\0\\", 4);   /* a chunk id of a newline, a NUL and a backslash: still one line */
+    check_refused("a control-byte chunk id", w.b, w.len, "chunk 'd\\x0a\\x00\\x5c' at byte 36 says 4000 bytes");
+    free(w.b);
+    w = make_wav(1, 1, 16000, 16, s16, 4);
     check_refused("a truncated file", w.b, w.len - 2, "RIFF size says");
     free(w.b);
     w = make_wav(2, 1, 16000, 16, s16, 4);

@@ -7,6 +7,7 @@
 #include "audio/audio.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,6 +100,19 @@ static float sample_at(const unsigned char *p, const wav_fmt *f) {
     }
 }
 
+/* A chunk id for an error message: any byte (newline, NUL, control) may be there in a hostile
+ * file, and a message must stay one printable line, so bytes outside ASCII printing range are
+ * written as \xNN. */
+static const char *chunk_id(const unsigned char *c, char out[17]) {
+    char *o = out;
+    for (int i = 0; i < 4; i++) {
+        if (c[i] >= 0x20 && c[i] < 0x7f && c[i] != '\\') *o++ = (char)c[i];
+        else o += snprintf(o, 5, "\\x%02x", c[i]);
+    }
+    *o = 0;
+    return out;
+}
+
 int g4_wav_decode(const void *bytes, size_t len, const char *name, g4_wav *out) {
     memset(out, 0, sizeof *out);
     const unsigned char *b = bytes;
@@ -119,10 +133,11 @@ int g4_wav_decode(const void *bytes, size_t len, const char *name, g4_wav *out) 
     while (pos + 8 <= riff_end && !data) {
         const unsigned char *c = b + pos;
         uint32_t size = le32(c + 4);
-        if (pos + 8 + size > riff_end)
-            return g4_fail("%s: WAV chunk '%.4s' at byte %llu says %u bytes, only %llu remain", name,
-                           (const char *)c, (unsigned long long)pos, size,
-                           (unsigned long long)(riff_end - pos - 8));
+        if (pos + 8 + size > riff_end) {
+            char id[17];
+            return g4_fail("%s: WAV chunk '%s' at byte %llu says %u bytes, only %llu remain", name, chunk_id(c, id),
+                           (unsigned long long)pos, size, (unsigned long long)(riff_end - pos - 8));
+        }
         if (memcmp(c, "fmt ", 4) == 0) {
             if (have_fmt) return g4_fail("%s: WAV has two fmt chunks", name);
             if (parse_fmt(c + 8, size, name, &f) != 0) return -1;
