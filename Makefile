@@ -138,23 +138,15 @@ python-test:
 $(OUT)/bench_kernels: $(OUT)/bench/bench_kernels.o $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# Runs every test program; each prints "name: N passed, N failed, N skipped", judged by
-# tests/result.sh (no closing line, a bad exit or no passed check fails the program). G4_BIN lets
-# tests run the CLI. The shared fixtures are reference data: a program that leaves a new entry
-# under them, or changes one, fails (listing and timestamps compared around each program).
+# Runs every test program (tests/run-tests.sh), TEST_JOBS at a time (default: one per CPU); each
+# prints "name: N passed, N failed, N skipped", judged by tests/result.sh (no closing line, a bad
+# exit or no passed check fails the program). G4_BIN lets tests run the CLI. The shared fixtures
+# are reference data: a program that leaves a new entry under them, or changes one, fails
+# (listing and timestamps compared around each program).
 SHARED_DIR = $(or $(G4_SHARED),../shared)
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 test: $(OUT)/g4 $(TEST_BIN) $(OUT)/bench_kernels
-	@total_p=0; total_f=0; total_s=0; \
-	for t in $(TEST_BIN); do \
-	  find $(SHARED_DIR) 2>/dev/null | LC_ALL=C sort > $$t.shared; \
-	  G4_BIN=$(OUT)/g4 $$t > $$t.log 2>&1; rc=$$?; grep -v '^ok ' $$t.log; \
-	  set -- $$(sh tests/result.sh $$t $$t.log $$rc); p=$$1; f=$$2; s=$$3; \
-	  wrote=$$({ find $(SHARED_DIR) 2>/dev/null | LC_ALL=C sort | comm -13 $$t.shared -; \
-	            find $(SHARED_DIR) -newer $$t.shared 2>/dev/null; } | LC_ALL=C sort -u); \
-	  if [ -n "$$wrote" ]; then echo "$$t wrote under $(SHARED_DIR):" $$wrote; f=$$((f + 1)); fi; \
-	  total_p=$$((total_p + p)); total_f=$$((total_f + f)); total_s=$$((total_s + s)); \
-	done; \
-	echo "$(BUILD): $$total_p passed, $$total_f failed, $$total_s skipped"; [ $$total_f -eq 0 ]
+	@bash tests/run-tests.sh $(BUILD) $(OUT)/g4 $(SHARED_DIR) $(TEST_JOBS) $(TEST_BIN)
 
 asan-test:
 	$(MAKE) BUILD=asan test

@@ -53,6 +53,7 @@ trap cleanup EXIT
 running=
 on_signal() {
     [ -z "$running" ] || kill -TERM "$running" 2>/dev/null
+    [ -z "$(jobs -p)" ] || kill -TERM $(jobs -p) 2>/dev/null
     wait
     exit 130
 }
@@ -211,9 +212,18 @@ first_failure() {
 t0=$(date +%s.%N)
 build || { tail -20 "$work/build.log"; die "the unmutated copy does not build"; }
 echo "mutation-test: built the copy in $(elapsed "$t0") s; ${#entries[@]} mutants, ${#tests[@]} test programs"
+# The unmutated tree's programs, $jobs at a time (as `make test` runs them: none depends on
+# timing); each in a subshell with its own signal trap for its own running program.
 t0=$(date +%s.%N)
+n=0
 for t in "${tests[@]}"; do
-    run_test "$t" || { cat "$work/$t.log" | grep -v '^ok ' | tail -20; die "$t fails on the unmutated tree"; }
+    if [ $n -ge "$jobs" ]; then wait -n; n=$((n - 1)); fi
+    (trap on_signal INT TERM; run_test "$t" || touch "$work/$t.failed") &
+    n=$((n + 1))
+done
+wait
+for t in "${tests[@]}"; do
+    [ ! -e "$work/$t.failed" ] || { grep -v '^ok ' "$work/$t.log" | tail -20; die "$t fails on the unmutated tree"; }
 done
 echo "mutation-test: the unmutated tree passes every program ($(elapsed "$t0") s)"
 

@@ -669,7 +669,8 @@ def test_nginx():
             r.stop()
 
 
-def main():
+def core():
+    """The servers of this file's tests."""
     common = ("--parallel", "16", "--queue", "16", "--ctx", "2048")
     sv = Server(*common)
     try:
@@ -694,6 +695,9 @@ def main():
     test_draft(common)
     test_nginx()
     test_load(int(os.environ.get("SERVE_LOAD_N", "500")))
+
+
+def modules():
     # Further test modules of tests/serve (each a run() over serve_util's check and Server):
     # one line each here.
     test_serve_numerics.run()
@@ -703,9 +707,26 @@ def main():
     test_genapi.run()
     test_structured.run()
     test_media.run()  # issue 35: images in the messages
-    print("serve: %d passed, %d failed, %d skipped" % (serve_util.passed, serve_util.failed, serve_util.skipped))
+
+
+GROUPS = {"core": core, "modules": modules}
+
+
+def main(argv):
+    """`test_serve.py [GROUP...]`: the groups named (all by default), in order; tests/serve/run.sh
+    runs the two groups side by side (each server on a port of its own). The closing line is named
+    after the groups run ("serve" for all) so the runner can add the groups' counts up."""
+    names = argv or list(GROUPS)
+    for n in names:
+        if n not in GROUPS:
+            print("test_serve.py: no group '%s' (%s)" % (n, ", ".join(GROUPS)), file=sys.stderr)
+            return 2
+    for n in names:
+        GROUPS[n]()
+    label = "serve" if names == list(GROUPS) else "serve-" + "-".join(names)
+    print("%s: %d passed, %d failed, %d skipped" % (label, serve_util.passed, serve_util.failed, serve_util.skipped))
     return 1 if serve_util.failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
