@@ -1,10 +1,8 @@
-/* The layer math of the Gemma 4 text decoder (model.md §5-§7) for one chunk of rows, read top to
- * bottom: the elementwise steps, the linears, the embeddings and per-layer inputs, RoPE, the KV
- * cache and attention, the decoder layer, and g4_forward_chunk, which runs a chunk through them.
- * The session, its options and buffers are session.c's; what a row asks for and the lm_head's
- * search, decode.c's and lmhead.c's. */
+/* One chunk of rows through the Gemma 4 text decoder (model.md §5, §7), read top to bottom: the
+ * embeddings and per-layer inputs, then g4_forward_chunk, which runs the chunk through the layers
+ * (layer.c), the final norm and the lm_head's outputs (lmhead.c). The session, its options and
+ * buffers are session.c's; what a row asks for, decode.c's; the linear step, linear.c's. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
