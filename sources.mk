@@ -4,7 +4,7 @@ LIB_SRC = \
   src/format/safetensors.c src/format/safetensors_write.c src/format/config.c \
   src/quant/pack.c src/quant/int8.c src/quant/dynamic.c src/quant/blockq.c \
   src/kernels/ref.c src/kernels/portable.c src/kernels/dispatch.c src/kernels/codes_f32.c src/kernels/codes_argmax.c src/kernels/attention.c src/kernels/avx2.c src/kernels/avx512vnni.c src/kernels/amx.c src/kernels/avxvnni.c src/kernels/cpu_x86.c src/kernels/neon.c src/kernels/pool.c \
-  src/model/model.c src/model/session.c src/model/decode.c src/model/forward.c src/model/options.c src/model/lmhead.c src/model/requant.c src/model/profile.c src/model/describe.c src/model/capture.c src/model/synth.c src/model/quantize.c src/model/draft.c \
+  src/model/model.c src/model/session.c src/model/decode.c src/model/forward.c src/model/options.c src/model/lmhead.c src/model/linear.c src/model/layer.c src/model/profile.c src/model/describe.c src/model/capture.c src/model/synth.c src/model/quantize.c src/model/draft.c src/model/modules.c \
   src/generate/sampler.c src/generate/stepper.c src/generate/generate.c src/generate/grammar.c src/generate/json_schema.c src/generate/grammar_cache.c \
   src/text/tokenizer.c src/text/chat.c src/text/reply.c src/text/conversation.c src/text/tools.c \
   src/eval/gsm8k.c src/eval/results.c src/eval/harness.c src/eval/merge.c

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
+#include "lmhead.h"
 #include "session.h"
 #include "util/err.h"
 

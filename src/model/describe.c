@@ -60,14 +60,12 @@ void g4_model_describe(const g4_model *m, void *out) {
         fprintf(f, "  layer %2d: %-7s head_dim %3d  KV %s %2d  MLP %5d (%d-bit)  layer_scalar %g\n", l,
                 L->type == G4_LAYER_FULL ? "full" : "sliding", L->head_dim, producer ? "own   " : "from  ", L->kv_source,
                 L->mlp_dim, L->gate.w.bits, L->layer_scalar);
-        const g4_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->pl_gate, &L->pl_proj};
-        const char *names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "per_layer_input_gate",
-                               "per_layer_projection"};
-        for (int i = 0; i < 9; i++) {
-            if (!producer && (i == 1 || i == 2)) continue;
-            print_linear(f, lins[i], names[i]);
-            params += linear_params(lins[i]);
+        for (int i = 0; i < G4_LAYER_LINEARS; i++) {
+            const g4_module *md = &g4_layer_modules[i];
+            if (md->part == G4_PART_PRODUCER && !producer) continue;
+            const g4_linear *lin = (const g4_linear *)((const char *)L + md->field);
+            print_linear(f, lin, md->name);
+            params += linear_params(lin);
         }
         params += 5.0 * H + L->head_dim * (producer ? 2 : 1) + 1;
         if (producer) {

@@ -3,9 +3,9 @@
  * read top to bottom:
  *
  *   x  = pre_projection([target embed_tokens(token) x sqrt(H) ; h])        (2 Hb -> Hd)
- *   each layer, as the target's (input norm, q_proj, q_norm, RoPE at the row's position p, o_proj,
- *   post-attention norm, MLP, post-feedforward norm, layer_scalar), except that it has no K/V of
- *   its own: it attends to the target's cache of the last K/V-producing target layer of its type,
+ *   each layer, the target's layer function (layer.c: input norm, q_proj, q_norm, RoPE at the row's
+ *   position p, o_proj, post-attention norm, MLP, post-feedforward norm, layer_scalar), except that
+ *   it has no K/V of its own: it attends to the target's cache of the last K/V-producing target layer of its type,
  *   positions [0, p - 1] (full) or [p - 1 - W, p - 1] (sliding: transformers' bidirectional window
  *   |q - kv| <= W, flipped onto the past, keeps W + 1 positions)
  *   xf = final norm(x); logits = tied embedding . xf (no softcap), through the centroid-selected
@@ -20,7 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
 #include "g4.h"
+#include "layer.h"
+#include "linear.h"
 #include "session.h"
 #include "util/err.h"
 
@@ -157,8 +160,7 @@ struct g4_drafter {
     g4_session *s; /* the target's: its kernels, K/V caches and embedding reader */
     int max_q;     /* the widest query projection */
     float *in, *x, *xn, *q, *att, *proj, *gate, *up;
-    float *cs, *sn; /* [type][row][half]: each attention type's RoPE at the step's positions */
-    int half;       /* the widest head's half */
+    float *cs[2], *sn[2]; /* [type][row][head_dim / 2]: each attention type's RoPE at the step's positions */
     float *cent, *sel; /* centroid logits [rows][C]; the selected tokens' logits [rows][top_k * per_centroid] */
     int *top;          /* [top_k] the selected centroids of one row */
 };
@@ -194,13 +196,14 @@ g4_drafter *g4_drafter_new(const g4_draft *d, g4_session *target) {
     dr->proj = malloc(sizeof(float) * R * Hd);
     dr->gate = malloc(sizeof(float) * R * mlp);
     dr->up = malloc(sizeof(float) * R * mlp);
-    dr->cs = malloc(sizeof(float) * 2 * R * hd / 2);
-    dr->sn = malloc(sizeof(float) * 2 * R * hd / 2);
-    dr->half = (int)hd / 2;
+    for (int type = 0; type < 2; type++) {
+        dr->cs[type] = malloc(sizeof(float) * R * hd / 2);
+        dr->sn[type] = malloc(sizeof(float) * R * hd / 2);
+    }
     dr->cent = c->ordered_embeddings ? malloc(sizeof(float) * R * (size_t)c->n_centroids) : NULL;
     dr->sel = c->ordered_embeddings ? malloc(sizeof(float) * R * sel) : NULL;
     dr->top = c->ordered_embeddings ? malloc(sizeof(int) * (size_t)c->centroid_top_k) : NULL;
-    if (!dr->in || !dr->x || !dr->xn || !dr->q || !dr->att || !dr->proj || !dr->gate || !dr->up || !dr->cs || !dr->sn ||
+    if (!dr->in || !dr->x || !dr->xn || !dr->q || !dr->att || !dr->proj || !dr->gate || !dr->up || !dr->cs[0] || !dr->cs[1] || !dr->sn[0] || !dr->sn[1] ||
         (c->ordered_embeddings && (!dr->cent || !dr->sel || !dr->top))) {
         g4_drafter_free(dr);
         g4_fail("out of memory for the drafter");
@@ -211,7 +214,7 @@ g4_drafter *g4_drafter_new(const g4_draft *d, g4_session *target) {
 
 void g4_drafter_free(g4_drafter *dr) {
     if (!dr) return;
-    float *bufs[] = {dr->in, dr->x, dr->xn, dr->q, dr->att, dr->proj, dr->gate, dr->up, dr->cs, dr->sn, dr->cent, dr->sel};
+    float *bufs[] = {dr->in, dr->x, dr->xn, dr->q, dr->att, dr->proj, dr->gate, dr->up, dr->cs[0], dr->cs[1], dr->sn[0], dr->sn[1], dr->cent, dr->sel};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(dr->top);
     free(dr);
@@ -221,75 +224,15 @@ const g4_session *g4_drafter_session(const g4_drafter *dr) { return dr->s; }
 
 /* ---- one step ---- */
 
-static void matmul(const g4_drafter *dr, const g4_linear *L, const float *x, int n, float *y) {
-    dr->s->k->matmul_f32(&L->w, x, n, y);
-}
+static void matmul(const g4_drafter *dr, const g4_linear *L, const float *x, int n, float *y) { g4_linear_float(dr->s, L, x, n, y); }
 
-/* cos/sin of position x frequency for each attention type the drafter has, once a step (every
- * layer of a type has the same frequencies). */
-static void rope_tables(g4_drafter *dr, int n, const int *pos) {
-    const g4_model *m = dr->d->m;
-    for (int type = 0; type < 2; type++) {
-        const g4_layer *L = NULL;
-        for (int l = 0; l < m->cfg.n_layers && !L; l++)
-            if (m->layers[l].type == type) L = &m->layers[l];
-        for (int t = 0; L && t < n; t++) {
-            size_t at = ((size_t)type * ROWS + (size_t)t) * (size_t)dr->half;
-            for (int j = 0; j < L->head_dim / 2; j++) {
-                float angle = (float)pos[t] * L->inv_freq[j];
-                dr->cs[at + j] = cosf(angle);
-                dr->sn[at + j] = sinf(angle);
-            }
-        }
-    }
-}
-
-/* Layer l's attention for n rows at positions pos over the target's K/V. */
-static void attend(g4_drafter *dr, int l, int n, const int *seqs, const int *pos) {
-    const g4_model *m = dr->d->m;
-    const g4_layer *L = &m->layers[l];
-    int hd = L->head_dim, nh = m->cfg.n_heads, width = nh * hd;
-    float eps = (float)m->cfg.rms_eps;
-    /* q_norm and RoPE at each row's position, as the target computes its own queries */
-    for (int t = 0; t < n; t++) {
-        size_t at = ((size_t)L->type * ROWS + (size_t)t) * (size_t)dr->half;
-        const float *cs = dr->cs + at, *sn = dr->sn + at;
-        for (int i = 0; i < nh; i++) {
-            float *q = dr->q + (size_t)t * width + (size_t)i * hd;
-            g4_forward_rmsnorm(q, q, L->q_norm, hd, eps);
-            g4_forward_rope(q, cs, sn, hd);
-        }
-    }
-    int src = dr->d->src[L->type];
-    g4_attn_row rows[ROWS];
-    for (int t = 0; t < n; t++) {
-        const kv_cache *c = kv_of(dr->s, seqs[t], src);
-        int hi = pos[t] - 1, lo = L->type == G4_LAYER_SLIDING ? hi - m->cfg.sliding_window : 0;
-        rows[t] = (g4_attn_row){.kq = c->kq, .vq = c->vq, .kf = c->kf, .vf = c->vf, .k_scale = c->k_scale, .v_scale = c->v_scale,
-                                .lo = lo < 0 ? 0 : lo, .hi = hi};
-    }
-    g4_attn a = {.n = n, .n_heads = nh, .head_dim = hd, .kv_width = L->n_kv_heads * hd, .group = nh / L->n_kv_heads,
-                 .q = dr->q, .out = dr->att, .rows = rows};
-    dr->s->k->attention(&a);
-}
-
-static void decoder_layer(g4_drafter *dr, int l, int n, const int *seqs, const int *pos) {
-    const g4_model *m = dr->d->m;
-    const g4_layer *L = &m->layers[l];
-    int H = m->cfg.hidden;
-    float eps = (float)m->cfg.rms_eps;
-    g4_forward_rmsnorm_rows(dr->xn, dr->x, L->ln_in, n, H, eps);
-    matmul(dr, &L->q, dr->xn, n, dr->q);
-    attend(dr, l, n, seqs, pos);
-    matmul(dr, &L->o, dr->att, n, dr->proj);
-    g4_forward_add_normed(dr->x, dr->proj, L->ln_post_attn, n, H, eps);
-    g4_forward_rmsnorm_rows(dr->xn, dr->x, L->ln_pre_ffw, n, H, eps);
-    matmul(dr, &L->gate, dr->xn, n, dr->gate);
-    matmul(dr, &L->up, dr->xn, n, dr->up);
-    dr->s->k->gelu_mul(dr->gate, dr->up, (size_t)n * L->mlp_dim, 0);
-    matmul(dr, &L->down, dr->gate, n, dr->proj);
-    g4_forward_add_normed(dr->x, dr->proj, L->ln_post_ffw, n, H, eps);
-    for (size_t i = 0; i < (size_t)n * H; i++) dr->x[i] *= L->layer_scalar;
+/* The drafter's rows through its layers: its own buffers, float linears, and each layer's K/V from
+ * the target layer its attention type reads (g4_layer_rows.target_kv); no trace, no profile. */
+static g4_layer_rows layer_rows(g4_drafter *dr, int n, const int *seqs, const int *pos) {
+    return (g4_layer_rows){.s = dr->s, .m = dr->d->m, .n = n, .seq = seqs, .pos = pos, .x = dr->x, .xn = dr->xn, .q = dr->q,
+                           .att = dr->att, .proj = dr->proj, .gate = dr->gate, .up = dr->up,
+                           .rope_cos = {dr->cs[0], dr->cs[1]}, .rope_sin = {dr->sn[0], dr->sn[1]}, .target_kv = dr->d->src,
+                           .float_linears = 1};
 }
 
 /* The k largest of v[0, n) (the first on ties), largest first: torch.topk's selection. */
@@ -353,8 +296,9 @@ int g4_drafter_step(g4_drafter *dr, int n, const int *seqs, const int32_t *token
         memcpy(in + Hb, hidden + (size_t)t * Hb, sizeof *in * (size_t)Hb);
     }
     matmul(dr, &d->pre, dr->in, n, dr->x);
-    rope_tables(dr, n, pos);
-    for (int l = 0; l < c->n_layers; l++) decoder_layer(dr, l, n, seqs, pos);
+    g4_rope_tables(m, pos, n, dr->cs, dr->sn);
+    g4_layer_rows io = layer_rows(dr, n, seqs, pos);
+    for (int l = 0; l < c->n_layers; l++) g4_decoder_layer(&io, l);
     g4_forward_rmsnorm_rows(dr->xn, dr->x, m->final_norm, n, Hd, (float)c->rms_eps);
     matmul(dr, &d->post, dr->xn, n, hidden);
     if (c->ordered_embeddings) {

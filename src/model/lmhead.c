@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "linear.h"
+#include "lmhead.h"
+#include "quant/dynamic.h"
 #include "session.h"
 #include "util/err.h"
 
@@ -48,6 +51,30 @@ void g4_lm_head_coarse_done(g4_session *s, int seq, int coarse, int unsettled) {
     else if (unsettled) s->argmax_hold[seq] = ARGMAX_HOLD;
 }
 
+/* The lm_head of rows [first, n) of xn into logits, softcapped. */
+static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
+    const g4_model *m = s->m;
+    const g4_linear *L = &m->lm_head;
+    int H = m->cfg.hidden, V = m->cfg.vocab;
+    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != 16 && L->w.block == 0) {
+        /* LiteRT's XNNPACK runs a float-input FC with int weights by quantizing each input row
+         * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref). A
+         * static input scale takes precedence: the delegate then sees an int8 input and takes
+         * its static path, as the engine does. The f32 output still meets point G4. */
+        for (int t = first; t < n; t++)
+            g4_dynq_matvec_packed(G4_DYNQ_XNN_QD8, s->xn + (size_t)t * H, (size_t)H, L->w.w, L->w.bits, (size_t)V, L->w.w_scale,
+                                  s->xcodes, logits + (size_t)(t - first) * V);
+        if (s->q_linear) g4_fake_quant(s, logits, (size_t)(n - first) * V, L->s_out);
+    } else {
+        g4_forward_linear(s, L, s->xn + (size_t)first * H, n - first, logits);
+    }
+    double cap = m->cfg.final_softcap;
+    if (cap > 0) {
+        float fc = (float)cap;
+        s->k->softcap(logits, (size_t)(n - first) * V, fc);
+    }
+}
+
 /* Whether a row of logits holds no NaN and no infinity (the shortcut hands such rows back). */
 static int finite_row(const float *v, int n) {
     for (int i = 0; i < n; i++)
@@ -71,7 +98,7 @@ static int lm_head_argmax(g4_session *s, int n, int first, int coarse, int32_t *
     for (int t = first; t < n; t++) {
         unsettled[t - first] = ran && next[t - first] < 0;
         if (next[t - first] >= 0) continue;
-        g4_forward_lm_head_logits(s, t + 1, t, s->logit_row);
+        lm_head_logits(s, t + 1, t, s->logit_row);
         next[t - first] = finite_row(s->logit_row, V) ? g4_argmax(s->logit_row, V) : -1;
     }
     return ran;
@@ -107,7 +134,7 @@ static void logits_rows(g4_session *s, const chunk_plan *p, int shift) {
     for (int a = p->start[GROUP_LOGITS], b; a < end; a = b) {
         float *out = chunk_row(p, a)->logits;
         for (b = a + 1; b < end && chunk_row(p, b)->logits == out + (size_t)(b - a) * V; b++) {}
-        g4_forward_lm_head_logits(s, b - shift, a - shift, out);
+        lm_head_logits(s, b - shift, a - shift, out);
         if (s->trace) {
             int shape[1] = {(int)V};
             s->trace(s->trace_user, "logits", s->row_pos[a - shift], b - a, 1, shape, out);
@@ -160,7 +187,7 @@ void g4_lm_head_outputs(g4_session *s, const chunk_plan *p, int shift) {
 void g4_lm_head_kept_logits(g4_session *s, int k, float *logits) {
     size_t H = (size_t)s->m->cfg.hidden;
     memcpy(s->xn, s->kept + (size_t)k * H, sizeof *s->xn * H);
-    g4_forward_lm_head_logits(s, 1, 0, logits);
+    lm_head_logits(s, 1, 0, logits);
 }
 
 static int kept_index(const g4_session *s, int row) {

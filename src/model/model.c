@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include "kernels/pool.h"
+#include "modules.h"
 #include "quant/pack.h"
 #include "util/err.h"
 
@@ -293,52 +294,67 @@ static float *rope_frequencies(g4_model *m, const g4_rope_config *r, int hd) {
     return f;
 }
 
+/* Global module `name` (modules.h): its checkpoint name into full, its dimensions into *out, *in. */
+static const g4_module *global_module(const g4_model *m, const char *name, char *full, size_t cap, int *out, int *in) {
+    const g4_module *md = g4_global_module(name);
+    g4_global_module_name(full, cap, m->prefix, md);
+    *out = g4_dim_size(&m->cfg, NULL, md->out);
+    *in = g4_dim_size(&m->cfg, NULL, md->in);
+    return md;
+}
+
+int g4_layer_linears(const g4_layer *L, int producer, const g4_linear *out[G4_LAYER_LINEARS]) {
+    int n = 0;
+    for (int i = 0; i < G4_LAYER_LINEARS; i++) {
+        const g4_module *md = &g4_layer_modules[i];
+        if (md->part != G4_PART_PRODUCER || producer) out[n++] = (const g4_linear *)((const char *)L + md->field);
+    }
+    return n;
+}
+
+/* Layer l's module md (modules.h) into its field of L. */
+static int bind_layer_module(g4_model *m, g4_layer *L, int l, const g4_layer_shape *ls, const g4_module *md) {
+    char name[192];
+    g4_layer_module_name(name, sizeof name, m->prefix, l, md);
+    void *field = (char *)L + md->field;
+    int out = g4_dim_size(&m->cfg, ls, md->out);
+    switch (md->kind) {
+    case G4_MOD_LINEAR: return g4_model_bind_linear(m, field, name, g4_dim_size(&m->cfg, ls, md->in), out);
+    case G4_MOD_VECTOR: {
+        size_t at = strlen(name);
+        snprintf(name + at, sizeof name - at, ".weight");
+        float *v = load_vector(m, name, out);
+        *(float **)field = v;
+        return v ? 0 : -1;
+    }
+    case G4_MOD_SCALAR: return load_scalar(m, name, field);
+    case G4_MOD_CACHE_SCALE: return load_cache_scale(m, name, field);
+    case G4_MOD_EMBEDDING: break;
+    }
+    return g4_fail("%s: module %s: not a layer module", m->dir, name);
+}
+
+/* Layer l's shape and modules: first those of every layer (the linears' ids in the order the
+ * per-session tables have always had), then a producer's K/V projections, k_norm and cache scales. */
 static int bind_layer(g4_model *m, int l) {
     const g4_config *c = &m->cfg;
     g4_layer *L = &m->layers[l];
-    char mod[160], name[192];
-    int H = c->hidden;
-    L->type = c->layer_types[l];
-    L->head_dim = L->type == G4_LAYER_FULL ? c->global_head_dim : c->head_dim;
-    L->n_kv_heads = L->type == G4_LAYER_FULL ? c->n_global_kv_heads : c->n_kv_heads;
-    int producer = L->kv_source == l, hd = L->head_dim;
-    L->mlp_dim = c->intermediate * (c->double_wide_mlp && !producer ? 2 : 1);
-    const char *p = m->prefix;
-#define MOD(suffix) (snprintf(mod, sizeof mod, "%slayers.%d.%s", p, l, suffix), mod)
-#define NAME(suffix) (snprintf(name, sizeof name, "%slayers.%d.%s", p, l, suffix), name)
-    if (g4_model_bind_linear(m, &L->q, MOD("self_attn.q_proj"), H, c->n_heads * hd) ||
-        g4_model_bind_linear(m, &L->o, MOD("self_attn.o_proj"), c->n_heads * hd, H) ||
-        g4_model_bind_linear(m, &L->gate, MOD("mlp.gate_proj"), H, L->mlp_dim) ||
-        g4_model_bind_linear(m, &L->up, MOD("mlp.up_proj"), H, L->mlp_dim) ||
-        g4_model_bind_linear(m, &L->down, MOD("mlp.down_proj"), L->mlp_dim, H))
-        return -1;
-    /* the per-layer-input block (absent in a drafter: hidden_size_per_layer_input 0) */
-    if (c->ple_dim > 0 &&
-        (g4_model_bind_linear(m, &L->pl_gate, MOD("per_layer_input_gate"), H, c->ple_dim) ||
-         g4_model_bind_linear(m, &L->pl_proj, MOD("per_layer_projection"), c->ple_dim, H) ||
-         !(L->ln_post_pli = load_vector(m, NAME("post_per_layer_input_norm.weight"), H))))
-        return -1;
-    if (!(L->ln_in = load_vector(m, NAME("input_layernorm.weight"), H)) ||
-        !(L->ln_post_attn = load_vector(m, NAME("post_attention_layernorm.weight"), H)) ||
-        !(L->ln_pre_ffw = load_vector(m, NAME("pre_feedforward_layernorm.weight"), H)) ||
-        !(L->ln_post_ffw = load_vector(m, NAME("post_feedforward_layernorm.weight"), H)) ||
-        !(L->q_norm = load_vector(m, NAME("self_attn.q_norm.weight"), hd)) || load_scalar(m, NAME("layer_scalar"), &L->layer_scalar))
-        return -1;
-    if (producer) {
-        if (g4_model_bind_linear(m, &L->k, MOD("self_attn.k_proj"), H, L->n_kv_heads * hd) ||
-            g4_model_bind_linear(m, &L->v, MOD("self_attn.v_proj"), H, L->n_kv_heads * hd) ||
-            !(L->k_norm = load_vector(m, NAME("self_attn.k_norm.weight"), hd)) ||
-            load_cache_scale(m, NAME("self_attn.k_cache_scale"), &L->k_cache_scale) ||
-            load_cache_scale(m, NAME("self_attn.v_cache_scale"), &L->v_cache_scale))
-            return -1;
-        if (memcmp(&L->q.s_in, &L->k.s_in, 4) || memcmp(&L->q.s_in, &L->v.s_in, 4))
-            g4_warn("%s: layer %d: q/k/v input activation scales differ; each is quantized separately", m->dir, l);
-    }
+    g4_layer_shape ls = g4_layer_shape_of(c, l);
+    L->type = ls.type;
+    L->head_dim = ls.head_dim;
+    L->n_kv_heads = ls.n_kv_heads;
+    L->mlp_dim = ls.mlp_dim;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < g4_n_layer_modules; i++) {
+            const g4_module *md = &g4_layer_modules[i];
+            if ((md->part == G4_PART_PRODUCER) != pass || !g4_module_present(c, &ls, md)) continue;
+            if (bind_layer_module(m, L, l, &ls, md) != 0) return -1;
+        }
+    if (ls.producer && (memcmp(&L->q.s_in, &L->k.s_in, 4) || memcmp(&L->q.s_in, &L->v.s_in, 4)))
+        g4_warn("%s: layer %d: q/k/v input activation scales differ; each is quantized separately", m->dir, l);
     if (memcmp(&L->gate.s_in, &L->up.s_in, 4))
         g4_warn("%s: layer %d: gate/up input activation scales differ; each is quantized separately", m->dir, l);
-#undef MOD
-#undef NAME
-    if (!(L->inv_freq = rope_frequencies(m, &c->rope[L->type], hd))) return g4_fail("%s: out of memory", m->dir);
+    if (!(L->inv_freq = rope_frequencies(m, &c->rope[L->type], ls.head_dim))) return g4_fail("%s: out of memory", m->dir);
     return 0;
 }
 
@@ -347,8 +363,13 @@ static int bind_layer(g4_model *m, int l) {
 static int bind_lm_head(g4_model *m) {
     const g4_config *c = &m->cfg;
     const g4_qembedding *e = &m->embed;
-    if (g4_st_find(&m->st, "lm_head.weight") || !c->tie_word_embeddings) {
-        if (g4_model_bind_linear(m, &m->lm_head, "lm_head", c->hidden, c->vocab) != 0) return -1;
+    char mod[64];
+    int out, in;
+    global_module(m, "lm_head", mod, sizeof mod, &out, &in);
+    char weight[80];
+    snprintf(weight, sizeof weight, "%s.weight", mod);
+    if (g4_st_find(&m->st, weight) || !c->tie_word_embeddings) {
+        if (g4_model_bind_linear(m, &m->lm_head, mod, in, out) != 0) return -1;
         if (m->lm_head.s_in != 0 || m->lm_head.s_out != 0)
             /* defined as for every linear (activation-quant.md §2, G3/G4: transformers' QuantizedLinear
              * applies them); the published checkpoint has 0, so this is unusual enough to say */
@@ -395,9 +416,12 @@ static void warn_if_not_published_bits(const g4_model *m) {
         int diffs = 0;
         for (int l = 0; l < c->n_layers; l++) {
             const g4_layer *L = &m->layers[l];
-            int mlp = l >= p->mlp_low_from ? p->mlp_low_bits : 4;
-            diffs += L->q.w.bits != 4 || L->o.w.bits != 4 || L->gate.w.bits != mlp || L->up.w.bits != mlp ||
-                     L->down.w.bits != mlp || L->pl_gate.w.bits != 8 || L->pl_proj.w.bits != 8;
+            int class_bits[] = {[G4_BITS_ATTN] = 4, [G4_BITS_MLP] = l >= p->mlp_low_from ? p->mlp_low_bits : 4, [G4_BITS_PLI] = 8};
+            for (int i = 0; i < G4_LAYER_LINEARS; i++) {
+                const g4_module *md = &g4_layer_modules[i];
+                if (md->part == G4_PART_PRODUCER) continue; /* as bound on every layer */
+                diffs += ((const g4_linear *)((const char *)L + md->field))->w.bits != class_bits[md->bits];
+            }
         }
         diffs += m->lm_head.w.bits != p->lm_head_bits || m->embed.bits != p->embed_bits || m->embed_ple.bits != p->ple_bits ||
                  m->pmp.w.bits != 16;
@@ -423,20 +447,21 @@ static int bind_decoder(g4_model *m);
 static int bind_all(g4_model *m) {
     const g4_config *c = &m->cfg;
     char mod[160], name[192];
+    int out, in;
     /* a drafter (Gemma4AssistantForCausalLM) keeps its decoder under model. */
     m->prefix = c->assistant ? "model." : "model.language_model.";
-    int LP = c->n_layers * c->ple_dim;
-    snprintf(mod, sizeof mod, "%sembed_tokens", m->prefix);
-    if (bind_embedding(m, &m->embed, mod, c->vocab, c->hidden, 0) != 0) return -1;
+    global_module(m, "embed_tokens", mod, sizeof mod, &out, &in);
+    if (bind_embedding(m, &m->embed, mod, out, in, 0) != 0) return -1;
     if (c->ple_dim == 0) return bind_decoder(m);
-    snprintf(mod, sizeof mod, "%sembed_tokens_per_layer", m->prefix);
-    if (bind_embedding(m, &m->embed_ple, mod, c->vocab_ple, LP, 0) != 0) return -1;
-    snprintf(mod, sizeof mod, "%sper_layer_model_projection", m->prefix);
-    if (g4_model_bind_linear(m, &m->pmp, mod, c->hidden, LP) != 0) return -1;
-    if (m->pmp.w.bits != 16)
+    global_module(m, "embed_tokens_per_layer", mod, sizeof mod, &out, &in);
+    if (bind_embedding(m, &m->embed_ple, mod, out, in, 0) != 0) return -1;
+    const g4_module *pmp = global_module(m, "per_layer_model_projection", mod, sizeof mod, &out, &in);
+    if (g4_model_bind_linear(m, &m->pmp, mod, in, out) != 0) return -1;
+    if (pmp->kept_float && m->pmp.w.bits != 16)
         return g4_fail("%s: %s is expected to stay float (modules_to_not_convert)", m->dir, mod);
-    snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", m->prefix);
-    if (!(m->ple_norm = load_vector(m, name, c->ple_dim))) return -1;
+    global_module(m, "per_layer_projection_norm", name, sizeof name, &out, &in);
+    snprintf(name + strlen(name), sizeof name - strlen(name), ".weight");
+    if (!(m->ple_norm = load_vector(m, name, out))) return -1;
     return bind_decoder(m);
 }
 
@@ -444,8 +469,10 @@ static int bind_all(g4_model *m) {
 static int bind_decoder(g4_model *m) {
     const g4_config *c = &m->cfg;
     char name[192];
-    snprintf(name, sizeof name, "%snorm.weight", m->prefix);
-    if (!(m->final_norm = load_vector(m, name, c->hidden))) return -1;
+    int out, in;
+    global_module(m, "norm", name, sizeof name, &out, &in);
+    snprintf(name + strlen(name), sizeof name - strlen(name), ".weight");
+    if (!(m->final_norm = load_vector(m, name, out))) return -1;
     m->layers = own(m, sizeof *m->layers * (size_t)c->n_layers);
     if (!m->layers) return g4_fail("%s: out of memory", m->dir);
     if (assign_kv_sources(m) != 0) return -1;

@@ -7,6 +7,7 @@
 #include "format/safetensors.h"
 #include "g4.h"
 #include "kernels/kernels.h"
+#include "model/modules.h"
 
 typedef struct {
     int id;         /* index among the model's linears (per-session tables use it) */
@@ -70,22 +71,9 @@ struct g4_model {
     void (*audio_free)(void *);
 };
 
-/* The layer's bound linears (consumers have no k/v). Returns how many were written. */
-static inline int g4_layer_linears(const g4_layer *L, int producer, const g4_linear *out[9]) {
-    int n = 0;
-    out[n++] = &L->q;
-    if (producer) {
-        out[n++] = &L->k;
-        out[n++] = &L->v;
-    }
-    out[n++] = &L->o;
-    out[n++] = &L->gate;
-    out[n++] = &L->up;
-    out[n++] = &L->down;
-    out[n++] = &L->pl_gate;
-    out[n++] = &L->pl_proj;
-    return n;
-}
+/* The layer's bound linears, in the module table's order (modules.h; consumers have no k/v).
+ * Returns how many were written. */
+int g4_layer_linears(const g4_layer *L, int producer, const g4_linear *out[G4_LAYER_LINEARS]);
 
 static inline int g4_layer_is_producer(const g4_model *m, int l) { return m->layers[l].kv_source == l; }
 

@@ -14,16 +14,13 @@
 #include "format/config.h"
 #include "format/safetensors.h"
 #include "format/safetensors_write.h"
+#include "model/modules.h"
 #include "quant/blockq.h"
 #include "util/err.h"
 #include "util/file.h"
 
-/* The decoder-layer linears (model.md §3), by the suffix of their weight under layers.N. */
-static const char *const linear_suffixes[] = {
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",    "per_layer_input_gate.weight",
-    "per_layer_projection.weight"};
-static const char *const embeddings[] = {"model.language_model.embed_tokens.weight", "model.language_model.embed_tokens_per_layer.weight"};
+/* The decoder's prefix in a target's checkpoint and in a drafter's (modules.h names are under it). */
+static const char *decoder_prefix(int assistant) { return assistant ? "model." : "model.language_model."; }
 
 /* What one output tensor is made of. */
 typedef enum { OUT_COPY, OUT_CODES, OUT_SCALES } out_kind;
@@ -47,23 +44,36 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* An MTP drafter (gemma4_assistant) keeps its decoder under model. and has three linears of its own. */
-static const char *const drafter_linears[] = {"pre_projection.weight", "post_projection.weight", "masked_embedding.centroids.weight"};
-
+/* A quantized linear's weight: a layer linear of the module table (modules.h), or a drafter's own
+ * projection (pre/post_projection, the centroids); every other linear (per_layer_model_projection,
+ * the towers') stays as it is. */
 static int is_linear(const char *name, int assistant) {
+    char full[256];
+    for (int i = 0; i < g4_n_global_modules; i++) {
+        const g4_module *md = &g4_global_modules[i];
+        if (md->part != G4_PART_DRAFTER || !assistant) continue;
+        g4_global_module_name(full, sizeof full, decoder_prefix(assistant), md);
+        if (strncmp(name, full, strlen(full)) == 0 && strcmp(name + strlen(full), ".weight") == 0) return 1;
+    }
     const char *layers = assistant ? "model.layers." : "model.language_model.layers.";
-    for (size_t i = 0; assistant && i < sizeof drafter_linears / sizeof *drafter_linears; i++)
-        if (strcmp(name, drafter_linears[i]) == 0) return 1;
     if (strncmp(name, layers, strlen(layers)) != 0) return 0;
-    for (size_t i = 0; i < sizeof linear_suffixes / sizeof *linear_suffixes; i++)
-        if (ends_with(name, linear_suffixes[i])) return 1;
+    for (int i = 0; i < G4_LAYER_LINEARS; i++) {
+        snprintf(full, sizeof full, ".%s.weight", g4_layer_modules[i].name);
+        if (ends_with(name, full)) return 1;
+    }
     return 0;
 }
 
-/* A drafter's embedding is its tied lm_head, model.embed_tokens. */
+/* The embedding tables (a drafter's one is its tied lm_head). */
 static int is_embedding(const char *name, int assistant) {
-    if (assistant) return strcmp(name, "model.embed_tokens.weight") == 0;
-    return strcmp(name, embeddings[0]) == 0 || strcmp(name, embeddings[1]) == 0;
+    char full[256];
+    for (int i = 0; i < g4_n_global_modules; i++) {
+        const g4_module *md = &g4_global_modules[i];
+        if (md->kind != G4_MOD_EMBEDDING || (assistant && md->part == G4_PART_PLI)) continue;
+        g4_global_module_name(full, sizeof full, decoder_prefix(assistant), md);
+        if (strncmp(name, full, strlen(full)) == 0 && strcmp(name + strlen(full), ".weight") == 0) return 1;
+    }
+    return 0;
 }
 
 static int plan_add(plan_t *p, const char *name, g4_dtype dt, int ndim, const int64_t *shape, out_item item) {

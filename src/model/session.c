@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "linear.h"
 #include "probe.h"
 #include "session.h"
 #include "util/err.h"

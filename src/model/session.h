@@ -1,10 +1,12 @@
-/* A session's state (struct g4_session) and what the files of the forward pass share of it
- * (internal to src/model/):
+/* A session's state (struct g4_session), which the files of the forward pass read (internal to
+ * src/model/). They call one another in one direction only (decode -> forward -> layer, lmhead ->
+ * linear; session -> linear), each through its own header:
  *   session.c   options, the session and its buffers, sequences, the test probes (probe.h)
  *   decode.c    g4_decode: batches cut into chunks, each row's output request; the compatibility forms
- *   forward.c   the layer math of one chunk: embeddings, decoder layers, final norm (model.md §5-§7)
- *   lmhead.c    the chunk's outputs: logits, and the greedy and top-k shortcuts' search
- *   requant.c   the integer linears' per-row requantization tables
+ *   forward.c   one chunk (forward.h): embeddings and per-layer inputs, the layers, final norm (model.md §5, §7)
+ *   layer.c     the decoder layer (layer.h), the target's and the drafter's (model.md §6)
+ *   lmhead.c    the chunk's outputs (lmhead.h): logits, and the greedy and top-k shortcuts' search
+ *   linear.c    the linear step and the integer linears' requantization tables (linear.h)
  *   profile.c   time per operation class (g4 bench)
  * Activations are fp32 [n tokens][width] row-major; a call processes up to CHUNK tokens at a
  * time, so prefill and decode run the same code. Quantization points follow
@@ -15,10 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "forward.h"
 #include "model.h"
 #include "quant/int8.h"
-
-#define CHUNK 64
 
 /* The K/V cache of one producer layer, [ctx][n_kv_heads * head_dim]: int8 codes with the
  * layer's cache scale when the KV points are quantized (A5/A6), f32 otherwise. */
@@ -106,62 +107,5 @@ double g4_prof_clock(void);
     do { \
         if ((s)->profiling) (s)->prof[op] += g4_prof_clock() - prof_t0_; \
     } while (0)
-
-/* ---- one chunk of batch rows: decode.c plans it, forward.c computes it, lmhead.c gives its
- * outputs ---- */
-
-/* The rows of a chunk in the order they are computed: the rows that ask for nothing first (they
- * stop before the tail layers), then one group per output, so that each group is one contiguous
- * range of rows through the lm_head; greedy rows are grouped by the coarse image their sequence
- * uses. The order changes no bit: rows are computed independently, and attention reads the
- * cache, which every row of the chunk has written before any row attends. */
-enum { GROUP_NONE, GROUP_LOGITS, GROUP_ARGMAX_1, GROUP_ARGMAX_2, GROUP_TOP, N_GROUPS };
-
-typedef struct {
-    g4_batch_row *rows;      /* the whole batch */
-    int n;                   /* rows in the chunk */
-    int start[N_GROUPS + 1]; /* group g holds chunk rows [start[g], start[g + 1]) */
-    int at[CHUNK];           /* the batch row of each chunk row */
-    int32_t ids[CHUNK];         /* the token, or the pad id of an embedding row (its per-layer-input lookup) */
-    const float *embd[CHUNK];   /* an embedding row's input embedding, NULL for a token row */
-} chunk_plan;
-
-static inline g4_batch_row *chunk_row(const chunk_plan *p, int t) { return &p->rows[p->at[t]]; }
-
-/* forward.c: the chunk p plans, through every layer and the final norm, then its outputs
- * (g4_lm_head_outputs). */
-void g4_forward_chunk(g4_session *s, const chunk_plan *p);
-/* forward.c: y = Q(W Q(x; s_in); s_out) for n rows of x: the linear step every layer linear takes
- * (float, fake-quant or true integer, per the session). */
-void g4_forward_linear(g4_session *s, const g4_linear *L, const float *x, int n, float *y);
-/* forward.c: rmsnorm of n values (w NULL: no weight), rotate-half RoPE of one head, and the
- * target's scaled input embedding of a token (embed_tokens x sqrt(hidden)): what draft.c shares. */
-void g4_forward_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
-/* forward.c: rmsnorm over each of `rows` vectors of `width`; x += rmsnorm(y) row by row (y normed
- * in place). */
-void g4_forward_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int width, float eps);
-void g4_forward_add_normed(float *x, float *y, const float *w, int rows, int width, float eps);
-void g4_forward_rope(float *x, const float *cs, const float *sn, int hd);
-void g4_forward_embedding(g4_session *s, int32_t id, float *out);
-/* forward.c: the lm_head of rows [first, n) of xn into logits, softcapped. */
-void g4_forward_lm_head_logits(g4_session *s, int n, int first, float *logits);
-
-/* lmhead.c: each output group's results for the chunk rows left (chunk row t is row t - shift of
- * xn, which holds them final-normed). */
-void g4_lm_head_outputs(g4_session *s, const chunk_plan *p, int shift);
-/* lmhead.c: the logits of kept row k (g4_decode_logits). */
-void g4_lm_head_kept_logits(g4_session *s, int k, float *logits);
-/* lmhead.c: the coarse image sequence `seq`'s shortcut calls take now (1 or 2), and the update
- * after a call that ran it. */
-int g4_lm_head_coarse(const g4_session *s, int seq);
-void g4_lm_head_coarse_done(g4_session *s, int seq, int coarse, int unsettled);
-
-/* requant.c: every integer linear's per-row tables (s->rq, s->rq_f32), freed with the session;
- * and n rows of int32 sums of L's outputs [o0, o0 + width) into floats through them. */
-int g4_requant_tables_build(g4_session *s);
-void g4_requant_tables_free(g4_session *s);
-/* The table of one more linear (a tower's, bound after the layers): 0 or -1. */
-int g4_requant_table_add(g4_session *s, const g4_linear *L);
-void g4_requant_apply(const g4_session *s, const g4_linear *L, const int32_t *acc, int n, int width, int o0, float *y);
 
 #endif

@@ -11,6 +11,7 @@
 
 #include "format/config.h"
 #include "format/safetensors_write.h"
+#include "model/modules.h"
 #include "model/quantize.h"
 #include "quant/blockq.h"
 #include "quant/pack.h"
@@ -439,53 +440,70 @@ static float act(const plan_t *p, int l, const char *what, float lo, float hi) {
     return draw(p->seed, tag, lo, hi);
 }
 
+/* The static activation scales drawn for each layer linear of the module table (modules.h), by its
+ * name: the input's and the output's draw (tag and range). q/k/v (and gate/up) read one shared
+ * input draw, because the real checkpoint's are bit-identical and the loader warns otherwise. */
+static const struct {
+    const char *module, *in;
+    float in_lo, in_hi;
+    const char *out;
+    float out_lo, out_hi;
+} act_draws[] = {
+    {"self_attn.q_proj", "attn_in", 0.02f, 0.05f, "q_out", 0.02f, 0.05f},
+    {"self_attn.k_proj", "attn_in", 0.02f, 0.05f, "k_out", 0.02f, 0.05f},
+    {"self_attn.v_proj", "attn_in", 0.02f, 0.05f, "v_out", 0.02f, 0.05f},
+    {"self_attn.o_proj", "o_in", 0.01f, 0.03f, "o_out", 0.01f, 0.03f},
+    {"mlp.gate_proj", "mlp_in", 0.02f, 0.05f, "gate_out", 0.02f, 0.05f},
+    {"mlp.up_proj", "mlp_in", 0.02f, 0.05f, "up_out", 0.02f, 0.05f},
+    {"mlp.down_proj", "down_in", 0.02f, 0.05f, "down_out", 0.01f, 0.03f},
+    {"per_layer_input_gate", "plg_in", 0.03f, 0.1f, "plg_out", 0.02f, 0.05f},
+    {"per_layer_projection", "plp_in", 0.02f, 0.06f, "plp_out", 0.02f, 0.04f},
+};
+
+/* Layer l's linear md, with its activation scales (a table entry missing: an error, not a guess). */
+static int add_layer_linear(plan_t *p, const g4_config *c, int l, const g4_layer_shape *ls, const g4_module *md, const char *name) {
+    for (size_t i = 0; i < sizeof act_draws / sizeof *act_draws; i++)
+        if (strcmp(act_draws[i].module, md->name) == 0)
+            return add_linear(p, c, name, g4_dim_size(c, ls, md->in), g4_dim_size(c, ls, md->out),
+                              act(p, l, act_draws[i].in, act_draws[i].in_lo, act_draws[i].in_hi),
+                              act(p, l, act_draws[i].out, act_draws[i].out_lo, act_draws[i].out_hi));
+    return g4_fail("%s: synth has no activation scales for %s", p->path, md->name);
+}
+
+/* Layer l's tensors, from the module table. A target's file carries every layer's k/v projections
+ * and KV-cache scales: on KV-shared layers they are dead weight, as in the published file
+ * (checkpoint.md §7), while k_norm is a producer's only; a drafter's layers have none of them. */
 static int add_layer(plan_t *p, const g4_config *c, int l) {
-    char mod[160], name[192];
-    const char *pre = "model.language_model.layers";
-    int full = c->layer_types[l] == G4_LAYER_FULL;
-    int hd = full ? c->global_head_dim : c->head_dim, kv = full ? c->n_global_kv_heads : c->n_kv_heads;
-    int producer = l < c->n_layers - c->n_kv_shared;
-    int H = c->hidden, mlp = c->intermediate * (c->double_wide_mlp && !producer ? 2 : 1);
-    float attn_in = act(p, l, "attn_in", 0.02f, 0.05f), mlp_in = act(p, l, "mlp_in", 0.02f, 0.05f);
-#define MOD(s) (snprintf(mod, sizeof mod, "%s.%d.%s", pre, l, s), mod)
-#define NAME(s) (snprintf(name, sizeof name, "%s.%d.%s", pre, l, s), name)
-    /* every layer carries k/v projections: on KV-shared layers they are dead weight, as in the
-     * published file (checkpoint.md §7) */
-    if (add_linear(p, c, MOD("self_attn.q_proj"), H, c->n_heads * hd, attn_in, act(p, l, "q_out", 0.02f, 0.05f)) ||
-        add_linear(p, c, MOD("self_attn.k_proj"), H, kv * hd, attn_in, act(p, l, "k_out", 0.02f, 0.05f)) ||
-        add_linear(p, c, MOD("self_attn.v_proj"), H, kv * hd, attn_in, act(p, l, "v_out", 0.02f, 0.05f)) ||
-        add_linear(p, c, MOD("self_attn.o_proj"), c->n_heads * hd, H, act(p, l, "o_in", 0.01f, 0.03f),
-                   act(p, l, "o_out", 0.01f, 0.03f)) ||
-        add_linear(p, c, MOD("mlp.gate_proj"), H, mlp, mlp_in, act(p, l, "gate_out", 0.02f, 0.05f)) ||
-        add_linear(p, c, MOD("mlp.up_proj"), H, mlp, mlp_in, act(p, l, "up_out", 0.02f, 0.05f)) ||
-        add_linear(p, c, MOD("mlp.down_proj"), mlp, H, act(p, l, "down_in", 0.02f, 0.05f),
-                   act(p, l, "down_out", 0.01f, 0.03f)) ||
-        add_linear(p, c, MOD("per_layer_input_gate"), H, c->ple_dim, act(p, l, "plg_in", 0.03f, 0.1f),
-                   act(p, l, "plg_out", 0.02f, 0.05f)) ||
-        add_linear(p, c, MOD("per_layer_projection"), c->ple_dim, H, act(p, l, "plp_in", 0.02f, 0.06f),
-                   act(p, l, "plp_out", 0.02f, 0.04f)))
-        return -1;
-    static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
-                                        "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
-                                        "post_per_layer_input_norm.weight"};
-    for (int i = 0; i < 5; i++)
-        if (add_uniform(p, NAME(norms[i]), G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f) != 0) return -1;
+    char name[192];
+    const char *pre = c->assistant ? "model." : "model.language_model.";
+    g4_layer_shape ls = g4_layer_shape_of(c, l);
     /* Attention has no 1/sqrt(d) scaling (model.md §6), so unit q/k norm gains would give
      * scores of RMS ~sqrt(hd) and a one-hot softmax; gains of hd^-1/4 keep scores O(1). */
-    float g = (float)pow(hd, -0.25);
-    if (add_uniform(p, NAME("self_attn.q_norm.weight"), G4_DT_BF16, 1, (int64_t[]){hd}, 0.9f * g, 1.1f * g) ||
-        (producer && add_uniform(p, NAME("self_attn.k_norm.weight"), G4_DT_BF16, 1, (int64_t[]){hd}, 0.9f * g, 1.1f * g)) ||
-        add_uniform(p, NAME("layer_scalar"), G4_DT_BF16, 1, (int64_t[]){1}, 0.9f, 1.0f))
-        return -1;
+    float g = (float)pow(ls.head_dim, -0.25);
     /* KV-cache scales on every layer of the mobile layout (none in the block-scaled one, which
      * quantizes no activation); a consumer's own pair is never used and deliberately differs
      * from its producer's, as in the tiny fixture. K after k_norm has RMS ~g. */
-    if (c->quant.method != G4_QUANT_GEMMA || c->quant.block_size > 0) return 0;
-    if (add_const(p, NAME("self_attn.k_cache_scale"), g * act(p, l, "k_cache", 0.025f, 0.035f)) ||
-        add_const(p, NAME("self_attn.v_cache_scale"), (float)(6.0 / 127.0)))
-        return -1;
-#undef MOD
-#undef NAME
+    int cache_scales = c->quant.method == G4_QUANT_GEMMA && c->quant.block_size == 0;
+    for (int i = 0; i < g4_n_layer_modules; i++) {
+        const g4_module *md = &g4_layer_modules[i];
+        int dead_weight = md->part == G4_PART_PRODUCER && md->kind != G4_MOD_VECTOR && !c->assistant;
+        if (!g4_module_present(c, &ls, md) && !dead_weight) continue;
+        g4_layer_module_name(name, sizeof name, pre, l, md);
+        int dim = g4_dim_size(c, &ls, md->out), rc = 0;
+        if (md->kind == G4_MOD_LINEAR) {
+            rc = add_layer_linear(p, c, l, &ls, md, name);
+        } else if (md->kind == G4_MOD_VECTOR) {
+            float lo = md->out == G4_DIM_HEAD ? 0.9f * g : 0.9f, hi = md->out == G4_DIM_HEAD ? 1.1f * g : 1.1f;
+            strcat(name, ".weight");
+            rc = add_uniform(p, name, G4_DT_BF16, 1, (int64_t[]){dim}, lo, hi);
+        } else if (md->kind == G4_MOD_SCALAR) { /* layer_scalar: the published drafter's are 0.04-0.43 */
+            rc = add_uniform(p, name, G4_DT_BF16, 1, (int64_t[]){1}, c->assistant ? 0.04f : 0.9f, c->assistant ? 0.43f : 1.0f);
+        } else if (md->kind == G4_MOD_CACHE_SCALE && cache_scales) {
+            int v = strcmp(md->name, "self_attn.v_cache_scale") == 0;
+            rc = add_const(p, name, v ? (float)(6.0 / 127.0) : g * act(p, l, "k_cache", 0.025f, 0.035f));
+        }
+        if (rc != 0) return -1;
+    }
     return 0;
 }
 
@@ -589,33 +607,23 @@ static int build_plan(plan_t *p, const g4_config *c) {
  * each centroid. Every layer is KV-shared (it attends to the target's K/V), so no layer has
  * k_proj, v_proj, k_norm or KV-cache scales. Value ranges as the BF16 preset's, except
  * layer_scalar, drawn in the 0.04-0.43 range the published drafter's take. */
-static int build_drafter_plan(plan_t *p, const preset_t *d) {
-    char name[160];
-    int64_t H = d->hidden, V = d->vocab, B = d->backbone_hidden;
+static int build_drafter_plan(plan_t *p, const preset_t *d, const g4_config *c) {
+    int64_t H = d->hidden, V = d->vocab;
     float ae = (float)sqrt(3.0 / (double)H);
     if (add_uniform(p, "model.embed_tokens.weight", G4_DT_BF16, 2, (int64_t[]){V, H}, -ae, ae) ||
         add_uniform(p, "model.norm.weight", G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f))
         return -1;
-    for (int l = 0; l < d->n_layers; l++) {
-        int full = l % d->full_every == d->full_every - 1;
-        int64_t hd = full ? d->global_head_dim : d->head_dim, q = d->n_heads * hd, I = d->intermediate;
-#define NAME(s) (snprintf(name, sizeof name, "model.layers.%d.%s", l, s), name)
-        static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
-                                            "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"};
-        for (int i = 0; i < 4; i++)
-            if (add_uniform(p, NAME(norms[i]), G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f) != 0) return -1;
-        float g = (float)pow((double)hd, -0.25); /* as add_layer's q_norm */
-        if (add_uniform(p, NAME("layer_scalar"), G4_DT_BF16, 1, (int64_t[]){1}, 0.04f, 0.43f) ||
-            add_bf16_linear(p, NAME("self_attn.q_proj.weight"), H, q) ||
-            add_uniform(p, NAME("self_attn.q_norm.weight"), G4_DT_BF16, 1, (int64_t[]){hd}, 0.9f * g, 1.1f * g) ||
-            add_bf16_linear(p, NAME("self_attn.o_proj.weight"), q, H) || add_bf16_linear(p, NAME("mlp.gate_proj.weight"), H, I) ||
-            add_bf16_linear(p, NAME("mlp.up_proj.weight"), H, I) || add_bf16_linear(p, NAME("mlp.down_proj.weight"), I, H))
-            return -1;
-#undef NAME
+    for (int l = 0; l < c->n_layers; l++)
+        if (add_layer(p, c, l) != 0) return -1;
+    /* the drafter's own linears (modules.h: G4_PART_DRAFTER), BF16 */
+    for (int i = 0; i < g4_n_global_modules; i++) {
+        const g4_module *md = &g4_global_modules[i];
+        char name[160];
+        if (md->part != G4_PART_DRAFTER) continue;
+        g4_global_module_name(name, sizeof name, "model.", md);
+        strcat(name, ".weight");
+        if (add_bf16_linear(p, name, g4_dim_size(c, NULL, md->in), g4_dim_size(c, NULL, md->out)) != 0) return -1;
     }
-    if (add_bf16_linear(p, "pre_projection.weight", 2 * B, H) || add_bf16_linear(p, "post_projection.weight", H, B) ||
-        add_bf16_linear(p, "masked_embedding.centroids.weight", H, d->n_centroids))
-        return -1;
     /* Fisher-Yates, swap i's partner drawn from the tensor's stream at position i */
     if (V % d->n_centroids) return g4_fail("%s: vocab %lld is not a multiple of %d centroids", p->path, (long long)V, d->n_centroids);
     if (!(p->perm = malloc(sizeof *p->perm * (size_t)V))) return g4_fail("%s: out of memory", p->path);
@@ -922,7 +930,14 @@ static int synth_drafter(const preset_t *pr, const char *out_dir, uint64_t seed,
     plan_t plan = {.seed = seed, .path = st_path};
     g4_stw_init(&plan.w);
     uint64_t file_bytes = 0;
-    int rc = build_drafter_plan(&plan, pr);
+    /* the tensor list comes from the parsed config, as for a target */
+    g4_config cfg;
+    int rc = g4_config_parse(&cfg, cfg_text, cfg_path);
+    if (rc != 0) g4_fail_prefix("synth preset %s: ", pr->name);
+    if (rc == 0) {
+        rc = build_drafter_plan(&plan, pr, &cfg);
+        g4_config_free(&cfg);
+    }
     if (rc == 0) rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes);
     if (rc == 0) rc = g4_write_text(cfg_path, cfg_text);
     if (rc == 0) fill_stats(stats, &plan.w, file_bytes, 1);

@@ -9,6 +9,8 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "model/layer.h"
+#include "model/linear.h"
 #include "model/session.h"
 
 /* Buffers a tower owns, freed together. */
