@@ -302,26 +302,6 @@ const g4_session *g4_drafter_session(const g4_drafter *dr);
  * with the next step's hidden state. */
 int g4_drafter_step(g4_drafter *dr, int n, const int *seqs, const int32_t *tokens, float *hidden, int32_t *next, float *logits);
 
-/* Compatibility forms of g4_decode, for sequence 0. g4_session_eval feeds n tokens at its current
- * position; logits: NULL, or room for vocab floats (the last token's logits) or n * vocab floats
- * when all_logits is set. g4_session_eval_argmax gives the last token's greedy token
- * (G4_OUTPUT_ARGMAX). g4_session_eval_top gives the last token's candidates (G4_OUTPUT_TOP):
- * *n_cand, cand, vals and *bound are g4_candidates' n, ids, logits and bound, cand and vals with
- * room for max_cand. g4_session_last_logits gives the full logits of the token the last
- * g4_session_eval_top evaluated (g4_decode_logits). */
-int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
-int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next);
-int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
-                        int max_cand, float *bound, int *n_cand);
-int g4_session_last_logits(g4_session *s, float *logits);
-/* The same for sequence `seq`; and one decoding step of several sequences at once (one token
- * each, distinct sequences, at most 64), with every row's logits (n * vocab floats) or greedy
- * token (next, one per row). */
-int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
-int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
-int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
-int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
-
 /* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
 typedef enum { G4_PROF_EMBED = 0, G4_PROF_LINEAR, G4_PROF_ATTENTION, G4_PROF_LM_HEAD, G4_PROF_OTHER, G4_PROF_COUNT } g4_prof_op;
 void g4_session_set_profiling(g4_session *s, int on);

@@ -20,6 +20,7 @@
 #include "quant/blockq.h"
 #include "testutil.h"
 #include "util/err.h"
+#include "model/feed.h"
 
 static char base_tmp[256];
 
@@ -169,7 +170,7 @@ static void check_embed_choices(void) {
             o.ctx = 16;
             g4_session *s = g4_session_new(m, &o);
             int32_t ids[3] = {2, 17, 33}, next = -1;
-            CHECK(s && g4_session_eval_argmax(s, ids, 3, &next) == 0 && next >= 0, "--embed %s: %s", cases[i].dir, g4_last_error());
+            CHECK(s && g4_session_feed_argmax(s, ids, 3, &next) == 0 && next >= 0, "--embed %s: %s", cases[i].dir, g4_last_error());
             g4_session_free(s);
         }
         g4_model_free(m);
@@ -339,7 +340,7 @@ static int32_t next_token(const char *dir) {
     o.ctx = 16;
     g4_session *s = g4_session_new(m, &o);
     int32_t ids[3] = {2, 17, 33}, next = -1;
-    CHECK(s && g4_session_eval_argmax(s, ids, 3, &next) == 0 && next >= 0 && next < 256, "%s: %s", dir, g4_last_error());
+    CHECK(s && g4_session_feed_argmax(s, ids, 3, &next) == 0 && next >= 0 && next < 256, "%s: %s", dir, g4_last_error());
     g4_session_free(s);
     g4_model_free(m);
     return next;
