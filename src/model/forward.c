@@ -213,7 +213,7 @@ static float embedding_scale_at(const g4_qembedding *e, const uint8_t *scales, i
 static void embedding_row(const g4_model *m, const g4_qembedding *e, int r, float mult, uint8_t *buf, float *out) {
     const uint8_t *codes, *scales;
     embedding_row_bytes(m, e, r, buf, &codes, &scales);
-    if (e->bits == 16) {
+    if (e->bits == G4_WT_BF16) {
         for (int c = 0; c < e->cols; c++) out[c] = g4_bf16_to_f32((uint16_t)(codes[2 * c] | codes[2 * c + 1] << 8)) * mult;
         return;
     }
@@ -490,7 +490,7 @@ void g4_forward_lm_head_logits(g4_session *s, int n, int first, float *logits) {
     const g4_model *m = s->m;
     const g4_linear *L = &m->lm_head;
     int H = m->cfg.hidden, V = m->cfg.vocab;
-    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != 16 && L->w.block == 0) {
+    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != G4_WT_BF16 && L->w.block == 0) {
         /* LiteRT's XNNPACK runs a float-input FC with int weights by quantizing each input row
          * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref). A
          * static input scale takes precedence: the delegate then sees an int8 input and takes

@@ -20,7 +20,7 @@
  * every logit. */
 static int lm_head_shortcut_applies(const g4_session *s) {
     const g4_linear *L = &s->m->lm_head;
-    return !s->o.lmhead_dynamic_q8 && L->w.bits != 16 && L->w.block == 0 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
+    return !s->o.lmhead_dynamic_q8 && L->w.bits != G4_WT_BF16 && L->w.block == 0 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
 }
 
 /* The shortcut's scratch for `rows` rows, kept for the session (decode would otherwise map ~1 MB
