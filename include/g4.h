@@ -606,6 +606,16 @@ int g4_sampling_check(const g4_sampling *p);
 int g4_sampling_greedy(const g4_sampling *p);
 /* The model's own sampling defaults from generation_config.json (greedy if it has none). */
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p);
+/* The fields of g4_sampling as bits of a mask: the ones a front end was given (a flag, a request
+ * field, a Python argument), to lay over a base (the model's defaults, a server's). */
+enum {
+    G4_SAMPLE_TEMP = 1, G4_SAMPLE_TOP_K = 2, G4_SAMPLE_TOP_P = 4, G4_SAMPLE_MIN_P = 8, G4_SAMPLE_PENALTY = 16,
+    G4_SAMPLE_LAST_N = 32, G4_SAMPLE_SEED = 64, G4_SAMPLE_FREQUENCY = 128, G4_SAMPLE_PRESENCE = 256,
+    G4_SAMPLE_BIAS = 512 /* bias_ids, bias_values and n_bias together (borrowed, as ever) */
+};
+/* Copies the fields marked in `given` (G4_SAMPLE_* bits) from `from` into `to`; the others keep
+ * to's values. */
+void g4_sampling_override(g4_sampling *to, const g4_sampling *from, int given);
 
 /* Why a generation stopped. */
 typedef enum {

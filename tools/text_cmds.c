@@ -249,7 +249,7 @@ static int text_model_open(text_model *t, const text_args *a) {
     draft_apply(&t->draft, &co.gen);
     if (a->form_given) co.chat.form = a->form ? G4_CHAT_FORM_26B : G4_CHAT_FORM_E2B;
     co.chat.thinking = a->think;
-    sampling_override(&co.gen.sampling, &a->sampling, a->sampling_given);
+    g4_sampling_override(&co.gen.sampling, &a->sampling, a->sampling_given);
     if (a->max_tokens) co.gen.max_tokens = a->max_tokens;
     if (a->ignore_eos) {
         static const int none[1] = {-1};

@@ -810,16 +810,21 @@ class _Settings:
             co.chat.n_tools = len(self.tools)
         if self.max_tokens is not None:
             co.gen.max_tokens = self.max_tokens
+        # the arguments given, laid over the model's defaults by the library's merge (as the CLI's flags and the server's fields)
+        given, mask = C.Sampling(), 0
         for name, v in self.sampling.items():
-            setattr(co.gen.sampling, name, v)
+            setattr(given, name, v)
+            mask |= C.SAMPLE_BITS[name]
         if self.bias:
             # borrowed by the conversation (each reply's sampler copies them): kept with the tools
             ids = (c_int32 * len(self.bias))(*(i for i, _ in self.bias))
             values = (c_float * len(self.bias))(*(b for _, b in self.bias))
-            co.gen.sampling.bias_ids = ctypes.cast(ids, POINTER(c_int32))
-            co.gen.sampling.bias_values = ctypes.cast(values, POINTER(c_float))
-            co.gen.sampling.n_bias = len(self.bias)
+            given.bias_ids = ctypes.cast(ids, POINTER(c_int32))
+            given.bias_values = ctypes.cast(values, POINTER(c_float))
+            given.n_bias = len(self.bias)
+            mask |= C.SAMPLE_BITS["bias"]
             keep = (keep, ids, values)
+        lib.g4_sampling_override(byref(co.gen.sampling), byref(given), mask)
         return co, keep
 
 
