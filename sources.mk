@@ -7,6 +7,8 @@ LIB_SRC = \
   src/model/model.c src/model/session.c src/model/decode.c src/model/forward.c src/model/options.c src/model/lmhead.c src/model/requant.c src/model/profile.c src/model/describe.c src/model/draft.c \
   src/generate/sampler.c src/generate/stepper.c src/generate/generate.c src/generate/grammar.c src/generate/json_schema.c src/generate/grammar_cache.c \
   src/text/tokenizer.c src/text/chat.c src/text/reply.c src/text/conversation.c src/text/tools.c
+# a checkpoint folder opened whole (g4_checkpoint_open: model, tokenizer, drafter)
+LIB_SRC += src/model/checkpoint.c
 # The development library (dev/, libg4dev.a, its header dev/g4dev.h): what no inference path uses,
 # the GSM8K harness, the checkpoint writers (synth, quantize, their block quantizer and safetensors
 # writer), tensor capture and .npy files. The g4 command and the tests link it; libg4.so never holds it.

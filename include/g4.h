@@ -1038,6 +1038,23 @@ int g4_image_soft_tokens(const g4_model *m, const g4_options *o, const void *byt
  * 30 s, a model without audio_config, a tensor that does not match). */
 int g4_audio_soft_tokens(const g4_model *m, const g4_options *o, const void *bytes, size_t len, float **embd, int *n_tokens);
 
+/* ---- a checkpoint folder opened whole (issue 34) --------------------------------------------- */
+/* What a front end opens from a checkpoint folder DIR: the model, its tokenizer (DIR/tokenizer.json)
+ * and, when asked, an MTP drafter folder made for it. The caller owns the three handles: it may
+ * take them one by one (each freed by its own _free) or free them at once with
+ * g4_checkpoint_close. */
+typedef struct {
+    g4_model *model;
+    g4_tokenizer *tok;
+    g4_draft *draft; /* NULL without draft_dir */
+} g4_checkpoint;
+/* Opens dir with o's threads and weight placement (g4_model_load_options; o NULL: g4_model_load)
+ * and draft_dir (NULL: none) as a drafter for it (g4_draft_load). Returns 0, or -1 with the
+ * failing file's message in g4_last_error() and nothing left open (*c zeroed). */
+int g4_checkpoint_open(g4_checkpoint *c, const char *dir, const g4_options *o, const char *draft_dir);
+/* Frees what *c holds (any of it may be NULL) and zeroes it. */
+void g4_checkpoint_close(g4_checkpoint *c);
+
 #ifdef __cplusplus
 }
 #endif
