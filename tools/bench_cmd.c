@@ -13,11 +13,9 @@
 
 #include "../bench/stream_bw.h"
 #include "cli.h"
-#include "kernels/kernels.h"
+#include "g4dev.h"
 #include "model/model.h"
 #include "model/probe.h"
-#include "util/err.h"
-#include "util/file.h"
 #include "vision/tower.h"
 
 /* --kernels: the levels compared, at most this many; and the models (-m given several times) */

@@ -14,8 +14,8 @@
 
 #include <unistd.h>
 
-#include "util/err.h"
-#include "util/file.h"
+#include "g4dev.h"
+
 
 #ifndef G4_SOURCE_DIR
 #define G4_SOURCE_DIR "."

@@ -14,12 +14,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "eval/harness.h"
-#include "eval/results.h"
-#include "text/chat.h"
-#include "text/tokenizer.h"
-#include "util/err.h"
-#include "util/file.h"
+#include "g4dev.h"
 
 int cmd_eval(args_t *a);
 

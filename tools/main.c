@@ -11,9 +11,7 @@
 
 #include "cli.h"
 #include "g4.h"
-#include "model/capture.h"
-#include "util/err.h"
-#include "util/npy.h"
+#include "g4dev.h"
 
 /* ---- commands ---- */
 

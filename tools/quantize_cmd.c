@@ -8,8 +8,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "model/quantize.h"
-#include "util/err.h"
+#include "g4dev.h"
 
 int g4_cmd_quantize(int argc, char **argv);
 

@@ -24,11 +24,10 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "g4dev.h"
 #include "serve/engine.h"
 #include "serve/request.h"
 #include "serve/tokens.h"
-#include "util/err.h"
-#include "util/file.h"
 
 /* ---------------------------------------------------------------- settings */
 

@@ -11,8 +11,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "model/synth.h"
-#include "util/err.h"
+#include "g4dev.h"
 
 int g4_cmd_synth(int argc, char **argv);
 

@@ -10,10 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "text/chat.h"
-#include "text/tokenizer.h"
-#include "util/err.h"
-#include "util/file.h"
+#include "g4dev.h"
 
 /* ---- Ctrl-C: stops the current answer (and, at a prompt, the program) ---- */
 
