@@ -1,4 +1,4 @@
-/* g4 quantize --q4_0 and the block quantizers it uses (src/quant/blockq.h, src/model/quantize.h):
+/* g4 quantize --q4_0 and the block quantizers it uses (dev/quant/blockq.h, dev/model/quantize.h):
  * - the rules on hand-worked blocks (Q4_0's d = max / -8 with truncation of x/d + 8.5, Q8_0's
  *   half-away rounding), and float16 rounding against every float16 value and the midpoints
  *   between them;

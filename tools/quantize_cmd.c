@@ -1,5 +1,5 @@
 /* `g4 quantize --q4_0 IN OUT [--embed q8_0|q4_0|bf16]`: a BF16 checkpoint folder into the
- * block-scaled checkpoint format (src/model/quantize.h). Every failure prints one line
+ * block-scaled checkpoint format (dev/model/quantize.h). Every failure prints one line
  * "g4 quantize: error: ..." and returns 1. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>

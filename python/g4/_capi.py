@@ -210,6 +210,10 @@ class ChatMessage(Structure):
     _fields_ = [("role", c_int), ("content", c_char_p)]
 
 
+class Checkpoint(Structure):
+    _fields_ = [("model", c_void_p), ("tok", c_void_p), ("draft", c_void_p)]
+
+
 #: Every mirrored struct under its C name (tests/test_abi.py checks their layouts).
 STRUCTS = {
     "g4_options": Options,
@@ -225,6 +229,7 @@ STRUCTS = {
     "g4_tool_call": ToolCall,
     "g4_chat_reply": ChatReply,
     "g4_chat_message": ChatMessage,
+    "g4_checkpoint": Checkpoint,
 }
 
 # ---- enums ----
@@ -283,6 +288,7 @@ _proto("g4_model_chat_form", c_int, _p, POINTER(c_int))
 _proto("g4_session_new", _p, _p, POINTER(Options))
 _proto("g4_session_free", None, _p)
 _proto("g4_draft_load", _p, c_char_p, _p)
+_proto("g4_checkpoint_open", c_int, POINTER(Checkpoint), c_char_p, POINTER(Options), c_char_p)
 _proto("g4_draft_free", None, _p)
 _proto("g4_drafter_new", _p, _p, _p)
 _proto("g4_drafter_free", None, _p)
