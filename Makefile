@@ -6,7 +6,9 @@
 # must evaluate float expressions exactly as written. Never add -ffast-math.
 
 CC      ?= cc
-CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iinclude -Isrc -Itools -MMD -MP
+# The runtime (src/) sees include/ and src/ only; the development library (dev/) sees itself too;
+# the command (tools/), the tests and the benchmarks see all three tiers (TIER_INC per folder below).
+CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iinclude -Isrc $(TIER_INC) -MMD -MP
 LDLIBS  = -lcjson -lpcre2-8 -lm -pthread $(MEDIA_LIBS)
 # g4 serve's HTTP (libmicrohttpd): the g4 command and the server's tests only, not the library
 SERVE_LIBS = -lmicrohttpd
@@ -25,17 +27,26 @@ OUT = build/$(BUILD)
 include sources.mk
 
 TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_serve_tokens test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft test_grammar test_embed test_serve_media test_structured test_vision test_media_cli test_audio
+# g4_checkpoint_open (issue 34: one opening of a checkpoint folder for every front end)
+TESTS += test_checkpoint
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o) $(MEDIA_SRC:%.c=$(OUT)/%.o)
+DEV_OBJ = $(DEV_SRC:%.c=$(OUT)/%.o)
+TOOL_OBJ = $(OUT)/tools/main.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o
 TEST_BIN = $(TESTS:%=$(OUT)/tests/%)
 
 .PHONY: all test asan-test serve-test dispatch-test neon-test mutation-test quality check clean fuzz fuzz-run install example-test python-test
-.SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(SERVE_OBJ)
+.SECONDARY: $(OUT)/bench/bench_kernels.o $(TESTS:%=$(OUT)/tests/%.o) $(OUT)/tests/test_quality.o $(TOOL_OBJ) $(SERVE_OBJ)
 all: $(OUT)/g4
 
 $(OUT)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -c $< -o $@
+
+# The tiers' include paths: dev/ may use the runtime's internals; tools/, tests/ and bench/ (and the
+# cross build's tests) use the public header, the dev header and, for now, some internals.
+$(OUT)/dev/%.o: TIER_INC = -Idev
+$(OUT)/tools/%.o $(OUT)/tests/%.o $(OUT)/bench/%.o: TIER_INC = -Idev -Itools
 
 # Register-pressure-aware scheduling before allocation keeps the int8 tiles' int16 sums in
 # registers (without it GCC 12 spills one per block in the 2-bit prefill loop); it only reorders
@@ -46,9 +57,13 @@ $(OUT)/src/kernels/avx2.o $(OUT)/pic/src/kernels/avx2.o: CFLAGS += -fschedule-in
 $(OUT)/tools/cli.o: CFLAGS += -DG4_SOURCE_DIR='"$(CURDIR)"' 
 
 $(OUT)/libg4.a: $(LIB_OBJ)
-	@ar rcs $@ $^
+	@rm -f $@; ar rcs $@ $^
 
-$(OUT)/g4: $(OUT)/tools/g4.o $(OUT)/tools/cli.o $(OUT)/tools/text_cmds.o $(OUT)/tools/bench_cmd.o $(OUT)/tools/eval_cmd.o $(OUT)/tools/synth_cmd.o $(OUT)/tools/quantize_cmd.o $(SERVE_OBJ) $(OUT)/libg4.a
+# the development library: never part of libg4.a or libg4.so
+$(OUT)/libg4dev.a: $(DEV_OBJ)
+	@rm -f $@; ar rcs $@ $^
+
+$(OUT)/g4: $(TOOL_OBJ) $(SERVE_OBJ) $(OUT)/libg4dev.a $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(SERVE_LIBS)
 
 # g4 serve's chat page (GET /), one HTML file built into the binary as a C array, with the
@@ -61,17 +76,17 @@ $(OUT)/tools/serve/chat_html.o: $(OUT)/tools/serve/chat_html.c
 	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -c $< -o $@
 
 # the server's request parser and reply writer (no HTTP in them) under their unit test
-$(OUT)/tests/test_serve: $(OUT)/tests/test_serve.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/cli.o $(OUT)/libg4.a
+$(OUT)/tests/test_serve: $(OUT)/tests/test_serve.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/cli.o $(OUT)/libg4dev.a $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # the engine's prompt cache with media spans (serve_job_set_media), over the built-in tiny model
-$(OUT)/tests/test_serve_media: $(OUT)/tests/test_serve_media.o $(OUT)/tools/serve/engine.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/cli.o $(OUT)/libg4.a
+$(OUT)/tests/test_serve_media: $(OUT)/tests/test_serve_media.o $(OUT)/tools/serve/engine.o $(OUT)/tools/serve/request.o $(OUT)/tools/serve/reply.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/cli.o $(OUT)/libg4dev.a $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(OUT)/tests/test_serve_tokens: $(OUT)/tests/test_serve_tokens.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/serve/request.o $(OUT)/tools/cli.o $(OUT)/libg4.a
+$(OUT)/tests/test_serve_tokens: $(OUT)/tests/test_serve_tokens.o $(OUT)/tools/serve/tokens.o $(OUT)/tools/serve/request.o $(OUT)/tools/cli.o $(OUT)/libg4dev.a $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4.a
+$(OUT)/tests/%: $(OUT)/tests/%.o $(OUT)/libg4dev.a $(OUT)/libg4.a
 	@$(CC) $(LDFLAGS_MODE) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The shared library: the same sources compiled position-independent under $(OUT)/pic, exporting only
@@ -200,6 +215,9 @@ QEMU_AARCH64 ?= qemu-aarch64 -L /usr/aarch64-linux-gnu
 A64_OUT = build/aarch64
 NEON_TESTS = test_kernels $(DISPATCH_TESTS)
 A64_LIB_OBJ = $(LIB_SRC:%.c=$(A64_OUT)/%.o)
+A64_DEV_OBJ = $(DEV_SRC:%.c=$(A64_OUT)/%.o)
+$(A64_OUT)/dev/%.o: TIER_INC = -Idev
+$(A64_OUT)/tests/%.o: TIER_INC = -Idev -Itools
 .SECONDARY: $(NEON_TESTS:%=$(A64_OUT)/tests/%.o)
 
 $(AARCH64_DEPS)/usr/include/cjson/cJSON.h:
@@ -212,7 +230,10 @@ $(A64_OUT)/%.o: %.c | $(AARCH64_DEPS)/usr/include/cjson/cJSON.h
 $(A64_OUT)/libg4.a: $(A64_LIB_OBJ)
 	@rm -f $@; $(A64_AR) rcs $@ $^
 
-$(A64_OUT)/tests/%: $(A64_OUT)/tests/%.o $(A64_OUT)/libg4.a
+$(A64_OUT)/libg4dev.a: $(A64_DEV_OBJ)
+	@rm -f $@; $(A64_AR) rcs $@ $^
+
+$(A64_OUT)/tests/%: $(A64_OUT)/tests/%.o $(A64_OUT)/libg4dev.a $(A64_OUT)/libg4.a
 	@$(A64_CC) $(LDFLAGS) -o $@ $^ -L$(A64_LIBDIR) -Wl,-rpath,$(A64_LIBDIR) $(filter-out $(MEDIA_LIBS),$(LDLIBS))
 
 neon-test: $(NEON_TESTS:%=$(A64_OUT)/tests/%)

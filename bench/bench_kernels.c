@@ -110,8 +110,8 @@ static void run_matmul(void *ctx, int level) {
 }
 
 static void bench_shape(const bshape *s, int quick) {
-    size_t row_bytes = s->bits == 16 ? 2 * (size_t)s->in : g4_packed_row_bytes(s->bits, (size_t)s->in);
-    size_t wbytes = row_bytes * (size_t)s->out, sbytes = s->bits == 16 ? 0 : 4 * (size_t)s->out;
+    size_t row_bytes = s->bits == G4_WT_BF16 ? 2 * (size_t)s->in : g4_packed_row_bytes(s->bits, (size_t)s->in);
+    size_t wbytes = row_bytes * (size_t)s->out, sbytes = s->bits == G4_WT_BF16 ? 0 : 4 * (size_t)s->out;
     int copies = (int)((256e6 + wbytes - 1) / wbytes);
     if (copies < 2) copies = 2;
     uint8_t **w = malloc(sizeof *w * (size_t)copies);
@@ -121,7 +121,7 @@ static void bench_shape(const bshape *s, int quick) {
             uint64_t r = rnd();
             memcpy(w[c] + i, &r, wbytes - i < 8 ? wbytes - i : 8);
         }
-        if (s->bits == 16) /* keep BF16 values finite and ordinary */
+        if (s->bits == G4_WT_BF16) /* keep BF16 values finite and ordinary */
             for (size_t i = 1; i < wbytes; i += 2) w[c][i] = (uint8_t)((w[c][i] & 0x80) | 0x3C | (w[c][i] & 1));
     }
     float *scale = malloc(sizeof(float) * (size_t)s->out);
@@ -136,7 +136,7 @@ static void bench_shape(const bshape *s, int quick) {
     }
     static const int ns[] = {1, 64};
     for (int op = 0; op < 2; op++) {
-        if (op == 0 && s->bits == 16) continue; /* BF16 runs in float only */
+        if (op == 0 && s->bits == G4_WT_BF16) continue; /* BF16 runs in float only */
         for (int ni = 0; ni < 2; ni++) {
             int n = ns[ni];
             double macs = (double)s->in * s->out * n;

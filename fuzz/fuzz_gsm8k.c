@@ -1,4 +1,4 @@
-/* Fuzz target: the GSM8K answer extractor (src/eval/gsm8k.h).
+/* Fuzz target: the GSM8K answer extractor (dev/eval/gsm8k.h).
  *
  * Input: a model reply (any bytes). g4_gsm8k_extract runs on all of it; the C-string
  * functions run on the NUL-separated parts: a = text before the first NUL, b = the next part.

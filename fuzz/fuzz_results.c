@@ -1,5 +1,5 @@
 /* Fuzz target: the results-file reader used by `g4 eval gsm8k` resume and `g4 eval compare`
- * (src/eval/results.h).
+ * (dev/eval/results.h).
  *
  * Input: the bytes of a results file (JSON lines). g4_results_read runs with flags 0 and
  * G4_RESULTS_DROP_UNTERMINATED. On success:

@@ -302,26 +302,6 @@ const g4_session *g4_drafter_session(const g4_drafter *dr);
  * with the next step's hidden state. */
 int g4_drafter_step(g4_drafter *dr, int n, const int *seqs, const int32_t *tokens, float *hidden, int32_t *next, float *logits);
 
-/* Compatibility forms of g4_decode, for sequence 0. g4_session_eval feeds n tokens at its current
- * position; logits: NULL, or room for vocab floats (the last token's logits) or n * vocab floats
- * when all_logits is set. g4_session_eval_argmax gives the last token's greedy token
- * (G4_OUTPUT_ARGMAX). g4_session_eval_top gives the last token's candidates (G4_OUTPUT_TOP):
- * *n_cand, cand, vals and *bound are g4_candidates' n, ids, logits and bound, cand and vals with
- * room for max_cand. g4_session_last_logits gives the full logits of the token the last
- * g4_session_eval_top evaluated (g4_decode_logits). */
-int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits);
-int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next);
-int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
-                        int max_cand, float *bound, int *n_cand);
-int g4_session_last_logits(g4_session *s, float *logits);
-/* The same for sequence `seq`; and one decoding step of several sequences at once (one token
- * each, distinct sequences, at most 64), with every row's logits (n * vocab floats) or greedy
- * token (next, one per row). */
-int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits);
-int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next);
-int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits);
-int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next);
-
 /* Time spent per operation class since profiling was switched on (seconds), for `g4 bench`. */
 typedef enum { G4_PROF_EMBED = 0, G4_PROF_LINEAR, G4_PROF_ATTENTION, G4_PROF_LM_HEAD, G4_PROF_OTHER, G4_PROF_COUNT } g4_prof_op;
 void g4_session_set_profiling(g4_session *s, int on);
@@ -626,6 +606,16 @@ int g4_sampling_check(const g4_sampling *p);
 int g4_sampling_greedy(const g4_sampling *p);
 /* The model's own sampling defaults from generation_config.json (greedy if it has none). */
 void g4_model_sampling_defaults(const g4_model *m, g4_sampling *p);
+/* The fields of g4_sampling as bits of a mask: the ones a front end was given (a flag, a request
+ * field, a Python argument), to lay over a base (the model's defaults, a server's). */
+enum {
+    G4_SAMPLE_TEMP = 1, G4_SAMPLE_TOP_K = 2, G4_SAMPLE_TOP_P = 4, G4_SAMPLE_MIN_P = 8, G4_SAMPLE_PENALTY = 16,
+    G4_SAMPLE_LAST_N = 32, G4_SAMPLE_SEED = 64, G4_SAMPLE_FREQUENCY = 128, G4_SAMPLE_PRESENCE = 256,
+    G4_SAMPLE_BIAS = 512 /* bias_ids, bias_values and n_bias together (borrowed, as ever) */
+};
+/* Copies the fields marked in `given` (G4_SAMPLE_* bits) from `from` into `to`; the others keep
+ * to's values. */
+void g4_sampling_override(g4_sampling *to, const g4_sampling *from, int given);
 
 /* Why a generation stopped. */
 typedef enum {
@@ -1047,6 +1037,23 @@ int g4_image_soft_tokens(const g4_model *m, const g4_options *o, const void *byt
  * the first call. Returns 0, or -1 with g4_last_error() set (one line: a bad WAV, audio over
  * 30 s, a model without audio_config, a tensor that does not match). */
 int g4_audio_soft_tokens(const g4_model *m, const g4_options *o, const void *bytes, size_t len, float **embd, int *n_tokens);
+
+/* ---- a checkpoint folder opened whole (issue 34) --------------------------------------------- */
+/* What a front end opens from a checkpoint folder DIR: the model, its tokenizer (DIR/tokenizer.json)
+ * and, when asked, an MTP drafter folder made for it. The caller owns the three handles: it may
+ * take them one by one (each freed by its own _free) or free them at once with
+ * g4_checkpoint_close. */
+typedef struct {
+    g4_model *model;
+    g4_tokenizer *tok;
+    g4_draft *draft; /* NULL without draft_dir */
+} g4_checkpoint;
+/* Opens dir with o's threads and weight placement (g4_model_load_options; o NULL: g4_model_load)
+ * and draft_dir (NULL: none) as a drafter for it (g4_draft_load). Returns 0, or -1 with the
+ * failing file's message in g4_last_error() and nothing left open (*c zeroed). */
+int g4_checkpoint_open(g4_checkpoint *c, const char *dir, const g4_options *o, const char *draft_dir);
+/* Frees what *c holds (any of it may be NULL) and zeroes it. */
+void g4_checkpoint_close(g4_checkpoint *c);
 
 #ifdef __cplusplus
 }

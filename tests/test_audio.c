@@ -16,6 +16,7 @@
 #include "format/safetensors.h"
 #include "g4.h"
 #include "util/file.h"
+#include "model/feed.h"
 
 #define FIX "tests/fixtures/audio"
 
@@ -609,7 +610,7 @@ static void test_tower(void) {
         CHECK(m->audio != NULL && m->n_linears == before + 11 + 3, "tower bound on first use: %d linears, %d before", m->n_linears, before);
         if (early) {
             int32_t ids[3] = {2, 10, 11};
-            CHECK(g4_session_eval(early, ids, 3, NULL, 0) == 0, "text session after the tower: %s", g4_last_error());
+            CHECK(g4_session_feed(early, ids, 3, NULL, 0) == 0, "text session after the tower: %s", g4_last_error());
             g4_session_free(early);
         }
         g4_model_free(m);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "model/feed.h"
 
 #define FLOAT_BOUND 1e-4
 
@@ -36,7 +37,7 @@ static void check_prefill(const char *fx, const g4_model *m, const g4_safetensor
     int V = g4_model_vocab_size(m);
     float *logits = malloc(sizeof *logits * (size_t)n * V);
     g4_session_set_trace(s, g4_capture_trace, &cap);
-    CHECK(g4_session_eval(s, ids, n, logits, 1) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, ids, n, logits, 1) == 0, "%s", g4_last_error());
     const char *names[] = {"inputs_embeds", "per_layer_inputs_token", "per_layer_inputs", "final_norm"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         int64_t numel;
@@ -86,19 +87,19 @@ static void check_generation(const char *fx, const g4_model *m, const g4_safeten
     g4_session *s = g4_session_new(m, &o);
     int V = g4_model_vocab_size(m);
     float *logits = malloc(sizeof *logits * (size_t)n_gold * V);
-    CHECK(g4_session_eval(s, ids, n, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, ids, n, logits, 0) == 0, "%s", g4_last_error());
     for (int i = 0; i + 1 < n_gold; i++)
-        CHECK(g4_session_eval(s, &gold[i], 1, logits + (size_t)(i + 1) * V, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, &gold[i], 1, logits + (size_t)(i + 1) * V, 0) == 0, "%s", g4_last_error());
     int64_t numel;
     const float *want = golden_f32(gs, "step_logits", &numel);
     CHECK(numel == (int64_t)n_gold * V, "step_logits size");
     compare(fx, "step_logits (teacher-forced)", logits, want, numel, FLOAT_BOUND);
     g4_session_reset(s);
     int32_t next = -1, same = 0;
-    CHECK(g4_session_eval_argmax(s, ids, n, &next) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed_argmax(s, ids, n, &next) == 0, "%s", g4_last_error());
     for (int i = 0; i < n_gold; i++) {
         if (same == i && next == gold[i]) same++;
-        if (i + 1 < n_gold) CHECK(g4_session_eval_argmax(s, &next, 1, &next) == 0, "%s", g4_last_error());
+        if (i + 1 < n_gold) CHECK(g4_session_feed_argmax(s, &next, 1, &next) == 0, "%s", g4_last_error());
     }
     CHECK(same == n_gold, "%s: free-running greedy matches the golden ids for %d of %d steps", fx, same, n_gold);
     printf("ok %s greedy ids identical for %d of %d steps\n", fx, same, n_gold);
@@ -116,7 +117,7 @@ static void check_act_modes_equal(const char *fx, const char *dir, const g4_mode
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT && mapped; act++) {
         g4_options o = act_options((g4_act_mode)act);
         g4_session *s = g4_session_new(act == G4_ACT_FLOAT ? m : mapped, &o);
-        CHECK(s && g4_session_eval(s, ids, n, act == G4_ACT_FLOAT ? ref : got, 1) == 0, "%s", g4_last_error());
+        CHECK(s && g4_session_feed(s, ids, n, act == G4_ACT_FLOAT ? ref : got, 1) == 0, "%s", g4_last_error());
         if (act != G4_ACT_FLOAT)
             CHECK(memcmp(ref, got, sizeof *ref * (size_t)n * V) == 0, "%s: --act %d (mapped weights) differs from --act float", fx, act);
         g4_session_free(s);

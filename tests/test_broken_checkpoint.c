@@ -10,6 +10,7 @@
 #include "eval/harness.h"
 #include "testutil.h"
 #include "util/err.h"
+#include "model/feed.h"
 
 static char base_tmp[256];
 static const char *bin; /* G4_BIN; NULL after check_bin has failed the run */
@@ -264,7 +265,7 @@ static void sharded_case(void) {
         g4_session *sa = g4_session_new(a, &o), *sb = g4_session_new(b, &o);
         int32_t ids[4] = {2, 100, 200, 300};
         float la[512], lb[512];
-        CHECK(g4_session_eval(sa, ids, 4, la, 0) == 0 && g4_session_eval(sb, ids, 4, lb, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(sa, ids, 4, la, 0) == 0 && g4_session_feed(sb, ids, 4, lb, 0) == 0, "%s", g4_last_error());
         CHECK(max_abs_diff(la, lb, 512) == 0, "sharded logits differ");
         printf("ok sharded checkpoint loads and matches the single file\n");
         g4_session_free(sa);

@@ -373,10 +373,10 @@ static void test_help(void) {
     static const struct {
         const char *cmd, *file, *funcs, *file2, *funcs2;
     } cmds[] = {
-        {"run", "tools/g4.c", "parse_run", "tools/text_cmds.c", "cmd_run_text text_flag"},
+        {"run", "tools/main.c", "parse_run", "tools/text_cmds.c", "cmd_run_text text_flag"},
         {"chat", "tools/text_cmds.c", "cmd_chat text_flag", NULL, NULL},
         {"tokenize", "tools/text_cmds.c", "cmd_tokenize", NULL, NULL},
-        {"inspect", "tools/g4.c", "cmd_inspect", NULL, NULL},
+        {"inspect", "tools/main.c", "cmd_inspect", NULL, NULL},
         {"bench", "tools/bench_cmd.c", "parse_bench", NULL, NULL},
         {"eval gsm8k", "tools/eval_cmd.c", "eval_flag", NULL, NULL},
         {"eval merge", NULL, NULL, NULL, NULL},

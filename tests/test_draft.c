@@ -17,6 +17,7 @@
 #include "cli_util.h"
 #include "generate/sampler.h"
 #include "testutil.h"
+#include "model/feed.h"
 
 #define ASSIST_A "tests/fixtures/tiny-assistant"   /* for ../shared/fixtures/tiny-mobile, ordered embeddings */
 #define ASSIST_B "tests/fixtures/tiny-assistant-b" /* for tests/fixtures/tiny-b, dense lm_head */
@@ -394,12 +395,12 @@ static void test_spec_sampling(const char *target_dir, const char *draft_dir, co
     CHECK(dr && smp && logits, "%s", g4_last_error());
     if (!dr || !smp) goto done;
     g4_session_reset(s);
-    CHECK(g4_session_eval(s, prompt, n_prompt, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, prompt, n_prompt, logits, 0) == 0, "%s", g4_last_error());
     g4_sampler_distribution(smp, logits, prompt, n_prompt, p0);
     for (int32_t t0 = 0; t0 < V; t0++) {
         if (p0[t0] == 0) continue;
         g4_session_truncate_seq(s, 0, n_prompt);
-        CHECK(g4_session_eval(s, &t0, 1, logits, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, &t0, 1, logits, 0) == 0, "%s", g4_last_error());
         g4_sampler_distribution(smp, logits, prompt, n_prompt, p1);
         for (int v = 0; v < V; v++) marg[v] += p0[t0] * p1[v];
         /* the drafter's own distribution of that token, for the control */

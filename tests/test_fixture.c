@@ -3,6 +3,7 @@
  * int mode within the much tighter bands it achieves (int_mode_bounds). */
 #include "model/probe.h"
 #include "testutil.h"
+#include "model/feed.h"
 
 /* A run of the engine compared with one golden mode of a fixture. */
 typedef struct {
@@ -112,7 +113,7 @@ static void check_prefill_tensors(const mode_spec *ms, const bounds *bd, const g
     int V = g4_model_vocab_size(m);
     float *logits = malloc(sizeof *logits * (size_t)n * V);
     g4_session_set_trace(s, g4_capture_trace, &cap);
-    CHECK(g4_session_eval(s, ids, n, logits, 1) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, ids, n, logits, 1) == 0, "%s", g4_last_error());
     struct { const char *name; double bound; } plain[] = {
         {"inputs_embeds", bd->embeds}, {"per_layer_inputs_token", bd->embeds},
         {"per_layer_inputs", bd->pli}, {"final_norm", bd->final_norm},
@@ -164,13 +165,13 @@ static void check_generation(const mode_spec *ms, const bounds *bd, const g4_mod
     g4_session *s = g4_session_new(m, &o);
     int V = g4_model_vocab_size(m);
     float *logits = malloc(sizeof *logits * (size_t)n_gold * V);
-    CHECK(g4_session_eval(s, ids, n, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, ids, n, logits, 0) == 0, "%s", g4_last_error());
     int32_t gen[64];
     int same = 0;
     for (int i = 0; i < n_gold; i++) {
         gen[i] = g4_argmax(logits + (size_t)i * V, V);
         if (same == i && gen[i] == gold[i]) same++;
-        if (i + 1 < n_gold) CHECK(g4_session_eval(s, &gold[i], 1, logits + (size_t)(i + 1) * V, 0) == 0, "%s", g4_last_error());
+        if (i + 1 < n_gold) CHECK(g4_session_feed(s, &gold[i], 1, logits + (size_t)(i + 1) * V, 0) == 0, "%s", g4_last_error());
     }
     CHECK(same >= bd->ids_must_match, "%s: generated ids match the golden for %d steps, need %d", ms->label, same, bd->ids_must_match);
     printf("ok %s generated ids identical for %d of %d steps (need %d)\n", ms->label, same, n_gold, bd->ids_must_match);
@@ -182,12 +183,12 @@ static void check_generation(const mode_spec *ms, const bounds *bd, const g4_mod
     printf("ok %s step_logits p99|diff| %.3g (bound %.3g)\n", ms->label, p99, bd->logits_p99);
     /* Free-running greedy decode (not teacher-forced) must give the golden tokens too. */
     g4_session_reset(s);
-    CHECK(g4_session_eval(s, ids, n, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, ids, n, logits, 0) == 0, "%s", g4_last_error());
     int free_same = 0;
     for (int i = 0; i < n_gold; i++) {
         int32_t next = g4_argmax(logits, V);
         if (free_same == i && next == gold[i]) free_same++;
-        if (i + 1 < n_gold) g4_session_eval(s, &next, 1, logits, 0);
+        if (i + 1 < n_gold) g4_session_feed(s, &next, 1, logits, 0);
     }
     CHECK(free_same >= bd->ids_must_match, "%s: free-running greedy matches for %d steps", ms->label, free_same);
     free(logits);
@@ -203,9 +204,9 @@ static void check_incremental(const mode_spec *ms, const bounds *bd, const g4_mo
     memcpy(all + n, gold, sizeof *gold * (size_t)(n_gold - 1));
     float *one = malloc(sizeof *one * (size_t)total * V), *step = malloc(sizeof *step * (size_t)total * V);
     g4_session *s = g4_session_new(m, &o);
-    CHECK(g4_session_eval(s, all, total, one, 1) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, all, total, one, 1) == 0, "%s", g4_last_error());
     g4_session_reset(s);
-    for (int i = 0; i < total; i++) CHECK(g4_session_eval(s, &all[i], 1, step + (size_t)i * V, 0) == 0, "%s", g4_last_error());
+    for (int i = 0; i < total; i++) CHECK(g4_session_feed(s, &all[i], 1, step + (size_t)i * V, 0) == 0, "%s", g4_last_error());
     double d = max_abs_diff(one, step, (int64_t)total * V);
     double bound = ms->act == G4_ACT_FLOAT ? 1e-4 : bd->logits_max;
     CHECK(d <= bound, "%s: prefill vs token-by-token logits differ by %.3g", ms->label, d);
@@ -252,7 +253,7 @@ static int n_layers_of_golden(void) { return cJSON_GetArraySize(cJSON_GetObjectI
 static void check_kv_cache_codes(const mode_spec *ms, const g4_model *m, const g4_safetensors *gs, const char *dir, const int32_t *ids, int n) {
     g4_options o = options_for(ms);
     g4_session *s = g4_session_new(m, &o);
-    CHECK(g4_session_eval(s, ids, n, NULL, 0) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, ids, n, NULL, 0) == 0, "%s", g4_last_error());
     int checked = 0;
     for (int l = 0; l < n_layers_of_golden(); l++)
         for (int v = 0; v < 2; v++) {
@@ -317,7 +318,7 @@ static void check_int_kv_switch(const g4_model *m, const g4_safetensors *gs_full
     g4_session *s8 = g4_session_new(m, &o8), *sf = g4_session_new(m, &of);
     g4_session_set_trace(s8, g4_capture_trace, &c8);
     g4_session_set_trace(sf, g4_capture_trace, &cf);
-    CHECK(g4_session_eval(s8, ids, n, logits8, 1) == 0 && g4_session_eval(sf, ids, n, logitsf, 1) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s8, ids, n, logits8, 1) == 0 && g4_session_feed(sf, ids, n, logitsf, 1) == 0, "%s", g4_last_error());
     const char *upstream[] = {"inputs_embeds", "per_layer_inputs"};
     for (int i = 0; i < 2; i++) {
         const g4_captured *a = captured(&c8, upstream[i]), *b = captured(&cf, upstream[i]);
@@ -382,19 +383,19 @@ static void check_long_prompt(const g4_model *m) {
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
         g4_options o = act_options(act, T);
         g4_session *s = g4_session_new(m, &o);
-        CHECK(g4_session_eval(s, ids, T, one, 1) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, ids, T, one, 1) == 0, "%s", g4_last_error());
         g4_session_reset(s);
-        for (int i = 0; i < T; i++) CHECK(g4_session_eval(s, &ids[i], 1, step + (size_t)i * V, 0) == 0, "%s", g4_last_error());
+        for (int i = 0; i < T; i++) CHECK(g4_session_feed(s, &ids[i], 1, step + (size_t)i * V, 0) == 0, "%s", g4_last_error());
         double d = max_abs_diff(one, step, (int64_t)T * V);
         CHECK(d <= 1e-4, "act %d: %d-token prefill vs token by token: %.3g", act, T, d);
         printf("ok act %d: %d-token prefill vs token-by-token logits max|diff| %.3g\n", act, T, d);
         g4_session_reset(s);
-        CHECK(g4_session_eval(s, ids, T, step, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, ids, T, step, 0) == 0, "%s", g4_last_error());
         CHECK(memcmp(step, one + (size_t)(T - 1) * V, sizeof *step * (size_t)V) == 0, "act %d: last-row prefill differs from the all-rows prefill",
               act);
         g4_session_reset(s);
         int32_t next = -1;
-        CHECK(g4_session_eval_argmax(s, ids, T, &next) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed_argmax(s, ids, T, &next) == 0, "%s", g4_last_error());
         CHECK(next == g4_argmax(one + (size_t)(T - 1) * V, V), "act %d: last-row greedy token %d differs from the all-rows prefill's", act,
               (int)next);
         printf("ok act %d: last-row prefill (consumer layers on the last row only) equals the all-rows prefill's last row\n", act);
@@ -420,7 +421,7 @@ static void check_weight_placement(const char *dir, const g4_model *m) {
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
         g4_options o = act_options(act, T);
         g4_session *s = g4_session_new(m, &o), *t = g4_session_new(mapped, &o);
-        CHECK(g4_session_eval(s, ids, T, a, 1) == 0 && g4_session_eval(t, ids, T, b, 1) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, ids, T, a, 1) == 0 && g4_session_feed(t, ids, T, b, 1) == 0, "%s", g4_last_error());
         CHECK(memcmp(a, b, sizeof *a * (size_t)T * V) == 0, "act %d: %s weights give other logits than mapped ones", act,
               g4_model_weights_resident(m) ? "resident" : "(also mapped)");
         g4_session_free(s);

@@ -4,6 +4,7 @@
 
 #include "testutil.h"
 #include "generate/sampler.h"
+#include "model/feed.h"
 
 static int collect(void *user, int32_t token) {
     static int i;
@@ -50,20 +51,20 @@ static void check_batch(const g4_model *m, const int32_t *ids, int n) {
         int seqs[B], differ = 0;
         for (int b = 0; b < B; b++) {
             seqs[b] = b;
-            CHECK(g4_session_eval_seq(bs, b, ids + b, lens[b], lb + (size_t)b * V, 0) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed_seq(bs, b, ids + b, lens[b], lb + (size_t)b * V, 0) == 0, "%s", g4_last_error());
             next[b] = g4_argmax(lb + (size_t)b * V, V);
         }
         int32_t hist[B][64];
         for (int step = 0; step < STEPS; step++) {
             for (int b = 0; b < B; b++) hist[b][step] = next[b];
-            CHECK(g4_session_eval_batch(bs, seqs, next, B, lb) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed_batch(bs, seqs, next, B, lb) == 0, "%s", g4_last_error());
             for (int b = 0; b < B; b++) next[b] = g4_argmax(lb + (size_t)b * V, V);
         }
         /* each sequence alone: prompt, then the same tokens one at a time */
         for (int b = 0; b < B; b++) {
             g4_session_reset(one);
-            CHECK(g4_session_eval(one, ids + b, lens[b], l1, 0) == 0, "%s", g4_last_error());
-            for (int step = 0; step < STEPS; step++) CHECK(g4_session_eval(one, &hist[b][step], 1, l1, 0) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed(one, ids + b, lens[b], l1, 0) == 0, "%s", g4_last_error());
+            for (int step = 0; step < STEPS; step++) CHECK(g4_session_feed(one, &hist[b][step], 1, l1, 0) == 0, "%s", g4_last_error());
             /* compare the last step's logits of sequence b: recompute the batch's last logits row */
             differ += memcmp(l1, lb + (size_t)b * V, sizeof *l1 * (size_t)V) != 0;
             CHECK_EQ_INT(g4_session_seq_pos(bs, b), lens[b] + STEPS);
@@ -71,7 +72,7 @@ static void check_batch(const g4_model *m, const int32_t *ids, int n) {
         CHECK(differ == 0, "act %d: %d sequences get other logits in a batch", act, differ);
         /* a bad batch is refused */
         int dup[2] = {0, 0};
-        CHECK(g4_session_eval_batch(bs, dup, next, 2, lb) != 0 && strstr(g4_last_error(), "twice"), "duplicate sequence accepted");
+        CHECK(g4_session_feed_batch(bs, dup, next, 2, lb) != 0 && strstr(g4_last_error(), "twice"), "duplicate sequence accepted");
         free(lb);
         free(l1);
         g4_session_free(bs);
@@ -79,7 +80,7 @@ static void check_batch(const g4_model *m, const int32_t *ids, int n) {
     }
 }
 
-/* The greedy shortcut (g4_session_eval_argmax*, most logits never finished) picks what g4_argmax
+/* The greedy shortcut (g4_session_feed_argmax*, most logits never finished) picks what g4_argmax
  * picks from the full logits: alone and in batches of more rows than it takes per pass (8), in
  * every activation mode. */
 static void check_argmax_api(const g4_model *m, const int32_t *ids, int n) {
@@ -93,16 +94,16 @@ static void check_argmax_api(const g4_model *m, const int32_t *ids, int n) {
         for (int b = 0; b < B; b++) {
             int len = 4 + b % (n - 4);
             seqs[b] = b;
-            CHECK(g4_session_eval_argmax_seq(ga, b, ids, len, &na[b]) == 0, "%s", g4_last_error());
-            CHECK(g4_session_eval_seq(full, b, ids, len, lb, 0) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed_argmax_seq(ga, b, ids, len, &na[b]) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed_seq(full, b, ids, len, lb, 0) == 0, "%s", g4_last_error());
             nf[b] = g4_argmax(lb, V);
             mismatch += na[b] != nf[b];
             steps++;
         }
         for (int step = 0; step < STEPS; step++) {
             memcpy(fed, nf, sizeof fed);
-            CHECK(g4_session_eval_batch_argmax(ga, seqs, fed, B, na) == 0, "%s", g4_last_error());
-            CHECK(g4_session_eval_batch(full, seqs, fed, B, lb) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed_batch_argmax(ga, seqs, fed, B, na) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed_batch(full, seqs, fed, B, lb) == 0, "%s", g4_last_error());
             for (int b = 0; b < B; b++) {
                 nf[b] = g4_argmax(lb + (size_t)b * V, V);
                 mismatch += na[b] != nf[b];
@@ -116,7 +117,7 @@ static void check_argmax_api(const g4_model *m, const int32_t *ids, int n) {
     CHECK(mismatch == 0, "greedy shortcut differs from g4_argmax on %d of %d steps", mismatch, steps);
 }
 
-/* Sampling's lm_head shortcut (g4_session_eval_top): the candidates' logits are the full logits
+/* Sampling's lm_head shortcut (g4_session_feed_top): the candidates' logits are the full logits
  * bit for bit, they hold the k largest and the extra ids, no other logit exceeds the bound, and
  * g4_session_last_logits gives the full logits; then g4_generate, which samples from the
  * candidates, picks the tokens a loop over the full logits picks, with and without a penalty. */
@@ -135,8 +136,8 @@ static void check_sampling_shortcut(const g4_model *m, const int32_t *ids, int n
             float bound = NAN;
             const int32_t *feed = step ? &fed : ids;
             int len = step ? 1 : n;
-            CHECK(g4_session_eval_top(a, feed, len, k, extra, 4, cand, vals, MAXC, &bound, &mc) == 0, "%s", g4_last_error());
-            CHECK(g4_session_eval(b, feed, len, full, 0) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed_top(a, feed, len, k, extra, 4, cand, vals, MAXC, &bound, &mc) == 0, "%s", g4_last_error());
+            CHECK(g4_session_feed(b, feed, len, full, 0) == 0, "%s", g4_last_error());
             CHECK(g4_session_last_logits(a, again) == 0 && memcmp(again, full, sizeof *full * (size_t)V) == 0,
                   "act %d: g4_session_last_logits differs from the full logits", act);
             calls++;
@@ -178,15 +179,15 @@ static void check_sampling_shortcut(const g4_model *m, const int32_t *ids, int n
         token_log got = {.n = 0};
         int32_t want[64 + 48];
         CHECK(g4_generate(a, ids, n, &p, log_token, &got, &r) == 0 && r.n_generated == STEPS, "%s", g4_last_error());
-        /* the same with every logit: the sampler over g4_session_eval's logits */
+        /* the same with every logit: the sampler over g4_session_feed's logits */
         g4_sampler *smp = g4_sampler_new(&modes[md], V);
         memcpy(want, ids, sizeof *ids * (size_t)n);
         int nh = n;
-        CHECK(g4_session_eval(b, ids, n, full, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(b, ids, n, full, 0) == 0, "%s", g4_last_error());
         for (int i = 0; i < STEPS; i++) {
             want[nh] = g4_sampler_sample(smp, full, want, nh);
             nh++;
-            if (i + 1 < STEPS) CHECK(g4_session_eval(b, &want[nh - 1], 1, full, 0) == 0, "%s", g4_last_error());
+            if (i + 1 < STEPS) CHECK(g4_session_feed(b, &want[nh - 1], 1, full, 0) == 0, "%s", g4_last_error());
         }
         int same = 0;
         while (same < STEPS && got.ids[same] == want[n + same]) same++;
@@ -217,10 +218,10 @@ static void *decode_steps(void *arg) {
     thread_run *t = arg;
     int V = g4_model_vocab_size(t->m);
     g4_session *s = session_for(t->m, G4_ACT_INT, 1);
-    t->rc = s ? g4_session_eval(s, t->ids, t->n, t->logits, 0) : -1;
+    t->rc = s ? g4_session_feed(s, t->ids, t->n, t->logits, 0) : -1;
     for (int i = 1; i < THREAD_STEPS && t->rc == 0; i++) {
         int32_t next = (int32_t)g4_argmax(t->logits + (size_t)(i - 1) * V, V);
-        t->rc = g4_session_eval(s, &next, 1, t->logits + (size_t)i * V, 0);
+        t->rc = g4_session_feed(s, &next, 1, t->logits + (size_t)i * V, 0);
     }
     g4_session_free(s);
     return NULL;

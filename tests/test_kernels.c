@@ -65,13 +65,13 @@ typedef struct {
 
 static void make_problem(problem *p, const shape *s) {
     int bits = s->bits;
-    size_t packed = bits == 16 ? 2 * (size_t)s->in : g4_packed_row_bytes(bits, (size_t)s->in);
+    size_t packed = bits == G4_WT_BF16 ? 2 * (size_t)s->in : g4_packed_row_bytes(bits, (size_t)s->in);
     size_t row_bytes = packed + s->extra;
     size_t total = (size_t)(s->out - 1) * row_bytes + packed;
     p->wbuf = malloc(total);
     for (size_t i = 0; i < total; i++) p->wbuf[i] = (uint8_t)rnd();
     /* Finite BF16 values only: which NaN payload an add propagates is not part of the contract. */
-    for (int o = 0; bits == 16 && o < s->out; o++)
+    for (int o = 0; bits == G4_WT_BF16 && o < s->out; o++)
         for (int i = 0; i < s->in; i++) {
             float f = rnd_float();
             uint32_t u;
@@ -86,7 +86,7 @@ static void make_problem(problem *p, const shape *s) {
     /* block scales are signed as Q4_0's are, sometimes 0 (a block of zeros) */
     for (size_t o = 0; s->block && o < n_scales; o++) p->scale[o] *= rnd() % 16 == 0 ? 0.0f : rnd() % 2 ? -1.0f : 1.0f;
     p->w = (g4_qweight){.bits = bits, .in = s->in, .out = s->out, .block = s->block, .row_bytes = row_bytes, .w = p->wbuf,
-                        .w_scale = bits == 16 ? NULL : p->scale};
+                        .w_scale = bits == G4_WT_BF16 ? NULL : p->scale};
     size_t nx = (size_t)s->n * s->in, ny = (size_t)s->n * s->out;
     p->xf = malloc(sizeof(float) * nx);
     p->xi = malloc(nx);
@@ -99,7 +99,7 @@ static void make_problem(problem *p, const shape *s) {
     p->aref = malloc(sizeof(int32_t) * ny);
     p->a = malloc(sizeof(int32_t) * ny);
     g4_ref_matmul_f32(&p->w, p->xf, s->n, p->yref);
-    if (bits != 16 && !s->block) g4_ref_matmul_i8(&p->w, p->xi, s->n, p->aref);
+    if (bits != G4_WT_BF16 && !s->block) g4_ref_matmul_i8(&p->w, p->xi, s->n, p->aref);
 }
 
 static void free_problem(problem *p) {
@@ -121,7 +121,7 @@ static void run_level(const g4_kernels *k, problem *p, const shape *s, const cha
     int ok = memcmp(p->y, p->yref, sizeof(float) * ny) == 0;
     CHECK(ok, "%s %s f32 bits=%d block=%d in=%d out=%d n=%d extra=%zu threads=%d", what, k->name, s->bits, s->block, s->in, s->out,
           s->n, s->extra, g4_kernels_threads());
-    if (s->bits != 16 && !s->block) { /* block-scaled weights have no int8-activation product */
+    if (s->bits != G4_WT_BF16 && !s->block) { /* block-scaled weights have no int8-activation product */
         memset(p->a, 0xA5, sizeof(int32_t) * ny);
         k->matmul_i8(&p->w, p->xi, s->n, p->a);
         ok = memcmp(p->a, p->aref, sizeof(int32_t) * ny) == 0;
@@ -178,7 +178,7 @@ static void fixed_shapes(void) {
         {.bits = 4, .in = 6144, .out = 11, .n = 5},
         {.bits = 8, .in = 256, .out = 70, .n = 64},
         {.bits = 4, .in = 200, .out = 33, .n = 64},
-        {.bits = 16, .in = 1536, .out = 21, .n = 3},
+        {.bits = G4_WT_BF16, .in = 1536, .out = 21, .n = 3},
         /* several K slices (the prefill path splits K when activation rows do not fit L1) */
         {.bits = 2, .in = 8191, .out = 7, .n = 3},
         {.bits = 4, .in = 4097, .out = 6, .n = 4},

@@ -21,6 +21,7 @@
 #include "model/probe.h"
 #include "testutil.h"
 #include "util/err.h"
+#include "model/feed.h"
 
 /* Scales near the fixture's ranges (final_norm up to about 3.9, logits before the softcap up to
  * about 23), so both points clip a few values, as calibrated scales do. */
@@ -189,7 +190,7 @@ static float *run(const g4_model *m, const g4_options *o, int n, g4_capture *cap
     CHECK(s != NULL, "%s", g4_last_error());
     if (!s) return logits;
     if (cap) g4_session_set_trace(s, g4_capture_trace, cap);
-    CHECK(g4_session_eval(s, prompt, n, logits, 1) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, prompt, n, logits, 1) == 0, "%s", g4_last_error());
     g4_session_free(s);
     return logits;
 }
@@ -337,7 +338,7 @@ static void test_path(const g4_model *m) {
         float *logits = malloc(sizeof *logits * (size_t)N_SHORT * hd.V);
         g4_session *s = g4_session_new(m, &o);
         long long ri = -1, rf = -1;
-        CHECK(s && g4_session_eval(s, prompt, N_SHORT, logits, 1) == 0 && g4_session_linear_rows(s, "lm_head", &ri, &rf) == 0, "%s",
+        CHECK(s && g4_session_feed(s, prompt, N_SHORT, logits, 1) == 0 && g4_session_linear_rows(s, "lm_head", &ri, &rf) == 0, "%s",
               g4_last_error());
         int want_int = act == G4_ACT_INT;
         CHECK(ri == (want_int ? N_SHORT : 0) && rf == (want_int ? 0 : N_SHORT), "act %d: lm_head ran %lld rows in integers, %lld in float", act,
@@ -353,13 +354,13 @@ static void test_other_paths(const g4_model *m) {
     float *all = run(m, &o, N_SHORT, NULL), *last = all + (size_t)(N_SHORT - 1) * hd.V;
     g4_session *s = g4_session_new(m, &o);
     int32_t next = -1;
-    CHECK(g4_session_eval_argmax(s, prompt, N_SHORT, &next) == 0 && next == g4_argmax(last, hd.V), "greedy token %d, the logits' argmax %d",
+    CHECK(g4_session_feed_argmax(s, prompt, N_SHORT, &next) == 0 && next == g4_argmax(last, hd.V), "greedy token %d, the logits' argmax %d",
           next, g4_argmax(last, hd.V));
     g4_session_reset(s);
     int32_t cand[64];
     float vals[64], bound = 0, *row = malloc(sizeof *row * (size_t)hd.V);
     int n_cand = 0;
-    CHECK(g4_session_eval_top(s, prompt, N_SHORT, 8, NULL, 0, cand, vals, 64, &bound, &n_cand) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed_top(s, prompt, N_SHORT, 8, NULL, 0, cand, vals, 64, &bound, &n_cand) == 0, "%s", g4_last_error());
     CHECK(g4_session_last_logits(s, row) == 0 && same_floats(row, last, (size_t)hd.V), "the sampling path's logits differ");
     g4_session_free(s);
     /* one batch step of 40 sequences: 40 rows through the head at once */
@@ -368,12 +369,12 @@ static void test_other_paths(const g4_model *m) {
     int seqs[N_SHORT];
     for (int i = 0; i < N_SHORT; i++) seqs[i] = i;
     float *batch = malloc(sizeof *batch * (size_t)N_SHORT * hd.V);
-    CHECK(s && g4_session_eval_batch(s, seqs, prompt, N_SHORT, batch) == 0, "%s", g4_last_error());
+    CHECK(s && g4_session_feed_batch(s, seqs, prompt, N_SHORT, batch) == 0, "%s", g4_last_error());
     g4_options o1 = opts(G4_ACT_INT);
     int bad = 0;
     for (int i = 0; i < N_SHORT; i++) {
         g4_session *s1 = g4_session_new(m, &o1);
-        CHECK(g4_session_eval(s1, &prompt[i], 1, row, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s1, &prompt[i], 1, row, 0) == 0, "%s", g4_last_error());
         bad += !same_floats(row, batch + (size_t)i * hd.V, (size_t)hd.V);
         g4_session_free(s1);
     }

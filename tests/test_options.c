@@ -16,6 +16,7 @@
 #include "quant/int8.h"
 #include "testutil.h"
 #include "cli_util.h"
+#include "model/feed.h"
 
 /* Command lines are built in fixed buffers sized far above what the temporary paths need; a
  * truncated one would fail its test, not pass it. */
@@ -265,7 +266,7 @@ static g4_capture run_captured(const g4_model *m, const g4_options *o) {
     g4_session *s = g4_session_new(m, o);
     float *logits = malloc(sizeof *logits * (size_t)g4_model_vocab_size(m));
     if (s) g4_session_set_trace(s, g4_capture_trace, &cap);
-    CHECK(s && g4_session_eval(s, ids, 8, logits, 0) == 0 && !cap.failed, "%s", g4_last_error());
+    CHECK(s && g4_session_feed(s, ids, 8, logits, 0) == 0 && !cap.failed, "%s", g4_last_error());
     free(logits);
     g4_session_free(s);
     return cap;

@@ -1,10 +1,12 @@
-/* g4 quantize --q4_0 and the block quantizers it uses (src/quant/blockq.h, src/model/quantize.h):
+/* g4 quantize --q4_0 and the block quantizers it uses (dev/quant/blockq.h, dev/model/quantize.h):
  * - the rules on hand-worked blocks (Q4_0's d = max / -8 with truncation of x/d + 8.5, Q8_0's
  *   half-away rounding), and float16 rounding against every float16 value and the midpoints
  *   between them;
  * - tests/fixtures/tiny-bf16 quantized by g4 equals tests/fixtures/tiny-q4_0, which an independent
  *   numpy quantizer wrote (tests/fixtures/gen/gen_tiny_bf16.py): every tensor's name, dtype, shape
  *   and bytes, and config.json; the other --embed choices give the layouts they name and load;
+ * - a BF16 checkpoint with a 16-wide per-layer input (tiny-bf16 cut to it): the rows of 16 stay
+ *   BF16, byte for byte, and the output loads and runs;
  * - refusals, each one line naming the file, tensor or field: a quantized input, rows that are
  *   not whole blocks, a weight that is not finite, a scale past float16, the input folder as the
  *   output, and the command line's own errors. */
@@ -18,6 +20,7 @@
 #include "quant/blockq.h"
 #include "testutil.h"
 #include "util/err.h"
+#include "model/feed.h"
 
 static char base_tmp[256];
 
@@ -167,7 +170,7 @@ static void check_embed_choices(void) {
             o.ctx = 16;
             g4_session *s = g4_session_new(m, &o);
             int32_t ids[3] = {2, 17, 33}, next = -1;
-            CHECK(s && g4_session_eval_argmax(s, ids, 3, &next) == 0 && next >= 0, "--embed %s: %s", cases[i].dir, g4_last_error());
+            CHECK(s && g4_session_feed_argmax(s, ids, 3, &next) == 0 && next >= 0, "--embed %s: %s", cases[i].dir, g4_last_error());
             g4_session_free(s);
         }
         g4_model_free(m);
@@ -238,6 +241,171 @@ static void check_refusals(void) {
     expect_refusal("a missing folder", tmp_path("none"), tmp_path("r6"), "none");
 }
 
+/* ---- rows that are not whole blocks: kept BF16 ---- */
+
+/* tiny-bf16 with hidden_size_per_layer_input 16 (a BF16 Gemma 4 with a 16-wide per-layer input):
+ * along each tensor's per-layer-input axis (`dim`, in groups of 32 per layer) the first 16 of
+ * every 32 are kept; every other tensor is the fixture's bytes. Its per_layer_projection
+ * weights are [32, 16]: rows of 16 inputs, not whole blocks of 32. */
+typedef struct {
+    const g4_safetensors *src;
+    const g4_tensor **from; /* per output tensor */
+    int *dim;               /* the halved axis, or -1 for a plain copy */
+} ple16_t;
+
+static int ple16_dim(const char *name) {
+    static const struct { const char *suffix; int dim; } axes[] = {
+        {"embed_tokens_per_layer.weight", 1}, {"per_layer_model_projection.weight", 0}, {"per_layer_projection_norm.weight", 0},
+        {"per_layer_input_gate.weight", 0},   {"per_layer_projection.weight", 1},
+    };
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof axes / sizeof *axes; i++) {
+        size_t k = strlen(axes[i].suffix);
+        if (n >= k && !strcmp(name + n - k, axes[i].suffix) && (n == k || name[n - k - 1] == '.')) return axes[i].dim;
+    }
+    return -1;
+}
+
+static int fill_ple16(void *user, int index, const g4_stw_tensor *t, uint64_t off, uint8_t *buf, size_t n) {
+    (void)t;
+    const ple16_t *p = user;
+    const g4_tensor *src = p->from[index];
+    int d = p->dim[index];
+    if (d < 0) {
+        memcpy(buf, src->data + off, n);
+        return 0;
+    }
+    int64_t inner = 1; /* elements per step of axis d in the source */
+    for (int i = d + 1; i < src->ndim; i++) inner *= src->shape[i];
+    int64_t len = src->shape[d];
+    for (size_t b = 0; b < n; b += 2) { /* BF16: two bytes an element */
+        int64_t e = (int64_t)((off + b) / 2), lo = e % inner, k = e / inner % (len / 2), hi = e / inner / (len / 2);
+        int64_t ks = k / 16 * 32 + k % 16; /* the first 16 of each group of 32 */
+        memcpy(buf + b, src->data + 2 * ((hi * len + ks) * inner + lo), 2);
+    }
+    return 0;
+}
+
+static const char *ple16_checkpoint(void) {
+    const char *dir = tmp_path("ple16");
+    char path[1024];
+    mkdir(dir, 0777);
+    cJSON *cfg = read_json("tests/fixtures/tiny-bf16/config.json");
+    cJSON_SetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cfg, "text_config"), "hidden_size_per_layer_input"), 16);
+    char *text = cJSON_Print(cfg);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_file_or_exit(path, text, strlen(text));
+    free(text);
+    cJSON_Delete(cfg);
+    char *gen = slurp("tests/fixtures/tiny-bf16/generation_config.json");
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    write_file_or_exit(path, gen, strlen(gen));
+    free(gen);
+    g4_safetensors src;
+    if (g4_st_open_dir(&src, "tests/fixtures/tiny-bf16") != 0) {
+        fprintf(stderr, "%s\n", g4_last_error());
+        exit(2);
+    }
+    ple16_t p = {&src, calloc((size_t)src.n_tensors, sizeof *p.from), calloc((size_t)src.n_tensors, sizeof *p.dim)};
+    g4_stw w;
+    g4_stw_init(&w);
+    for (int i = 0; i < src.n_tensors; i++) {
+        const g4_tensor *t = &src.tensors[i];
+        int64_t shape[8];
+        memcpy(shape, t->shape, sizeof *shape * (size_t)t->ndim);
+        p.from[w.n] = t;
+        p.dim[w.n] = strstr(t->name, "language_model.") ? ple16_dim(t->name) : -1;
+        if (p.dim[w.n] >= 0) shape[p.dim[w.n]] /= 2;
+        if (g4_stw_add(&w, t->name, t->dtype, t->ndim, shape) != 0) exit(2);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (g4_stw_write(&w, path, fill_ple16, &p, NULL) != 0) {
+        fprintf(stderr, "%s\n", g4_last_error());
+        exit(2);
+    }
+    g4_stw_free(&w);
+    free(p.from);
+    free(p.dim);
+    g4_st_close(&src);
+    return dir;
+}
+
+/* The greedy token after a short prompt, or -1 (with a failed check) when `dir` does not load or run. */
+static int32_t next_token(const char *dir) {
+    g4_model *m = g4_model_load(dir);
+    CHECK(m != NULL, "%s: %s", dir, g4_last_error());
+    if (!m) return -1;
+    g4_options o;
+    g4_options_default(&o);
+    o.ctx = 16;
+    g4_session *s = g4_session_new(m, &o);
+    int32_t ids[3] = {2, 17, 33}, next = -1;
+    CHECK(s && g4_session_feed_argmax(s, ids, 3, &next) == 0 && next >= 0 && next < 256, "%s: %s", dir, g4_last_error());
+    g4_session_free(s);
+    g4_model_free(m);
+    return next;
+}
+
+/* g4 quantize --q4_0 on a BF16 checkpoint with a 16-wide per-layer input: the ten
+ * per_layer_projection weights [32, 16] stay BF16, byte for byte the input's, listed in
+ * modules_to_not_convert; every other linear is Q4_0; the output loads and runs. */
+static void check_kept_bf16(void) {
+    const char *in = ple16_checkpoint(), *out = tmp_path("ple16-q4");
+    CHECK(next_token(in) >= 0, "the 16-wide BF16 checkpoint does not run");
+    g4_quantize_stats qs;
+    CHECK(g4_quantize_q4_0(in, out, G4_EMBED_Q8_0, &qs) == 0, "%s", g4_last_error());
+    CHECK(qs.n_kept_bf16 == 10, "%d tensors kept BF16, expected the 10 per_layer_projection weights", qs.n_kept_bf16);
+    char a[1024], b[1024];
+    g4_safetensors got, want;
+    snprintf(a, sizeof a, "%s/model.safetensors", out);
+    snprintf(b, sizeof b, "%s/model.safetensors", in);
+    if (g4_st_open_file(&got, a) != 0 || g4_st_open_file(&want, b) != 0) {
+        CHECK(0, "%s", g4_last_error());
+        g4_quantize_stats_free(&qs);
+        return;
+    }
+    snprintf(a, sizeof a, "%s/config.json", out);
+    cJSON *cfg = read_json(a);
+    const cJSON *nc = cJSON_GetObjectItem(cJSON_GetObjectItem(cfg, "quantization_config"), "modules_to_not_convert");
+    for (int l = 0; l < 10; l++) {
+        char module[128], name[160];
+        snprintf(module, sizeof module, "model.language_model.layers.%d.per_layer_projection", l);
+        snprintf(name, sizeof name, "%s.weight", module);
+        const g4_tensor *g = g4_st_find(&got, name), *w = g4_st_find(&want, name);
+        CHECK(g && w && w->shape[1] == 16 && same_tensor(g, w), "%s: not the input's BF16 [32, 16] bytes", name);
+        snprintf(name, sizeof name, "%s.weight_scale", module);
+        CHECK(!g4_st_find(&got, name), "%s written for a tensor kept BF16", name);
+        int listed = 0, kept = 0;
+        for (const cJSON *e = nc ? nc->child : NULL; e; e = e->next) listed += cJSON_IsString(e) && !strcmp(e->valuestring, module);
+        for (int i = 0; i < qs.n_kept_bf16; i++) kept += !strcmp(qs.kept_bf16[i], module);
+        CHECK(listed == 1 && kept == 1, "%s: listed %d times in modules_to_not_convert, %d in the stats", module, listed, kept);
+    }
+    const g4_tensor *q = g4_st_find(&got, "model.language_model.layers.0.per_layer_input_gate.weight_scale");
+    CHECK(q && q->dtype == G4_DT_F16 && q->shape[0] == 16 && q->shape[1] == 1, "per_layer_input_gate [16, 32] is not Q4_0");
+    cJSON_Delete(cfg);
+    g4_st_close(&got);
+    g4_st_close(&want);
+    g4_quantize_stats_free(&qs);
+    CHECK(next_token(out) >= 0, "the quantized checkpoint does not run");
+    printf("ok rows of 16 inputs: the 10 per_layer_projection weights kept BF16 byte for byte and listed in "
+           "modules_to_not_convert, the rest Q4_0; the output loads and runs\n");
+    const char *bin = check_bin();
+    if (!bin) return;
+    char cmd[4096], log[1024];
+    snprintf(log, sizeof log, "%s/kept.log", base_tmp);
+    snprintf(cmd, sizeof cmd, "%s quantize --q4_0 %s %s/ple16-cli > %s 2>&1", bin, in, base_tmp, log);
+    int st = system(cmd);
+    char *text = slurp(log);
+    int lines = 0, kept = 0;
+    for (char *p = text; *p; p++) lines += *p == '\n';
+    for (char *p = text; (p = strstr(p, "g4 quantize: kept model.language_model.layers.")); p++) kept++;
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && kept == 10 && lines == 11 &&
+              strstr(text, "kept model.language_model.layers.9.per_layer_projection.weight BF16: its rows are not whole blocks of 32"),
+          "g4 quantize on the 16-wide checkpoint: %s", text);
+    free(text);
+    printf("ok g4 quantize prints one line naming each tensor kept BF16\n");
+}
+
 /* The command line: usage errors are one line and exit 1; a good run prints its summary. */
 static void check_cli(void) {
     const char *bin = check_bin();
@@ -276,6 +444,7 @@ int main(void) {
     check_against_numpy();
     check_embed_choices();
     check_refusals();
+    check_kept_bf16();
     check_cli();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", base_tmp);

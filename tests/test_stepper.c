@@ -11,6 +11,7 @@
 #include "generate/sampler.h"
 #include "overflow_util.h"
 #include "testutil.h"
+#include "model/feed.h"
 
 enum { MAX_GEN = 64, MAX_PROMPT = 48 };
 
@@ -49,7 +50,7 @@ static int is_stop(const g4_generate_params *p, int32_t t) {
     return 0;
 }
 
-/* The reference: one sequence alone, every logit of every step (g4_session_eval), the sampler over
+/* The reference: one sequence alone, every logit of every step (g4_session_feed), the sampler over
  * them, and the stop checks in g4.h's order (a stop id, the budget, then a full context). */
 static outcome reference(int act, int ctx, const job *j) {
     outcome o = {.n = 0, .stop = G4_STOP_BUDGET};
@@ -60,7 +61,7 @@ static outcome reference(int act, int ctx, const job *j) {
     int32_t hist[MAX_PROMPT + MAX_GEN];
     memcpy(hist, j->prompt, sizeof *hist * (size_t)j->n_prompt);
     int nh = j->n_prompt;
-    CHECK(s && smp && g4_session_eval(s, j->prompt, j->n_prompt, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(s && smp && g4_session_feed(s, j->prompt, j->n_prompt, logits, 0) == 0, "%s", g4_last_error());
     while (s && smp && o.n < j->p.max_tokens) {
         int32_t t = g4_sampler_sample(smp, logits, hist, nh);
         hist[nh++] = t;
@@ -74,7 +75,7 @@ static outcome reference(int act, int ctx, const job *j) {
             o.stop = G4_STOP_CONTEXT;
             break;
         }
-        CHECK(g4_session_eval(s, &t, 1, logits, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, &t, 1, logits, 0) == 0, "%s", g4_last_error());
     }
     free(logits);
     g4_sampler_free(smp);
@@ -583,7 +584,7 @@ static void check_fork_source_reused(void) {
 }
 
 /* Log-probabilities: each step's chosen token and top 5 against the log-softmax, in double, of
- * every logit of the reference loop (g4_session_eval), for a greedy and a sampled generation. */
+ * every logit of the reference loop (g4_session_feed), for a greedy and a sampled generation. */
 static void check_logprobs(void) {
     enum { CTX = 96, TOP = 5 };
     job jobs[3];
@@ -597,7 +598,7 @@ static void check_logprobs(void) {
         g4_stepper *st = s ? g4_stepper_new(s, 0) : NULL;
         float *logits = malloc(sizeof *logits * (size_t)V);
         CHECK(st && r && logits && g4_stepper_add(st, 0, j->prompt, j->n_prompt, &j->p) == 0, "%s", g4_last_error());
-        CHECK(g4_session_eval(r, j->prompt, j->n_prompt, logits, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(r, j->prompt, j->n_prompt, logits, 0) == 0, "%s", g4_last_error());
         g4_step_token ev[4];
         int n_tok = 0, bad = 0;
         while (st && g4_stepper_active(st) > 0 && n_tok < MAX_GEN) {
@@ -617,7 +618,7 @@ static void check_logprobs(void) {
                 bad += above != i || fabs(lp.top[i].logprob - (logits[t] - lse)) > 1e-5;
             }
             n_tok++;
-            if (!ev[0].finished) CHECK(g4_session_eval(r, &ev[0].token, 1, logits, 0) == 0, "%s", g4_last_error());
+            if (!ev[0].finished) CHECK(g4_session_feed(r, &ev[0].token, 1, logits, 0) == 0, "%s", g4_last_error());
         }
         outcome got = st ? stepped(st, 0) : (outcome){0};
         CHECK(same_outcome(&want, &got), "job %d with log-probabilities: other tokens than without", k);

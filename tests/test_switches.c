@@ -4,6 +4,7 @@
 #include "model/probe.h"
 #include "quant/int8.h"
 #include "testutil.h"
+#include "model/feed.h"
 
 static g4_model *model;
 static const int32_t prompt[] = {2, 501, 288, 465, 482, 442, 412, 19, 336, 371, 455, 145};
@@ -27,7 +28,7 @@ static g4_capture run(const g4_options *o) {
     if (!s) return cap;
     g4_session_set_trace(s, g4_capture_trace, &cap);
     float *logits = malloc(sizeof *logits * (size_t)g4_model_vocab_size(model));
-    CHECK(g4_session_eval(s, prompt, N_PROMPT, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, prompt, N_PROMPT, logits, 0) == 0, "%s", g4_last_error());
     free(logits);
     g4_session_free(s);
     return cap;
@@ -283,8 +284,8 @@ static void test_every_linear_path(void) {
     for (int act = G4_ACT_FLOAT; act <= G4_ACT_INT; act++) {
         g4_options o = base((g4_act_mode)act, 1, 1, 1);
         g4_session *s = g4_session_new(model, &o);
-        CHECK(g4_session_eval(s, prompt, N_PROMPT, logits, 1) == 0, "%s", g4_last_error());
-        for (int t = 0; t < DECODE_STEPS; t++) CHECK(g4_session_eval(s, &prompt[t], 1, logits, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, prompt, N_PROMPT, logits, 1) == 0, "%s", g4_last_error());
+        for (int t = 0; t < DECODE_STEPS; t++) CHECK(g4_session_feed(s, &prompt[t], 1, logits, 0) == 0, "%s", g4_last_error());
         int n_int = 0, n_float = 0;
         for (int i = 0; i < n_lins; i++) {
             const fixture_linear *f = &lins[i];

@@ -22,6 +22,7 @@
 #include "format/safetensors_write.h"
 #include "model/synth.h"
 #include "util/err.h"
+#include "model/feed.h"
 
 static char base_tmp[256];
 
@@ -509,14 +510,14 @@ static void run_tokens(const g4_model *m, g4_act_mode act) {
     int V = g4_model_vocab_size(m);
     float *logits = malloc(sizeof *logits * (size_t)V);
     int32_t ids[6] = {2, 105, 236, 107, 300, 400};
-    CHECK(g4_session_eval(s, ids, 6, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(g4_session_feed(s, ids, 6, logits, 0) == 0, "%s", g4_last_error());
     for (int step = 0; step < 4; step++) {
         int finite = 1;
         for (int i = 0; i < V; i++) finite &= isfinite(logits[i]) && fabsf(logits[i]) <= 30.0f;
         CHECK(finite, "mode %d step %d: logits not finite or beyond the softcap", act, step);
         int32_t next = g4_argmax(logits, V);
         CHECK(next >= 0 && next < V, "argmax %d", next);
-        CHECK(g4_session_eval(s, &next, 1, logits, 0) == 0, "%s", g4_last_error());
+        CHECK(g4_session_feed(s, &next, 1, logits, 0) == 0, "%s", g4_last_error());
     }
     CHECK_EQ_INT(g4_session_pos(s), 10);
     free(logits);
@@ -673,7 +674,7 @@ static void test_e2b_full(void) {
     g4_session *s = g4_session_new(m, &o);
     float *logits = malloc(sizeof *logits * 262144);
     int32_t ids[2] = {2, 105};
-    CHECK(s && logits && g4_session_eval(s, ids, 2, logits, 0) == 0, "%s", g4_last_error());
+    CHECK(s && logits && g4_session_feed(s, ids, 2, logits, 0) == 0, "%s", g4_last_error());
     if (s && logits) {
         int finite = 1;
         for (int i = 0; i < 262144; i++) finite &= isfinite(logits[i]);

@@ -12,6 +12,7 @@
 #include "util/err.h"
 #include "vision/image.h"
 #include "vision/tower.h"
+#include "model/feed.h"
 
 #define VDIR "tests/fixtures/vision"
 
@@ -260,7 +261,7 @@ static void test_tower(const g4_safetensors *st) {
     CHECK(m->vision != NULL && m->n_linears == before + 7 + 1, "tower bound on first use: %d linears, %d before", m->n_linears, before);
     if (early) {
         int32_t ids[3] = {2, 10, 11};
-        CHECK(g4_session_eval(early, ids, 3, NULL, 0) == 0, "text session after the tower: %s", g4_last_error());
+        CHECK(g4_session_feed(early, ids, 3, NULL, 0) == 0, "text session after the tower: %s", g4_last_error());
         g4_session_free(early);
     }
     g4_model_free(m);

@@ -13,11 +13,9 @@
 
 #include "../bench/stream_bw.h"
 #include "cli.h"
-#include "kernels/kernels.h"
+#include "g4dev.h"
 #include "model/model.h"
 #include "model/probe.h"
-#include "util/err.h"
-#include "util/file.h"
 #include "vision/tower.h"
 
 /* --kernels: the levels compared, at most this many; and the models (-m given several times) */
@@ -467,6 +465,16 @@ typedef struct {
     double verify_s[COST_MAX_K + 1], draft_s; /* verify_s[k]: k + 1 rows */
 } cost_round;
 
+/* ids[0, n) fed to sequence 0 as prompt tokens (no output), in one g4_decode call. */
+static int feed_prompt(g4_session *s, const int32_t *ids, int n) {
+    g4_batch_row *rows = calloc((size_t)n, sizeof *rows);
+    if (!rows) return g4_fail("out of memory for %d rows", n);
+    for (int t = 0; t < n; t++) rows[t] = (g4_batch_row){.seq = 0, .token = ids[t]};
+    int rc = g4_decode(s, rows, n);
+    free(rows);
+    return rc;
+}
+
 static int run_costs(const g4_model *m, const bench_args *b, cost_round *rounds) {
     int V = g4_model_vocab_size(m), H = g4_model_hidden_size(m), P = b->prompt, seq = 0;
     unsigned seed = 1234u;
@@ -485,7 +493,7 @@ static int run_costs(const g4_model *m, const bench_args *b, cost_round *rounds)
     ids[0] = 2;
     for (int i = 1; i < P; i++) ids[i] = (int32_t)(3 + (seed = seed * 1103515245u + 12345u) % (unsigned)(V - 3));
     rows[0] = (g4_batch_row){.seq = 0, .token = ids[P - 1], .output = G4_OUTPUT_ARGMAX};
-    if ((P > 1 && g4_session_eval(s, ids, P - 1, NULL, 0) != 0) || g4_decode(s, rows, 1) != 0 || g4_decode_hidden(s, 0, h0) != 0) goto done;
+    if ((P > 1 && feed_prompt(s, ids, P - 1) != 0) || g4_decode(s, rows, 1) != 0 || g4_decode_hidden(s, 0, h0) != 0) goto done;
     token = rows[0].argmax; /* the next token: what the first row of a round feeds, and the drafter drafts from */
     for (int r = -1; r < b->reps; r++) {
         for (int j = 0; j <= COST_MAX_K + 1; j++) {

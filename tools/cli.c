@@ -14,8 +14,8 @@
 
 #include <unistd.h>
 
-#include "util/err.h"
-#include "util/file.h"
+#include "g4dev.h"
+
 
 #ifndef G4_SOURCE_DIR
 #define G4_SOURCE_DIR "."
@@ -279,19 +279,6 @@ int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad) {
     }
     *given |= field;
     return 1;
-}
-
-void sampling_override(g4_sampling *to, const g4_sampling *from, int given) {
-    if (given & G4_SAMPLE_TEMP) to->temperature = from->temperature;
-    if (given & G4_SAMPLE_TOP_K) to->top_k = from->top_k;
-    if (given & G4_SAMPLE_TOP_P) to->top_p = from->top_p;
-    if (given & G4_SAMPLE_MIN_P) to->min_p = from->min_p;
-    if (given & G4_SAMPLE_PENALTY) to->repeat_penalty = from->repeat_penalty;
-    if (given & G4_SAMPLE_LAST_N) to->repeat_last_n = from->repeat_last_n;
-    if (given & G4_SAMPLE_SEED) to->seed = from->seed;
-    if (given & G4_SAMPLE_FREQUENCY) to->frequency_penalty = from->frequency_penalty;
-    if (given & G4_SAMPLE_PRESENCE) to->presence_penalty = from->presence_penalty;
-    if (given & G4_SAMPLE_BIAS) to->bias_ids = from->bias_ids, to->bias_values = from->bias_values, to->n_bias = from->n_bias;
 }
 
 int unknown_flag(const args_t *a) {

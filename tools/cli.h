@@ -36,12 +36,8 @@ void print_engine_options(FILE *f);
 g4_model *load_model(const char *dir, const g4_options *o);
 /* Sampling flags (--temp, --top-k, ..., --frequency-penalty, --presence-penalty, --logit-bias ID=V
  * repeated: its entries live in a table of the process, as the flags do). Returns 1 if argv[i] was one; *given gets a bit per
- * field set (G4_SAMPLE_*), so model defaults can fill the rest. */
-enum { G4_SAMPLE_TEMP = 1, G4_SAMPLE_TOP_K = 2, G4_SAMPLE_TOP_P = 4, G4_SAMPLE_MIN_P = 8, G4_SAMPLE_PENALTY = 16,
-       G4_SAMPLE_LAST_N = 32, G4_SAMPLE_SEED = 64, G4_SAMPLE_FREQUENCY = 128, G4_SAMPLE_PRESENCE = 256, G4_SAMPLE_BIAS = 512 };
+ * field set (G4_SAMPLE_*, g4.h), so model defaults can fill the rest (g4_sampling_override). */
 int sampling_flag(args_t *a, g4_sampling *p, int *given, int *bad);
-/* Copies the fields marked in `given` from `from` into `to`. */
-void sampling_override(g4_sampling *to, const g4_sampling *from, int given);
 int unknown_flag(const args_t *a);
 /* getline with a bound: the line's length (newline included), -1 at the end of the input or on an
  * interrupted read, -2 when the line runs past max bytes (what is read is kept within max). */

@@ -14,12 +14,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "eval/harness.h"
-#include "eval/results.h"
-#include "text/chat.h"
-#include "text/tokenizer.h"
-#include "util/err.h"
-#include "util/file.h"
+#include "g4dev.h"
 
 int cmd_eval(args_t *a);
 
@@ -240,9 +235,9 @@ static void eval_run_free(eval_run *r) {
 }
 
 static int open_model(eval_run *r) {
-    char path[4096];
-    if (!(r->m = load_model(r->e->dir, &r->e->o))) return -1;
-    if (g4_path_join(path, sizeof path, r->e->dir, "tokenizer.json") != 0 || !(r->tok = g4_tokenizer_load(path))) return -1;
+    g4_checkpoint ck;
+    if (g4_checkpoint_open(&ck, r->e->dir, &r->e->o, NULL) != 0) return -1;
+    r->m = ck.model, r->tok = ck.tok; /* eval_run_free frees them */
     if (g4_gsm8k_extractor_open(&r->ex) != 0) return -1;
     /* E2B/E4B and 26B/31B render "thinking off" differently: the checkpoint's template says which */
     if (g4_model_chat_form(r->m, &r->gen.form) != 0) return -1;

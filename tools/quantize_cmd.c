@@ -1,5 +1,5 @@
 /* `g4 quantize --q4_0 IN OUT [--embed q8_0|q4_0|bf16]`: a BF16 checkpoint folder into the
- * block-scaled checkpoint format (src/model/quantize.h). Every failure prints one line
+ * block-scaled checkpoint format (dev/model/quantize.h). Every failure prints one line
  * "g4 quantize: error: ..." and returns 1. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
@@ -8,8 +8,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "model/quantize.h"
-#include "util/err.h"
+#include "g4dev.h"
 
 int g4_cmd_quantize(int argc, char **argv);
 
@@ -30,7 +29,8 @@ const command_usage usage_quantize = {
     "into OUT in the checkpoint format g4 reads: the decoder linears as Q4_0 (int4 codes, one float16 scale\n"
     "per block of 32 inputs, llama.cpp's rule), the embeddings and an untied lm_head as --embed, everything\n"
     "else copied, and a quantization_config (quant_method gemma, block_size 32) that says so; the folder's\n"
-    "other files are copied.",
+    "other files are copied. A BF16 matrix whose rows are not whole blocks of 32 (a 16-wide per-layer input)\n"
+    "stays BF16, one line naming each.",
     (const usage_line[]){
         {"--q4_0, --q4-0", "the format to write (the one g4 quantize writes; required)"},
         {"--embed q8_0|q4_0|bf16", "the embeddings' and an untied lm_head's format (default q8_0, llama.cpp's choice; bf16: as they are)"},
@@ -74,8 +74,12 @@ int g4_cmd_quantize(int argc, char **argv) {
     if (g4_quantize_q4_0(dirs[0], dirs[1], embed, &st) != 0) return quantize_error("%s", g4_last_error());
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    for (int i = 0; i < st.n_kept_bf16; i++)
+        printf("g4 quantize: kept %s.weight BF16: its rows are not whole blocks of 32 (listed in modules_to_not_convert)\n",
+               st.kept_bf16[i]);
     printf("g4 quantize: wrote %s (q4_0, embeddings %s): %d tensors quantized, %d copied, model.safetensors %llu bytes "
            "(from %llu), %.1f s\n",
            dirs[1], embed_name, st.n_quantized, st.n_copied, (unsigned long long)st.file_bytes, (unsigned long long)st.bytes_in, s);
+    g4_quantize_stats_free(&st);
     return 0;
 }

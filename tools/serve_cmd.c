@@ -24,11 +24,10 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "g4dev.h"
 #include "serve/engine.h"
 #include "serve/request.h"
 #include "serve/tokens.h"
-#include "util/err.h"
-#include "util/file.h"
 
 /* ---------------------------------------------------------------- settings */
 
@@ -1113,11 +1112,11 @@ static int parse_serve_args(args_t *a, serve_args *s) {
 }
 
 static int open_model(server *sv) {
-    char path[4096];
-    sv->m = load_model(sv->a.dir, &sv->a.o);
-    if (!sv->m || g4_path_join(path, sizeof path, sv->a.dir, "tokenizer.json") || !(sv->tok = g4_tokenizer_load(path))) return -1;
-    if (g4_model_chat_form(sv->m, &sv->form) || !(sv->s = g4_session_new(sv->m, &sv->a.o))) return -1;
+    g4_checkpoint ck;
     draft_args *d = &sv->a.draft;
+    if (g4_checkpoint_open(&ck, sv->a.dir, &sv->a.o, d->dir) != 0) return -1;
+    sv->m = ck.model, sv->tok = ck.tok, d->d = ck.draft; /* the server's close frees them */
+    if (g4_model_chat_form(sv->m, &sv->form) || !(sv->s = g4_session_new(sv->m, &sv->a.o))) return -1;
     if (draft_open(d, sv->m, sv->s) != 0) return -1;
     sv->vocab = g4_model_vocab_size(sv->m);
     sv->a.lim.vocab = sv->vocab;

@@ -1,5 +1,5 @@
 /* `g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE]`: writes a random
- * checkpoint folder with the real on-disk layout (src/model/synth.h). Every failure prints one
+ * checkpoint folder with the real on-disk layout (dev/model/synth.h). Every failure prints one
  * line "g4 synth: error: ..." and returns 1. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -11,8 +11,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "model/synth.h"
-#include "util/err.h"
+#include "g4dev.h"
 
 int g4_cmd_synth(int argc, char **argv);
 

@@ -10,10 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "text/chat.h"
-#include "text/tokenizer.h"
-#include "util/err.h"
-#include "util/file.h"
+#include "g4dev.h"
 
 /* ---- Ctrl-C: stops the current answer (and, at a prompt, the program) ---- */
 
@@ -236,20 +233,20 @@ static int apply_constraint(text_model *t, const text_args *a, g4_generate_param
 }
 
 static int text_model_open(text_model *t, const text_args *a) {
-    char path[4096];
+    g4_checkpoint ck;
     memset(t, 0, sizeof *t);
-    if (!(t->m = load_model(a->dir, &a->o))) return -1;
-    if (g4_path_join(path, sizeof path, a->dir, "tokenizer.json") != 0 || !(t->tok = g4_tokenizer_load(path))) return -1;
+    t->draft = a->draft;
+    if (g4_checkpoint_open(&ck, a->dir, &a->o, a->draft.dir) != 0) return -1;
+    t->m = ck.model, t->tok = ck.tok, t->draft.d = ck.draft; /* text_model_free frees them */
     if ((int)g4_tokenizer_vocab_size(t->tok) > g4_model_vocab_size(t->m) + 1024)
-        g4_warn("%s: the tokenizer has %zu tokens, the model %d", path, g4_tokenizer_vocab_size(t->tok), g4_model_vocab_size(t->m));
+        g4_warn("%s/tokenizer.json: the tokenizer has %zu tokens, the model %d", a->dir, g4_tokenizer_vocab_size(t->tok), g4_model_vocab_size(t->m));
     g4_conversation_options co;
     if (!(t->s = g4_session_new(t->m, &a->o)) || g4_conversation_default_options(t->s, &co) != 0) return -1;
-    t->draft = a->draft;
     if (draft_open(&t->draft, t->m, t->s) != 0) return -1;
     draft_apply(&t->draft, &co.gen);
     if (a->form_given) co.chat.form = a->form ? G4_CHAT_FORM_26B : G4_CHAT_FORM_E2B;
     co.chat.thinking = a->think;
-    sampling_override(&co.gen.sampling, &a->sampling, a->sampling_given);
+    g4_sampling_override(&co.gen.sampling, &a->sampling, a->sampling_given);
     if (a->max_tokens) co.gen.max_tokens = a->max_tokens;
     if (a->ignore_eos) {
         static const int none[1] = {-1};

@@ -210,6 +210,10 @@ class ChatMessage(Structure):
     _fields_ = [("role", c_int), ("content", c_char_p)]
 
 
+class Checkpoint(Structure):
+    _fields_ = [("model", c_void_p), ("tok", c_void_p), ("draft", c_void_p)]
+
+
 #: Every mirrored struct under its C name (tests/test_abi.py checks their layouts).
 STRUCTS = {
     "g4_options": Options,
@@ -225,6 +229,7 @@ STRUCTS = {
     "g4_tool_call": ToolCall,
     "g4_chat_reply": ChatReply,
     "g4_chat_message": ChatMessage,
+    "g4_checkpoint": Checkpoint,
 }
 
 # ---- enums ----
@@ -234,6 +239,9 @@ STOP_EOS, STOP_BUDGET, STOP_CONTEXT, STOP_USER, STOP_ERROR = 0, 1, 2, 3, 4
 CHAT_SYSTEM, CHAT_USER, CHAT_MODEL, CHAT_TOOL = 0, 1, 2, 3
 CHAT_FORM_E2B, CHAT_FORM_26B = 0, 1
 OPTION_RESULT, OPTION_RUN, OPTION_PRESET = 0, 1, 2
+#: g4_sampling's fields as G4_SAMPLE_* bits (g4_sampling_override)
+SAMPLE_BITS = {"temperature": 1, "top_k": 2, "top_p": 4, "min_p": 8, "repeat_penalty": 16, "repeat_last_n": 32, "seed": 64,
+               "frequency_penalty": 128, "presence_penalty": 256, "bias": 512}
 
 # ---- callbacks ----
 
@@ -274,11 +282,13 @@ _proto("g4_model_bos_id", c_int, _p)
 _proto("g4_model_dir", c_char_p, _p)
 _proto("g4_model_weights_resident", c_int, _p)
 _proto("g4_model_sampling_defaults", None, _p, POINTER(Sampling))
+_proto("g4_sampling_override", None, POINTER(Sampling), POINTER(Sampling), c_int)
 _proto("g4_model_chat_form", c_int, _p, POINTER(c_int))
 
 _proto("g4_session_new", _p, _p, POINTER(Options))
 _proto("g4_session_free", None, _p)
 _proto("g4_draft_load", _p, c_char_p, _p)
+_proto("g4_checkpoint_open", c_int, POINTER(Checkpoint), c_char_p, POINTER(Options), c_char_p)
 _proto("g4_draft_free", None, _p)
 _proto("g4_drafter_new", _p, _p, _p)
 _proto("g4_drafter_free", None, _p)

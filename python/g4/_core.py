@@ -810,16 +810,21 @@ class _Settings:
             co.chat.n_tools = len(self.tools)
         if self.max_tokens is not None:
             co.gen.max_tokens = self.max_tokens
+        # the arguments given, laid over the model's defaults by the library's merge (as the CLI's flags and the server's fields)
+        given, mask = C.Sampling(), 0
         for name, v in self.sampling.items():
-            setattr(co.gen.sampling, name, v)
+            setattr(given, name, v)
+            mask |= C.SAMPLE_BITS[name]
         if self.bias:
             # borrowed by the conversation (each reply's sampler copies them): kept with the tools
             ids = (c_int32 * len(self.bias))(*(i for i, _ in self.bias))
             values = (c_float * len(self.bias))(*(b for _, b in self.bias))
-            co.gen.sampling.bias_ids = ctypes.cast(ids, POINTER(c_int32))
-            co.gen.sampling.bias_values = ctypes.cast(values, POINTER(c_float))
-            co.gen.sampling.n_bias = len(self.bias)
+            given.bias_ids = ctypes.cast(ids, POINTER(c_int32))
+            given.bias_values = ctypes.cast(values, POINTER(c_float))
+            given.n_bias = len(self.bias)
+            mask |= C.SAMPLE_BITS["bias"]
             keep = (keep, ids, values)
+        lib.g4_sampling_override(byref(co.gen.sampling), byref(given), mask)
         return co, keep
 
 
@@ -855,25 +860,16 @@ class Model:
         self.path: str = os.fspath(path)
         self._opts = _engine_options(engine_options)
         bpath = os.fsencode(self.path)
+        self._grammars: Optional[int] = None  # g4_grammar_cache, made by the first constrained reply
+        # the folder's model, tokenizer.json and drafter in one call (g4_checkpoint_open, as the command line opens them);
         # g4_model_load_options sets the pool's size first when threads is given; loading runs pool jobs
+        ck = C.Checkpoint()
         with _gate.exclusive() if self._opts.threads else _gate.compute():
-            self._m = lib.g4_model_load_options(bpath, byref(self._opts))
-        if not self._m:
+            rc = lib.g4_checkpoint_open(byref(ck), bpath, byref(self._opts), None if draft is None else os.fsencode(os.fspath(draft)))
+        if rc != 0:
             _flush_warnings()
             raise _fail(LoadError)
-        if draft is not None:
-            self._d = lib.g4_draft_load(os.fsencode(os.fspath(draft)), self._m)
-            if not self._d:
-                err = _fail(LoadError)
-                self.close()
-                raise err
-        self._grammars: Optional[int] = None  # g4_grammar_cache, made by the first constrained reply
-        self._tok = lib.g4_tokenizer_load(os.path.join(bpath, b"tokenizer.json"))
-        if not self._tok:
-            err = _fail(LoadError)
-            self.close()
-            _flush_warnings()
-            raise err
+        self._m, self._tok, self._d = ck.model, ck.tok, ck.draft  # close() frees them
         # one session now: what would fail (the KV cache's memory) fails here, and the first call is ready
         try:
             self._idle.append(_Session(self))

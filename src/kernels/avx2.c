@@ -713,11 +713,11 @@ static void blocks_rows(void *ctx, int o0, int o1) {
 
 void g4_avx2_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
-    if (w->block > 0 && w->bits != 16) {
+    if (w->block > 0 && w->bits != G4_WT_BF16) {
         g4_blocks_matmul(w, x, n, y, G4_BLOCKS_DIGIT_PAIRS, G4_BLOCKS_HALVES, blocks_rows);
         return;
     }
-    if (w->bits != 16) {
+    if (w->bits != G4_WT_BF16) {
         g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? avx2_matmul_i8 : g4_ref_matmul_i8);
         return;
     }

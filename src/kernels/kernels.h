@@ -24,12 +24,18 @@
 #define G4_VECTORIZE
 #endif
 
+/* How a weight's elements are stored: packed signed codes of 2, 4 or 8 bits (with scales), or
+ * BF16 values (no scales). Each value is the element's width in bits, so packing arithmetic can
+ * use it as one (the structs keep it in an int: the enum has no negative value, so GCC makes it
+ * unsigned, and every width comparison would mix signedness). */
+typedef enum { G4_WT_Q2 = 2, G4_WT_Q4 = 4, G4_WT_Q8 = 8, G4_WT_BF16 = 16 } g4_wtype;
+
 /* A weight matrix [out, in] as stored: packed 2/4/8-bit codes with one f32 scale per output row
  * (block == 0) or one per block of `block` inputs (block > 0, in a multiple of it: w_scale[o *
  * in / block + b] scales inputs [b * block, (b + 1) * block) of row o; llama.cpp's Q4_0 and Q8_0
- * layouts, block 32), or BF16 values (bits == 16, no scales). */
+ * layouts, block 32), or BF16 values (bits == G4_WT_BF16, no scales). */
 typedef struct {
-    int bits;
+    int bits; /* a g4_wtype */
     int in, out;
     int block;
     size_t row_bytes;

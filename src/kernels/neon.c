@@ -362,11 +362,11 @@ static void blocks_rows(void *ctx, int o0, int o1) {
 
 static void neon_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
     if (n <= 0 || w->out <= 0) return;
-    if (w->block > 0 && w->bits != 16) {
+    if (w->block > 0 && w->bits != G4_WT_BF16) {
         g4_blocks_matmul(w, x, n, y, G4_BLOCKS_DIGITS_EVEN_ODD, G4_BLOCKS_DIGITS, blocks_rows);
         return;
     }
-    if (w->bits != 16) {
+    if (w->bits != G4_WT_BF16) {
         g4_matmul_codes_f32(w, x, n, y, w->bits == 2 || w->bits == 4 || w->bits == 8 ? neon_matmul_i8 : g4_ref_matmul_i8);
         return;
     }

@@ -51,11 +51,11 @@ void g4_portable_matmul_blocks_f32(const g4_qweight *w, const float *x, int n, f
 }
 
 void g4_portable_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
-    if (w->block > 0 && w->bits != 16) {
+    if (w->block > 0 && w->bits != G4_WT_BF16) {
         g4_portable_matmul_blocks_f32(w, x, n, y);
         return;
     }
-    if (w->bits != 16) {
+    if (w->bits != G4_WT_BF16) {
         g4_matmul_codes_f32(w, x, n, y, g4_portable_matmul_i8);
         return;
     }

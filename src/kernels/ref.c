@@ -59,11 +59,11 @@ void g4_ref_matmul_blocks_rows(const g4_qweight *w, const float *x, int n, float
 void g4_ref_matmul_blocks_f32(const g4_qweight *w, const float *x, int n, float *y) { g4_ref_matmul_blocks_rows(w, x, n, y, 0, w->out); }
 
 void g4_ref_matmul_f32(const g4_qweight *w, const float *x, int n, float *y) {
-    if (w->block > 0 && w->bits != 16) {
+    if (w->block > 0 && w->bits != G4_WT_BF16) {
         g4_ref_matmul_blocks_f32(w, x, n, y);
         return;
     }
-    if (w->bits != 16) {
+    if (w->bits != G4_WT_BF16) {
         g4_matmul_codes_f32(w, x, n, y, g4_ref_matmul_i8);
         return;
     }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "feed.h"
 #include "forward.h"
 #include "lmhead.h"
 #include "session.h"
@@ -151,7 +152,7 @@ typedef struct {
 } seq_request;
 
 /* n tokens of sequence seq, with what `want` asks for. */
-static int eval_seq(g4_session *s, int seq, const int32_t *ids, int n, const seq_request *want) {
+static int feed_seq(g4_session *s, int seq, const int32_t *ids, int n, const seq_request *want) {
     if (seq < 0 || seq >= s->n_seq) return g4_fail("sequence %d does not exist (the session has %d)", seq, s->n_seq);
     if (n <= 0) return g4_fail("no tokens to evaluate");
     int pos = s->seq_pos[seq];
@@ -183,41 +184,41 @@ static seq_request logits_request(float *logits, int all_logits) {
 /* The last token's greedy token, or nothing when next is NULL. */
 static seq_request argmax_request(int32_t *next) { return (seq_request){.kind = next ? G4_OUTPUT_ARGMAX : G4_OUTPUT_NONE, .argmax = next}; }
 
-int g4_session_eval_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits) {
+int g4_session_feed_seq(g4_session *s, int seq, const int32_t *ids, int n, float *logits, int all_logits) {
     seq_request want = logits_request(logits, all_logits);
-    return eval_seq(s, seq, ids, n, &want);
+    return feed_seq(s, seq, ids, n, &want);
 }
 
-int g4_session_eval(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
-    return g4_session_eval_seq(s, 0, ids, n, logits, all_logits);
+int g4_session_feed(g4_session *s, const int32_t *ids, int n, float *logits, int all_logits) {
+    return g4_session_feed_seq(s, 0, ids, n, logits, all_logits);
 }
 
-int g4_session_eval_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next) {
+int g4_session_feed_argmax_seq(g4_session *s, int seq, const int32_t *ids, int n, int32_t *next) {
     seq_request want = argmax_request(next);
-    return eval_seq(s, seq, ids, n, &want);
+    return feed_seq(s, seq, ids, n, &want);
 }
 
-int g4_session_eval_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next) { return g4_session_eval_argmax_seq(s, 0, ids, n, next); }
+int g4_session_feed_argmax(g4_session *s, const int32_t *ids, int n, int32_t *next) { return g4_session_feed_argmax_seq(s, 0, ids, n, next); }
 
-int g4_session_eval_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
+int g4_session_feed_top(g4_session *s, const int32_t *ids, int n, int k, const int32_t *extra, int n_extra, int32_t *cand, float *vals,
                         int max_cand, float *bound, int *n_cand) {
     g4_candidates c = {.k = k, .extra = extra, .n_extra = n_extra, .ids = cand, .logits = vals, .cap = max_cand, .n = -1, .bound = *bound};
     seq_request want = {.kind = G4_OUTPUT_TOP, .top = &c};
-    int rc = eval_seq(s, 0, ids, n, &want);
+    int rc = feed_seq(s, 0, ids, n, &want);
     *n_cand = c.n;
     *bound = c.bound;
     return rc;
 }
 
 int g4_session_last_logits(g4_session *s, float *logits) {
-    if (s->n_kept == 0) return g4_fail("no token evaluated by g4_session_eval_top to give the logits of");
+    if (s->n_kept == 0) return g4_fail("no token fed by g4_session_feed_top to give the logits of");
     g4_lm_head_kept_logits(s, s->n_kept - 1, logits);
     return 0;
 }
 
 /* One token of each of n distinct sequences, each row asking for `kind`: its logits (at logits +
  * t * vocab), its greedy token (into next[t]) or nothing. */
-static int eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, g4_output kind, float *logits, int32_t *next) {
+static int feed_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, g4_output kind, float *logits, int32_t *next) {
     if (n <= 0 || n > CHUNK) return g4_fail("a batch step takes 1 to %d tokens, not %d", CHUNK, n);
     g4_batch_row rows[CHUNK];
     for (int t = 0; t < n; t++) {
@@ -234,10 +235,10 @@ static int eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n,
     return 0;
 }
 
-int g4_session_eval_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits) {
-    return eval_batch(s, seqs, ids, n, logits ? G4_OUTPUT_LOGITS : G4_OUTPUT_NONE, logits, NULL);
+int g4_session_feed_batch(g4_session *s, const int *seqs, const int32_t *ids, int n, float *logits) {
+    return feed_batch(s, seqs, ids, n, logits ? G4_OUTPUT_LOGITS : G4_OUTPUT_NONE, logits, NULL);
 }
 
-int g4_session_eval_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next) {
-    return eval_batch(s, seqs, ids, n, next ? G4_OUTPUT_ARGMAX : G4_OUTPUT_NONE, NULL, next);
+int g4_session_feed_batch_argmax(g4_session *s, const int *seqs, const int32_t *ids, int n, int32_t *next) {
+    return feed_batch(s, seqs, ids, n, next ? G4_OUTPUT_ARGMAX : G4_OUTPUT_NONE, NULL, next);
 }

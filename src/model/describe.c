@@ -8,7 +8,7 @@
  * one per block, held as f32 whatever the file stores) + two f32 activation scales (the mobile
  * format's; the block-scaled one has none). */
 static size_t linear_bytes(const g4_linear *L) {
-    if (L->w.bits == 16) return (size_t)L->w.out * L->w.row_bytes;
+    if (L->w.bits == G4_WT_BF16) return (size_t)L->w.out * L->w.row_bytes;
     size_t scales = (size_t)L->w.out * (size_t)g4_qweight_row_scales(&L->w) * 4;
     return (size_t)L->w.out * L->w.row_bytes + scales + (L->w.block ? 0 : 8);
 }

@@ -45,7 +45,7 @@ static float embedding_scale_at(const g4_qembedding *e, const uint8_t *scales, i
 static void embedding_row(const g4_model *m, const g4_qembedding *e, int r, float mult, uint8_t *buf, float *out) {
     const uint8_t *codes, *scales;
     embedding_row_bytes(m, e, r, buf, &codes, &scales);
-    if (e->bits == 16) {
+    if (e->bits == G4_WT_BF16) {
         for (int c = 0; c < e->cols; c++) out[c] = g4_bf16_to_f32((uint16_t)(codes[2 * c] | codes[2 * c + 1] << 8)) * mult;
         return;
     }

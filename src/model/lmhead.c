@@ -23,7 +23,7 @@
  * every logit. */
 static int lm_head_shortcut_applies(const g4_session *s) {
     const g4_linear *L = &s->m->lm_head;
-    return !s->o.lmhead_dynamic_q8 && L->w.bits != 16 && L->w.block == 0 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
+    return !s->o.lmhead_dynamic_q8 && L->w.bits != G4_WT_BF16 && L->w.block == 0 && !(s->q_linear && (L->s_in != 0 || L->s_out != 0));
 }
 
 /* The shortcut's scratch for `rows` rows, kept for the session (decode would otherwise map ~1 MB
@@ -56,7 +56,7 @@ static void lm_head_logits(g4_session *s, int n, int first, float *logits) {
     const g4_model *m = s->m;
     const g4_linear *L = &m->lm_head;
     int H = m->cfg.hidden, V = m->cfg.vocab;
-    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != 16 && L->w.block == 0) {
+    if (s->o.lmhead_dynamic_q8 && !lm_head_static_input(s) && L->w.bits != G4_WT_BF16 && L->w.block == 0) {
         /* LiteRT's XNNPACK runs a float-input FC with int weights by quantizing each input row
          * at run time (qd8); reproduce it when asked (int8-arithmetic.md §3.3, tools/ref). A
          * static input scale takes precedence: the delegate then sees an int8 input and takes

@@ -189,7 +189,7 @@ int g4_model_bind_linear(g4_model *m, g4_linear *lin, const char *module, int in
             snprintf(want, sizeof want, "BF16 [%d, %d]", out, in);
             return wrong(m, w, want);
         }
-        lin->w.bits = 16;
+        lin->w.bits = G4_WT_BF16;
         lin->w.row_bytes = (size_t)in * 2;
         lin->w.w = w->data;
         return 0;
@@ -224,7 +224,7 @@ static int bind_bf16_embedding(g4_model *m, g4_qembedding *e, const char *module
         return wrong(m, t, want);
     }
     g4_st_advise_random(&m->st, t);
-    *e = (g4_qembedding){.bits = 16, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 2, .codes = t->data};
+    *e = (g4_qembedding){.bits = G4_WT_BF16, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 2, .codes = t->data};
     return 0;
 }
 
@@ -380,7 +380,7 @@ static int bind_lm_head(g4_model *m) {
     snprintf(m->lm_head.name, sizeof m->lm_head.name, "lm_head (tied to embed_tokens)");
     m->lm_head.id = m->n_linears++; /* its own slot in the per-session tables, not linear 0's */
     m->lm_head.w = (g4_qweight){.bits = e->bits, .in = c->hidden, .out = c->vocab, .row_bytes = e->row_bytes, .w = e->codes};
-    if (e->bits == 16) return 0;
+    if (e->bits == G4_WT_BF16) return 0;
     size_t n = (size_t)c->vocab * (size_t)e->nblocks;
     float *scale = own(m, sizeof *scale * n);
     if (!scale) return g4_fail("%s: out of memory", m->dir);
@@ -424,7 +424,7 @@ static void warn_if_not_published_bits(const g4_model *m) {
             }
         }
         diffs += m->lm_head.w.bits != p->lm_head_bits || m->embed.bits != p->embed_bits || m->embed_ple.bits != p->ple_bits ||
-                 m->pmp.w.bits != 16;
+                 m->pmp.w.bits != G4_WT_BF16;
         if (diffs) g4_warn("%s: bit widths differ from the published %s checkpoint in %d places", m->dir, p->name, diffs);
     }
 }
@@ -457,7 +457,7 @@ static int bind_all(g4_model *m) {
     if (bind_embedding(m, &m->embed_ple, mod, out, in, 0) != 0) return -1;
     const g4_module *pmp = global_module(m, "per_layer_model_projection", mod, sizeof mod, &out, &in);
     if (g4_model_bind_linear(m, &m->pmp, mod, in, out) != 0) return -1;
-    if (pmp->kept_float && m->pmp.w.bits != 16)
+    if (pmp->kept_float && m->pmp.w.bits != G4_WT_BF16)
         return g4_fail("%s: %s is expected to stay float (modules_to_not_convert)", m->dir, mod);
     global_module(m, "per_layer_projection_norm", name, sizeof name, &out, &in);
     snprintf(name + strlen(name), sizeof name - strlen(name), ".weight");

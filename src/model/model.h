@@ -17,9 +17,10 @@ typedef struct {
 } g4_linear;
 
 /* An embedding table [rows, cols]: packed codes with per-(row, block) scales, or BF16 values
- * (bits == 16, no scales: a checkpoint without quantized embeddings). */
+ * (bits == G4_WT_BF16, no scales: a checkpoint without quantized embeddings). */
 typedef struct {
-    int bits, rows, cols, nblocks;
+    int bits; /* a g4_wtype */
+    int rows, cols, nblocks;
     size_t row_bytes;
     const uint8_t *codes;   /* codes, or the BF16 values */
     const g4_tensor *scale; /* F32 or F16 [rows, nblocks], read row by row from the map; NULL for BF16 */

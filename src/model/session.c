@@ -27,8 +27,8 @@ static int resolve_options(g4_session *s) {
      * a checkpoint without static activation quantization runs it in float */
     s->q_pmp = quantized && o->pmp_quant && s->m->static_act;
     const g4_qweight *lw = &s->m->lm_head.w;
-    if (o->lmhead_dynamic_q8 && (lw->bits == 16 || lw->block))
-        g4_warn("--lmhead-dynamic-q8 has no effect: the lm_head is %s, not LiteRT's per-row codes", lw->bits == 16 ? "BF16" : "block-scaled");
+    if (o->lmhead_dynamic_q8 && (lw->bits == G4_WT_BF16 || lw->block))
+        g4_warn("--lmhead-dynamic-q8 has no effect: the lm_head is %s, not LiteRT's per-row codes", lw->bits == G4_WT_BF16 ? "BF16" : "block-scaled");
     else if (o->lmhead_dynamic_q8 && lm_head_static_input(s))
         g4_warn("--lmhead-dynamic-q8 has no effect: lm_head.input_activation_scale is %g, a static input quantization that takes precedence",
                 s->m->lm_head.s_in);

@@ -87,7 +87,7 @@ static inline kv_cache *kv_of(const g4_session *s, int seq, int layer) { return 
 
 /* True integer path: int8 input codes x packed weight codes -> int32 -> requantized. */
 static inline int runs_int(const g4_session *s, const g4_linear *L) {
-    return s->o.act == G4_ACT_INT && s->q_linear && L->s_in != 0 && L->w.bits != 16;
+    return s->o.act == G4_ACT_INT && s->q_linear && L->s_in != 0 && L->w.bits != G4_WT_BF16;
 }
 
 /* Whether the session quantizes the lm_head input with a static scale (point G3): an lm_head

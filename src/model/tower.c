@@ -108,7 +108,7 @@ int g4_tower_bind_clippable(g4_model *m, g4_tower_mem *mem, const char *tower, g
 
 int g4_tower_bind_float(g4_model *m, g4_linear *L, const char *module, int in, int out) {
     if (g4_model_bind_linear(m, L, module, in, out)) return -1;
-    if (L->w.bits != 16) return g4_fail("%s: %s is quantized; g4 expects it float (modules_to_not_convert)", m->dir, module);
+    if (L->w.bits != G4_WT_BF16) return g4_fail("%s: %s is quantized; g4 expects it float (modules_to_not_convert)", m->dir, module);
     return 0;
 }
 

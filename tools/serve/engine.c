@@ -442,7 +442,7 @@ static int choose_slot(const serve_engine *e, const serve_job *j, int use_cache,
 static g4_generate_params job_params(const serve_engine *e, const serve_job *j, int i, const int *no_stops) {
     g4_generate_params p = {.max_tokens = j->max_tokens, .sampling = e->defaults, .logprobs = j->req.logprobs,
                             .top_logprobs = j->req.top_logprobs};
-    sampling_override(&p.sampling, &j->req.sampling, j->req.sampling_given);
+    g4_sampling_override(&p.sampling, &j->req.sampling, j->req.sampling_given);
     p.sampling.seed = j->seed + (uint64_t)i;
     p.draft = e->c.draft; /* the stepper drafts for greedy requests only */
     p.draft_tokens = e->c.draft_tokens;
@@ -751,7 +751,7 @@ serve_engine *serve_engine_new(g4_session *s, const g4_tokenizer *tok, const ser
     e->n_slots = g4_session_n_seq(s);
     e->ctx = g4_session_ctx(s);
     g4_model_sampling_defaults(g4_session_model(s), &e->defaults);
-    sampling_override(&e->defaults, &c->sampling, c->sampling_given);
+    g4_sampling_override(&e->defaults, &c->sampling, c->sampling_given);
     e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
     e->st = g4_stepper_new(s, c->prompt_chunk);
     e->events = e->st ? calloc((size_t)g4_stepper_max_tokens(e->st), sizeof *e->events) : NULL;

@@ -67,7 +67,7 @@ typedef struct {
     int stream, include_usage;
     int max_tokens;      /* -1: not given (the rest of the context for chat, 16 for completions) */
     g4_sampling sampling;
-    int sampling_given;  /* G4_SAMPLE_* bits (tools/cli.h) of the fields the request set */
+    int sampling_given;  /* G4_SAMPLE_* bits (g4.h) of the fields the request set */
     int seed_given;
     int n;               /* choices (OpenAI's n): sequences forked from the one prompt, seeds seed, seed + 1, ... */
     int logprobs;        /* log-probabilities asked: chat's logprobs true, completions' logprobs N */

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/tokenizer.h"
 
 static const char INVALID[] = "invalid_request_error";
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "err.h"
+#include "util/err.h"
 
 int g4_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape) {
     char dict[256], shp[160] = "";

@@ -11,9 +11,7 @@
 
 #include "cli.h"
 #include "g4.h"
-#include "model/capture.h"
-#include "util/err.h"
-#include "util/npy.h"
+#include "g4dev.h"
 
 /* ---- commands ---- */
 
@@ -78,6 +76,17 @@ static int parse_run(args_t *a, run_args *r) {
     return 0;
 }
 
+/* ids[0, n) fed to sequence 0 in one g4_decode call, every row's logits at logits + t * vocab. */
+static int feed_all_logits(g4_session *s, const int32_t *ids, int n, float *logits) {
+    size_t V = (size_t)g4_model_vocab_size(g4_session_model(s));
+    g4_batch_row *rows = calloc((size_t)n, sizeof *rows);
+    if (!rows) return g4_fail("out of memory for %d rows", n);
+    for (int t = 0; t < n; t++) rows[t] = (g4_batch_row){.seq = 0, .token = ids[t], .output = G4_OUTPUT_LOGITS, .logits = logits + (size_t)t * V};
+    int rc = g4_decode(s, rows, n);
+    free(rows);
+    return rc;
+}
+
 /* Prefill only, for --logits-npy and --dump-dir: all prompt logits and intermediate tensors. */
 static int write_prefill_outputs(g4_session *s, const run_args *r, const int32_t *ids, int n) {
     int V = g4_model_vocab_size(g4_session_model(s));
@@ -89,7 +98,7 @@ static int write_prefill_outputs(g4_session *s, const run_args *r, const int32_t
         return -1;
     }
     if (r->dump_dir) g4_session_set_trace(s, g4_capture_trace, &cap);
-    if (g4_session_eval(s, ids, n, logits, 1) == 0 && (!r->dump_dir || g4_capture_write_npy(&cap, r->dump_dir) == 0)) {
+    if (feed_all_logits(s, ids, n, logits) == 0 && (!r->dump_dir || g4_capture_write_npy(&cap, r->dump_dir) == 0)) {
         int64_t shape[2] = {n, V};
         rc = r->logits_npy ? g4_npy_write_f32(r->logits_npy, logits, 2, shape) : 0;
     }

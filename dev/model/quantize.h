@@ -8,6 +8,8 @@
  *   - embed_tokens and embed_tokens_per_layer (and an untied lm_head): Q8_0 by default (the
  *     embedding and output type of llama.cpp's QAT Q4_0 recipe), `E.embedding_quantized` I8 and
  *     `E.embedding_scale` F16 [rows, cols / 32]; or Q4_0, or left BF16 (embed);
+ *   - a BF16 matrix among those whose rows are not whole blocks of 32: kept BF16 (Q8_0 has
+ *     the same blocks), named in modules_to_not_convert, as llama.cpp falls back to a float type;
  *   - everything else (norms, layer scalars, per_layer_model_projection, the vision and audio
  *     towers) copied as it is;
  *   - config.json gains a quantization_config saying so: quant_method "gemma", num_bits 4,
@@ -26,6 +28,11 @@ typedef struct {
     int n_quantized, n_copied; /* input tensors */
     uint64_t bytes_in;         /* payload of the input tensors */
     uint64_t file_bytes;       /* size of the written model.safetensors */
+    /* The modules (weight names without ".weight") that were to be quantized but stay BF16
+     * because their rows are not whole blocks of 32 (Q8_0's blocks are 32 too): copied as they
+     * are and listed in modules_to_not_convert. Malloc'd; g4_quantize_stats_free frees them. */
+    char **kept_bf16;
+    int n_kept_bf16;
 } g4_quantize_stats;
 
 /* The quantization_config object the output says it has (a cJSON *, which the caller frees), or
@@ -35,7 +42,11 @@ void *g4_quantize_config_json(g4_embed_quant embed, int assistant);
 
 /* Writes out_dir (created if needed; not in_dir) from the checkpoint folder in_dir. Returns 0, or
  * -1 with a one-line message in g4_last_error() naming the file, tensor or field; nothing is left
- * at out_dir/model.safetensors on failure. stats may be NULL. */
+ * at out_dir/model.safetensors on failure. stats may be NULL; when given, free it with
+ * g4_quantize_stats_free. A BF16 matrix to be quantized whose rows are not whole blocks of 32 (a
+ * 16-wide per_layer_projection) stays BF16 (stats->kept_bf16) instead of failing the checkpoint;
+ * an F16 or F32 one is refused (g4 reads float linears as BF16). */
 int g4_quantize_q4_0(const char *in_dir, const char *out_dir, g4_embed_quant embed, g4_quantize_stats *stats);
+void g4_quantize_stats_free(g4_quantize_stats *stats);
 
 #endif

@@ -37,6 +37,8 @@ typedef struct {
     int cap;
     const g4_safetensors *st;
     char err[1024]; /* a failure of the input's (fill): reported as it is, not under the output's name */
+    char **kept;    /* the modules kept BF16 (keeps_float), for modules_to_not_convert */
+    int n_kept;
 } plan_t;
 
 static int ends_with(const char *s, const char *suffix) {
@@ -89,6 +91,12 @@ static int plan_add(plan_t *p, const char *name, g4_dtype dt, int ndim, const in
     return 0;
 }
 
+/* The output name: `name` without its trailing ".weight", then `suffix`. */
+static void derived_name(char *buf, size_t cap, const char *name, const char *suffix) {
+    size_t n = strlen(name) - strlen(".weight");
+    snprintf(buf, cap, "%.*s%s", (int)n, name, suffix);
+}
+
 /* A float matrix whose rows split into whole blocks of 32, or an error naming it. */
 static int check_quantizable(const g4_safetensors *st, const g4_tensor *t) {
     char sh[96];
@@ -96,25 +104,42 @@ static int check_quantizable(const g4_safetensors *st, const g4_tensor *t) {
         return g4_fail("%s: tensor %s: %s %s: g4 quantize reads BF16, F16 or F32 weights", g4_st_path(st, t), t->name,
                        g4_dtype_name(t->dtype), g4_shape_str(t, sh, sizeof sh));
     if (t->ndim != 2 || t->shape[1] % G4_QBLOCK != 0 || t->shape[1] == 0)
-        return g4_fail("%s: tensor %s: %s %s: its rows are not whole blocks of %d inputs", g4_st_path(st, t), t->name,
-                       g4_dtype_name(t->dtype), g4_shape_str(t, sh, sizeof sh), G4_QBLOCK);
+        return g4_fail("%s: tensor %s: %s %s: its rows are not whole blocks of %d inputs, and only a BF16 matrix can stay float "
+                       "(g4 reads float linears as BF16)",
+                       g4_st_path(st, t), t->name, g4_dtype_name(t->dtype), g4_shape_str(t, sh, sizeof sh), G4_QBLOCK);
     return 0;
 }
 
+/* Whether src cannot be block-quantized but can stay as it is: a BF16 matrix whose rows are not
+ * whole blocks of 32 (a 16-wide per_layer_projection). Q8_0, the wider block type, has blocks of
+ * 32 too, so BF16 is the one type left, as llama.cpp's quantizer falls back to a float type for
+ * rows its block types do not divide. */
+static int keeps_float(const g4_tensor *t) {
+    return t->dtype == G4_DT_BF16 && t->ndim == 2 && t->shape[0] > 0 && t->shape[1] > 0 && t->shape[1] % G4_QBLOCK != 0;
+}
+
+/* src copied as it is (BF16) and its module (the name without ".weight") listed for
+ * modules_to_not_convert. */
+static int add_kept_float(plan_t *p, const g4_tensor *src) {
+    char module[512];
+    derived_name(module, sizeof module, src->name, "");
+    char **k = realloc(p->kept, sizeof *k * (size_t)(p->n_kept + 1));
+    if (!k) return g4_fail("%s: out of memory", src->name);
+    p->kept = k;
+    if (!(p->kept[p->n_kept] = strdup(module))) return g4_fail("%s: out of memory", src->name);
+    p->n_kept++;
+    return plan_add(p, src->name, src->dtype, src->ndim, src->shape, (out_item){OUT_COPY, 0, src});
+}
+
 /* The quantized pair of src: codes (U8 packed 4-bit, or I8) under codes_name and F16 block
- * scales under scale_name. */
+ * scales under scale_name; or src kept BF16 when its rows are not whole blocks (keeps_float). */
 static int add_quantized(plan_t *p, const g4_tensor *src, int bits, const char *codes_name, const char *scale_name) {
+    if (keeps_float(src)) return add_kept_float(p, src);
     if (check_quantizable(p->st, src) != 0) return -1;
     int64_t rows = src->shape[0], cols = src->shape[1];
     int64_t cshape[2] = {rows, bits == 4 ? cols / 2 : cols}, sshape[2] = {rows, cols / G4_QBLOCK};
     if (plan_add(p, codes_name, bits == 4 ? G4_DT_U8 : G4_DT_I8, 2, cshape, (out_item){OUT_CODES, bits, src}) != 0) return -1;
     return plan_add(p, scale_name, G4_DT_F16, 2, sshape, (out_item){OUT_SCALES, bits, src});
-}
-
-/* The output name: `name` without its trailing ".weight", then `suffix`. */
-static void derived_name(char *buf, size_t cap, const char *name, const char *suffix) {
-    size_t n = strlen(name) - strlen(".weight");
-    snprintf(buf, cap, "%.*s%s", (int)n, name, suffix);
 }
 
 static int build_plan(plan_t *p, g4_embed_quant embed, int assistant) {
@@ -234,10 +259,10 @@ void *g4_quantize_config_json(g4_embed_quant embed, int assistant) {
     return q;
 }
 
-/* in_dir/config.json with the quantization_config added (malloc'd text), after checking that the
+/* in_dir/config.json with the quantization_config added (a cJSON tree), after checking that the
  * input is a Gemma 4 text config g4 runs (a target, or a drafter: *assistant) and carries no
  * quantization yet. */
-static char *output_config(const char *in_dir, g4_embed_quant embed, int *assistant) {
+static cJSON *output_config(const char *in_dir, g4_embed_quant embed, int *assistant) {
     char path[4096];
     char *text;
     if (g4_path_join(path, sizeof path, in_dir, "config.json") != 0 || g4_read_file(path, &text, NULL) != 0) return NULL;
@@ -263,10 +288,21 @@ static char *output_config(const char *in_dir, g4_embed_quant embed, int *assist
     }
     cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization_config"); /* a null one */
     cJSON_AddItemToObject(root, "quantization_config", q);
-    char *out = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!out) g4_fail("%s: out of memory", path);
-    return out;
+    return root;
+}
+
+/* config's text with the modules kept BF16 (keeps_float) added to modules_to_not_convert
+ * (malloc'd), or NULL when out of memory. */
+static char *config_text(cJSON *config, char *const *kept, int n_kept) {
+    cJSON *nc = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(config, "quantization_config"), "modules_to_not_convert");
+    for (int i = 0; i < n_kept; i++) {
+        cJSON *name = cJSON_CreateString(kept[i]);
+        if (!name || !cJSON_AddItemToArray(nc, name)) {
+            cJSON_Delete(name);
+            return NULL;
+        }
+    }
+    return cJSON_Print(config);
 }
 
 /* The files of the folder that are not the checkpoint itself: tokenizer, generation config,
@@ -300,38 +336,52 @@ static int check_folders(const char *in_dir, const char *out_dir) {
 }
 
 int g4_quantize_q4_0(const char *in_dir, const char *out_dir, g4_embed_quant embed, g4_quantize_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
     if (embed != G4_EMBED_Q8_0 && embed != G4_EMBED_Q4_0 && embed != G4_EMBED_BF16) return g4_fail("unknown embedding type %d", (int)embed);
     if (check_folders(in_dir, out_dir) != 0) return -1;
     int assistant = 0;
-    char *cfg_text = output_config(in_dir, embed, &assistant);
-    if (!cfg_text) return -1;
+    cJSON *config = output_config(in_dir, embed, &assistant);
+    if (!config) return -1;
     g4_safetensors st;
     if (g4_st_open_dir(&st, in_dir) != 0) {
-        free(cfg_text);
+        cJSON_Delete(config);
         return -1;
     }
-    char cfg_path[4096], st_path[4096];
+    char cfg_path[4096], st_path[4096], *cfg_text = NULL;
     plan_t plan = {.st = &st};
     g4_stw_init(&plan.w);
     uint64_t file_bytes = 0;
     int rc = g4_path_join(cfg_path, sizeof cfg_path, out_dir, "config.json") || g4_path_join(st_path, sizeof st_path, out_dir, "model.safetensors");
     if (rc == 0) rc = g4_make_dirs(out_dir);
     if (rc == 0) rc = build_plan(&plan, embed, assistant);
+    if (rc == 0 && !(cfg_text = config_text(config, plan.kept, plan.n_kept))) rc = g4_fail("%s: out of memory", cfg_path);
     if (rc == 0 && (rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes)) != 0 && plan.err[0]) g4_fail("%s", plan.err);
     if (rc == 0) rc = g4_write_text(cfg_path, cfg_text);
     if (rc == 0) rc = copy_companions(in_dir, out_dir);
     if (rc == 0 && stats) {
-        memset(stats, 0, sizeof *stats);
         stats->file_bytes = file_bytes;
         for (int i = 0; i < st.n_tensors; i++) stats->bytes_in += st.tensors[i].nbytes;
         for (int i = 0; i < plan.w.n; i++) {
             stats->n_copied += plan.items[i].kind == OUT_COPY;
             stats->n_quantized += plan.items[i].kind == OUT_CODES;
         }
+        stats->kept_bf16 = plan.kept; /* the caller's now (g4_quantize_stats_free) */
+        stats->n_kept_bf16 = plan.n_kept;
+        plan.kept = NULL;
+        plan.n_kept = 0;
     }
+    for (int i = 0; i < plan.n_kept; i++) free(plan.kept[i]);
+    free(plan.kept);
     free(plan.items);
     g4_stw_free(&plan.w);
     g4_st_close(&st);
     free(cfg_text);
+    cJSON_Delete(config);
     return rc;
+}
+
+void g4_quantize_stats_free(g4_quantize_stats *stats) {
+    for (int i = 0; stats && i < stats->n_kept_bf16; i++) free(stats->kept_bf16[i]);
+    if (stats) free(stats->kept_bf16);
+    if (stats) stats->kept_bf16 = NULL, stats->n_kept_bf16 = 0;
 }

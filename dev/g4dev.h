@@ -1,0 +1,25 @@
+/* g4's development library (libg4dev.a, dev/): what the g4 command and the tests need beyond the
+ * runtime's public API (include/g4.h) and no inference path uses. libg4.so never holds any of it.
+ *   - eval/:   the GSM8K harness (`g4 eval`): data, extraction, batched greedy runs, records,
+ *              scoring, shard merging, the paired comparison;
+ *   - model/:  the checkpoint writers (`g4 synth`'s random checkpoints, `g4 quantize --q4_0`),
+ *              and capture of a forward pass's tensors (`g4 run --dump-dir`);
+ *   - quant/, format/, util/: their block quantizer, safetensors writer and .npy writer;
+ *   - and the runtime's error and file helpers the tools share (g4_fail, g4_warn, g4_read_file,
+ *     g4_path_join, ...: in libg4.a, not exported by libg4.so).
+ * Link libg4dev.a before libg4.a. */
+#ifndef G4_DEV_H
+#define G4_DEV_H
+
+#include "g4.h"
+
+#include "eval/harness.h"
+#include "eval/results.h"
+#include "model/capture.h"
+#include "model/quantize.h"
+#include "model/synth.h"
+#include "util/err.h"
+#include "util/file.h"
+#include "util/npy.h"
+
+#endif
