@@ -851,7 +851,8 @@ const char *g4_stop_reason_name(g4_stop_reason r);
  *    at one place, the shorter is complete first: "ab" stops before "abc" can).
  *  - calls: the tool calls this token completed ("<|tool_call>call:NAME{ARGS}<tool_call|>"), with
  *    arguments as JSON (g4_tool_call_parse's), whatever the calls mode but G4_CALLS_TEXT.
- *  - ended: an end id (it adds no text) or a stop string ended the reply; pushing more adds nothing.
+ *  - ended: the token is an end id (it adds no text; a generation that ignores it goes on, and
+ *    so does the reader), or a stop string ended the reply (what is pushed after adds nothing).
  * g4_reply_finish releases what is held back (an incomplete marker, stop-string prefix or tool
  * call is text after all) and gives the finish reason. */
 typedef enum {
@@ -891,7 +892,7 @@ typedef struct {
     int n_spans;
     const g4_tool_call *calls; /* the tool calls completed here: name, arguments as JSON text */
     int n_calls;
-    int ended;                 /* the reply ended at this token (an end id or a stop string) or before */
+    int ended;                 /* this token is an end id, or a stop string ended the reply here or before */
     int stop_string;           /* the index of the stop string that matched, or -1 */
     g4_finish finish;          /* the finish's: why the reply ended; G4_FINISH_NONE before */
 } g4_reply_delta;
@@ -901,7 +902,8 @@ typedef struct g4_reply g4_reply;
  * other than G4_CALLS_TEXT or a prefix. The tokenizer must outlive the reader. */
 g4_reply *g4_reply_new(const g4_tokenizer *tok, const g4_reply_options *o);
 void g4_reply_free(g4_reply *r);
-/* One generated token. 1 when the reply has ended (stop generating), 0 when it goes on, -1 on failure. */
+/* One generated token. 1 when a stop string has ended the reply (stop the generation: the stepper
+ * stops at end ids by itself, at stop strings only when told), 0 when it goes on, -1 on failure. */
 int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d);
 /* The end of the generation, which stopped for why: releases what is held back and sets d->finish:
  * STOP after a stop string; LENGTH for G4_STOP_BUDGET and G4_STOP_CONTEXT; else TOOL_CALLS when
@@ -948,6 +950,11 @@ typedef struct {
                                add_bos and add_generation_prompt are the conversation's to set */
     g4_generate_params gen; /* every reply's budget, sampling (the generator starts from the seed at each reply) and
                                stop ids (copied; the logit bias is not: it must outlive the conversation) */
+    const char *const *stop; /* stop strings (copied; g4_reply_options.stop): a reply's answer ends before the first, its
+                                generation stops there (G4_STOP_USER); the reply's text and message keep what the
+                                sequence holds */
+    int n_stop;
+    g4_calls_mode calls;     /* how the deltas' spans read tool calls (default G4_CALLS_STREAM) */
 } g4_conversation_options;
 
 /* Sequence 0; the model's chat form (g4_model_chat_form), thinking off, no tools; the model's
@@ -993,6 +1000,18 @@ typedef int (*g4_reply_fn)(void *user, const g4_reply_delta *d);
  * turn. Fails before feeding anything, the new messages kept, when there is nothing to reply to
  * (no message yet) or the prompt does not fit the context that is left. */
 int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, g4_generate_result *res);
+/* The same reply for a caller that drives a generation stepper of its own (other sequences
+ * beside it): g4_conversation_begin gives the tokens and embedding spans to feed in the
+ * conversation's sequence (valid until the next call on c), generated with the options' gen
+ * (g4_stepper_add_embd). Each generated token goes to g4_conversation_push (the reader's delta;
+ * 1 when a stop string ended the reply: cancel the sequence there), then g4_conversation_end
+ * with the generation's result, or NULL when it failed, releases what is held back (the last
+ * delta) and makes the reply the model's message. g4_conversation_end returns 1, changing
+ * nothing, for a generation cancelled before its first token (its prompt is still to come: the
+ * sequence is truncated back). g4_conversation_reply is this loop over g4_generate. */
+int g4_conversation_begin(g4_conversation *c, const int32_t **ids, size_t *n, const g4_embd_span **spans, int *n_spans);
+int g4_conversation_push(g4_conversation *c, int32_t token, g4_reply_delta *d);
+int g4_conversation_end(g4_conversation *c, const g4_generate_result *res, g4_reply_delta *d);
 /* The last reply: its tokens (a stop id included); its text (the deltas' text joined); its spans
  * (answer, thinking, tool calls: free with g4_chat_reply_free). */
 const int32_t *g4_conversation_reply_tokens(const g4_conversation *c, int *n);

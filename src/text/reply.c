@@ -391,7 +391,7 @@ struct g4_reply {
     int *end_ids, n_end_ids;
     g4_textbuf held;  /* answer text that may still begin a stop string */
     int stop_string;  /* the stop string matched, or -1 */
-    int ended, finished;
+    int finished;
     g4_textbuf call;  /* the tool call being read, markers included */
     g4_tool_call *calls;
     int n_calls, cap_calls, calls_seen; /* calls_seen: those of earlier deltas */
@@ -443,7 +443,6 @@ static int answer_text(g4_reply *r, const char *text, size_t len, int final) {
     size_t out = r->stop_string >= 0 ? cut : final ? n : n - stop_prefix_at_end(r, h, n);
     if (pieces_add(&r->pl, G4_SPAN_ANSWER, h, out)) return -1;
     if (r->stop_string >= 0) {
-        r->ended = 1;
         g4_textbuf_clear(&r->held);
         return 0;
     }
@@ -531,7 +530,7 @@ static void delta_end(g4_reply *r, g4_reply_delta *d) {
     pieces_view(&r->pl, &d->spans, &d->n_spans);
     d->calls = r->calls + r->calls_seen;
     d->n_calls = r->n_calls - r->calls_seen;
-    d->ended = r->ended;
+    d->ended = r->stop_string >= 0;
     d->stop_string = r->stop_string;
 }
 
@@ -609,12 +608,12 @@ void g4_reply_free(g4_reply *r) {
 int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d) {
     delta_begin(r, token, d);
     if (r->finished) return g4_fail("reply: a token pushed after g4_reply_finish");
-    if (!r->ended && is_end_id(r, token)) r->ended = 1;
-    else if (!r->ended) {
-        if (g4_detokenizer_push(r->detok, token, &d->text, &d->len) || take_text(r, d->text, d->len, 0)) return -1;
-    }
+    int end = is_end_id(r, token);
+    if (!end && r->stop_string < 0 && (g4_detokenizer_push(r->detok, token, &d->text, &d->len) || take_text(r, d->text, d->len, 0)))
+        return -1;
     delta_end(r, d);
-    return r->ended;
+    d->ended |= end;
+    return r->stop_string >= 0;
 }
 
 int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d) {
