@@ -125,6 +125,10 @@ static void test_stop_strings(void) {
     g4_reply_options o3 = {.stop = b_zb, .n_stop = 2, .calls = G4_CALLS_TEXT};
     RUN("the first to start wins", &o3, G4_FINISH_STOP, {"a", "a", "A[a]", 0}, {"z", "z", "", 0}, {"b", "b", " stop=1", 1},
         FINISH(G4_STOP_USER, " stop=1"));
+    static const char *zb_b[] = {"zb", "b"};
+    o3.stop = zb_b;
+    RUN("the first to start wins, listed first", &o3, G4_FINISH_STOP, {"a", "a", "A[a]", 0}, {"z", "z", "", 0}, {"b", "b", " stop=0", 1},
+        FINISH(G4_STOP_USER, " stop=0"));
     /* no stop strings: every byte goes out at once */
     g4_reply_options none = {.calls = G4_CALLS_TEXT};
     RUN("no stop strings", &none, G4_FINISH_STOP, {"E", "E", "A[E]", 0}, {"N", "N", "A[N]", 0}, FINISH(G4_STOP_EOS, ""));

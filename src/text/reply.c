@@ -481,20 +481,15 @@ static int close_call(g4_reply *r, int closed, int final) {
     return rc ? -1 : 0;
 }
 
-/* Tool-call text: streamed as it comes or held; each call completed at its closer. */
+/* Tool-call text: streamed as it comes or held; each call completed at its closer (the splitter
+ * hands a marker over whole, never split across pieces). */
 static int call_text(g4_reply *r, const char *s, size_t n, int final) {
-    static const size_t cl = LIT_LEN(CLOSE_CALL);
     if (r->calls_mode == G4_CALLS_STREAM && pieces_add(&r->pl, G4_SPAN_TOOL_CALL, s, n)) return -1;
     while (n > 0 && r->stop_string < 0) {
-        /* a closer may straddle what was read before and this text */
-        size_t from = r->call.n >= cl - 1 ? r->call.n - (cl - 1) : 0;
-        if (g4_textbuf_append(&r->call, s, n)) return -1;
-        const char *close = find_lit(r->call.p + from, r->call.n - from, CLOSE_CALL, cl);
-        if (!close) return 0;
-        size_t whole = (size_t)(close - r->call.p) + cl, rest = r->call.n - whole;
-        s += n - rest, n = rest; /* what follows the closer is read again as the next call's */
-        r->call.n = whole;
-        if (close_call(r, 1, final)) return -1;
+        const char *close = find_lit(s, n, CLOSE_CALL, LIT_LEN(CLOSE_CALL));
+        size_t take = close ? (size_t)(close - s) + LIT_LEN(CLOSE_CALL) : n;
+        if (g4_textbuf_append(&r->call, s, take) || (close && close_call(r, 1, final))) return -1;
+        s += take, n -= take; /* what follows a closer is the next call's */
     }
     return 0;
 }
