@@ -211,7 +211,7 @@ int g4_conversation_reset(g4_conversation *c, const g4_chat_options *chat) {
     free_messages(c, 0);
     drop_media(c, 0);
     c->resume = 0;
-    c->raw = c->broken = c->has_unfed = 0;
+    c->raw = c->broken = c->has_unfed = c->replying = 0;
     c->raw_pending.n = c->fed.n = c->reply.n = 0;
     c->prompt_ready = 0;
     g4_textbuf_clear(&c->reply_text);
