@@ -386,7 +386,11 @@ static void test_driven_conversation(void) {
     CHECK(c && nm == 2 && strlen(msgs[1].content) == stopped.len && !memcmp(msgs[1].content, stopped.text, stopped.len),
           "the stopped reply's message is not its decoded text");
     g4_conversation_free(c);
-    printf("ok stop string '%s': the answer cut to %zu bytes after %d of %d tokens\n", stop_text, stopped.answer_len, rs.n_generated, na);
+    char shown[16] = "";
+    for (size_t i = 0, k = 0; stop_text[i] && k + 3 < sizeof shown; i++) /* the stop string printable: \n as two characters */
+        if (stop_text[i] == '\n') shown[k++] = '\\', shown[k++] = 'n';
+        else shown[k++] = stop_text[i];
+    printf("ok stop string '%s': the answer cut to %zu bytes after %d of %d tokens\n", shown, stopped.answer_len, rs.n_generated, na);
 
     /* bad stop strings are refused by name at g4_conversation_new; misuse of the driven form */
     static const char *bad[] = {""};
