@@ -1004,7 +1004,8 @@ int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, 
  * beside it): g4_conversation_begin gives the tokens and embedding spans to feed in the
  * conversation's sequence (valid until the next call on c), generated with the options' gen
  * (g4_stepper_add_embd). Each generated token goes to g4_conversation_push (the reader's delta;
- * 1 when a stop string ended the reply: cancel the sequence there), then g4_conversation_end
+ * 1 when a stop string ended the reply: stop the sequence there, g4_stepper_cancel_at keeping
+ * the tokens pushed when a drafting round gave more), then g4_conversation_end
  * with the generation's result, or NULL when it failed, releases what is held back (the last
  * delta) and makes the reply the model's message. g4_conversation_end returns 1, changing
  * nothing, for a generation cancelled before its first token (its prompt is still to come: the
