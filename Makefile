@@ -29,6 +29,8 @@ include sources.mk
 TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linear test_litert test_kernels test_tanh_monotone test_tokenizer test_chat test_conversation test_tools test_serve test_serve_tokens test_gsm8k test_sampler test_generate test_decode test_stepper test_fixture test_switches test_lmhead_scales test_synth test_broken_checkpoint test_cli test_text_cli test_eval test_options test_eval_shard test_bench_draft test_grammar test_embed test_serve_media test_structured test_vision test_media_cli test_audio
 # g4_checkpoint_open (issue 34: one opening of a checkpoint folder for every front end)
 TESTS += test_checkpoint
+# the one reply reader (issue 34 item 1)
+TESTS += test_reply
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o) $(MEDIA_SRC:%.c=$(OUT)/%.o)
 DEV_OBJ = $(DEV_SRC:%.c=$(OUT)/%.o)

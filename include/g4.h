@@ -823,6 +823,85 @@ int g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_gen
                 void *user, g4_generate_result *result);
 const char *g4_stop_reason_name(g4_stop_reason r);
 
+/* ---- The reply reader: a generation's tokens into the text they release ------------------------
+ *
+ * The one place that decides what text a generated token releases; the conversation, g4 serve,
+ * the CLI and the Python package all read their replies through it. Tokens go in one at a time;
+ * each push gives a g4_reply_delta:
+ *  - text: the bytes the streaming detokenizer made final (whole UTF-8 characters: a character
+ *    split across byte tokens is held back until it is whole; special tokens as their literal
+ *    text). It is the reply as the model wrote it, what its sequence holds: stop strings do not
+ *    cut it.
+ *  - spans: the reply split into answer, thought and tool-call spans (g4_span; g4_chat_parse_reply's
+ *    rules), after the stop strings: answer text that may still begin a stop string is held back
+ *    (across tokens, however the string is split), and at the first stop string the answer is cut
+ *    before it and the reply ends. Stop strings read the answer only (as OpenAI's and vLLM's chat
+ *    servers do with reasoning): a stop string inside a thought or a tool call that became a call
+ *    does not stop the reply. Among stop strings the one that starts first wins (of two starting
+ *    at one place, the shorter is complete first: "ab" stops before "abc" can).
+ *  - calls: the tool calls this token completed ("<|tool_call>call:NAME{ARGS}<tool_call|>"), with
+ *    arguments as JSON (g4_tool_call_parse's), whatever the calls mode but G4_CALLS_TEXT.
+ *  - ended: the token is an end id (it adds no text; a generation that ignores it goes on, and
+ *    so does the reader), or a stop string ended the reply (what is pushed after adds nothing).
+ * g4_reply_finish releases what is held back (an incomplete marker, stop-string prefix or tool
+ * call is text after all) and gives the finish reason. */
+typedef enum {
+    G4_FINISH_NONE = 0,       /* the reply goes on */
+    G4_FINISH_STOP = 1,       /* a stop string matched, an end id, or the caller stopped it */
+    G4_FINISH_LENGTH = 2,     /* the budget or the context ran out (G4_STOP_BUDGET, G4_STOP_CONTEXT) */
+    G4_FINISH_TOOL_CALLS = 3, /* it stopped by itself after completing tool calls */
+} g4_finish;
+
+/* How tool-call spans are read. */
+typedef enum {
+    G4_CALLS_STREAM = 0, /* tool-call text streams as G4_SPAN_TOOL_CALL spans as it comes (the conversation's) */
+    G4_CALLS_WHOLE = 1,  /* a tool call is held until it closes: then its whole text is one G4_SPAN_TOOL_CALL span and a
+                            call, or, when it does not parse (or never closes), answer text (g4 serve's, with tools) */
+    G4_CALLS_TEXT = 2,   /* "<|tool_call>" is answer text, stop strings read it too (g4 run, Python's generate) */
+} g4_calls_mode;
+
+typedef struct {
+    const char *const *stop; /* stop strings, copied: non-empty UTF-8 */
+    int n_stop;
+    const int *end_ids; /* tokens that end the turn and add no text (copied; e.g. g4_model_stop_ids) */
+    int n_end_ids;
+    int starts_in_thought; /* the prompt ended inside a thought ("<|channel>thought\n") */
+    g4_calls_mode calls;
+    int raw;               /* no spans: all text is answer text, markers included (a completion of a raw prompt) */
+    const char *prefix;    /* the reply's start that the prompt already holds (a forced call's "<|tool_call>call:NAME{"),
+                              or NULL: read as the reply's first text, never released; a call it opens completes with
+                              what follows */
+} g4_reply_options;
+
+/* What one token (or the finish) released. Pointers are valid until the next call on the reader. */
+typedef struct {
+    int32_t token;             /* the token pushed (an end id included); -1 for the finish */
+    const char *text;          /* the decoded text that became final (above); an end id adds none */
+    size_t len;
+    const g4_span_text *spans; /* the answer, thought and tool-call text that became final, in order */
+    int n_spans;
+    const g4_tool_call *calls; /* the tool calls completed here: name, arguments as JSON text */
+    int n_calls;
+    int ended;                 /* this token is an end id, or a stop string ended the reply here or before */
+    int stop_string;           /* the index of the stop string that matched, or -1 */
+    g4_finish finish;          /* the finish's: why the reply ended; G4_FINISH_NONE before */
+} g4_reply_delta;
+
+typedef struct g4_reply g4_reply;
+/* Fails on an empty or non-UTF-8 stop string, NULL arrays with counts, or raw with a calls mode
+ * other than G4_CALLS_TEXT or a prefix. The tokenizer must outlive the reader. */
+g4_reply *g4_reply_new(const g4_tokenizer *tok, const g4_reply_options *o);
+void g4_reply_free(g4_reply *r);
+/* One generated token. 1 when a stop string has ended the reply (stop the generation: the stepper
+ * stops at end ids by itself, at stop strings only when told), 0 when it goes on, -1 on failure. */
+int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d);
+/* The end of the generation, which stopped for why: releases what is held back and sets d->finish:
+ * STOP after a stop string; LENGTH for G4_STOP_BUDGET and G4_STOP_CONTEXT; else TOOL_CALLS when
+ * the reply completed a call, else STOP. Once only. */
+int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d);
+/* The tool calls completed so far (over the whole reply). */
+const g4_tool_call *g4_reply_calls(const g4_reply *r, int *n);
+
 /* ---- Conversation: chat messages over one session sequence, continued turn by turn ---------------
  *
  * A conversation lives in one sequence of a session (emptied at its creation and reset) and renders
@@ -861,6 +940,11 @@ typedef struct {
                                add_bos and add_generation_prompt are the conversation's to set */
     g4_generate_params gen; /* every reply's budget, sampling (the generator starts from the seed at each reply) and
                                stop ids (copied; the logit bias is not: it must outlive the conversation) */
+    const char *const *stop; /* stop strings (copied; g4_reply_options.stop): a reply's answer ends before the first, its
+                                generation stops there (G4_STOP_USER); the reply's text and message keep what the
+                                sequence holds */
+    int n_stop;
+    g4_calls_mode calls;     /* how the deltas' spans read tool calls (default G4_CALLS_STREAM) */
 } g4_conversation_options;
 
 /* Sequence 0; the model's chat form (g4_model_chat_form), thinking off, no tools; the model's
@@ -895,17 +979,7 @@ void g4_conversation_discard(g4_conversation *c);
 /* The tokens the next reply feeds (above). Valid until the next call on c. */
 int g4_conversation_prompt(g4_conversation *c, const int32_t **ids, size_t *n);
 
-/* One token of a reply as it streams. */
-typedef struct {
-    int32_t token;             /* the token generated (a stop id included); -1 for the reply's last delta, which
-                                  releases what the decoder and the splitter held back */
-    const char *text;          /* the reply's text that became final: whole UTF-8 characters, special tokens as their
-                                  literal text; a stop id (the model's, or the reply's own) adds none */
-    size_t len;
-    const g4_span_text *spans; /* what became final of the reply split into spans, in order; over the whole reply the
-                                  spans hold the text, the thoughts' markers and headers left out */
-    int n_spans;
-} g4_reply_delta;
+/* (g4_reply_delta, one token of a reply as it streams, is the reply reader's, above.) */
 /* Return non-zero to stop the reply there (G4_STOP_USER); the last delta's return is not read. */
 typedef int (*g4_reply_fn)(void *user, const g4_reply_delta *d);
 
@@ -916,6 +990,19 @@ typedef int (*g4_reply_fn)(void *user, const g4_reply_delta *d);
  * turn. Fails before feeding anything, the new messages kept, when there is nothing to reply to
  * (no message yet) or the prompt does not fit the context that is left. */
 int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, g4_generate_result *res);
+/* The same reply for a caller that drives a generation stepper of its own (other sequences
+ * beside it): g4_conversation_begin gives the tokens and embedding spans to feed in the
+ * conversation's sequence (valid until the next call on c), generated with the options' gen
+ * (g4_stepper_add_embd). Each generated token goes to g4_conversation_push (the reader's delta;
+ * 1 when a stop string ended the reply: stop the sequence there, g4_stepper_cancel_at keeping
+ * the tokens pushed when a drafting round gave more), then g4_conversation_end
+ * with the generation's result, or NULL when it failed, releases what is held back (the last
+ * delta) and makes the reply the model's message. g4_conversation_end returns 1, changing
+ * nothing, for a generation cancelled before its first token (its prompt is still to come: the
+ * sequence is truncated back). g4_conversation_reply is this loop over g4_generate. */
+int g4_conversation_begin(g4_conversation *c, const int32_t **ids, size_t *n, const g4_embd_span **spans, int *n_spans);
+int g4_conversation_push(g4_conversation *c, int32_t token, g4_reply_delta *d);
+int g4_conversation_end(g4_conversation *c, const g4_generate_result *res, g4_reply_delta *d);
 /* The last reply: its tokens (a stop id included); its text (the deltas' text joined); its spans
  * (answer, thinking, tool calls: free with g4_chat_reply_free). */
 const int32_t *g4_conversation_reply_tokens(const g4_conversation *c, int *n);

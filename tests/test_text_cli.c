@@ -398,6 +398,44 @@ static void test_temperature_flag(void) {
     printf("ok --temp below 1e-5 is greedy, non-finite values are refused\n");
 }
 
+/* --stop STR (issue 34): the built-in model's greedy answer without it, cut before the first stop
+ * string to appear (which is not printed), the line still closed; a string that never appears
+ * changes nothing; an empty one is refused by name. */
+static void test_stop_flag(void) {
+    char a[700], b[700], err[700], args[1024];
+    snprintf(a, sizeof a, "%s/s0.out", tmp);
+    snprintf(b, sizeof b, "%s/s.out", tmp);
+    snprintf(err, sizeof err, "%s/s.err", tmp);
+    const char *q = "run -m models/gemma4-tiny-math -p 'What is 12 plus 30?' -n 24 --temp 0";
+    CHECK(run_into(bin, q, a, err) == 0, "the answer without --stop failed");
+    char *whole = slurp(a), *at = strstr(whole, "final");
+    CHECK(at != NULL, "the built-in model's answer has no \"final\": \"%s\"", whole);
+    if (at) {
+        char want[1024];
+        snprintf(want, sizeof want, "%.*s\n", (int)(at - whole), whole);
+        const char *forms[] = {"--stop final", "--stop nowhere --stop final", "--stop final --stop answer"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(args, sizeof args, "%s %s", q, forms[i]);
+            int rc = run_into(bin, args, b, err);
+            char *got = slurp(b);
+            CHECK(rc == 0 && strcmp(got, want) == 0, "%s: status %d, \"%s\", want \"%s\"", forms[i], rc, got, want);
+            free(got);
+        }
+        snprintf(args, sizeof args, "%s --stop nowhere", q);
+        int rc = run_into(bin, args, b, err);
+        char *got = slurp(b);
+        CHECK(rc == 0 && strcmp(got, whole) == 0, "--stop nowhere: status %d, \"%s\", want \"%s\"", rc, got, whole);
+        free(got);
+    }
+    free(whole);
+    snprintf(args, sizeof args, "%s --stop ''", q);
+    int rc = run_into(bin, args, b, err);
+    char *e = slurp(err);
+    CHECK(rc == 1 && strcmp(e, "g4 run: error: --stop: a stop string may not be empty\n") == 0, "--stop '': status %d, stderr \"%s\"", rc, e);
+    free(e);
+    printf("ok --stop cuts the answer before the first stop string\n");
+}
+
 /* A checkpoint whose output is NaN (overflow_util.h): `g4 run` (greedy, top-k, every logit) and
  * `g4 chat` exit 1 with one line naming it, instead of crashing (sampling overflowed the top-k
  * selection's array) or printing <pad> forever (greedy). */
@@ -541,6 +579,7 @@ int main(void) {
     test_run_prompt_sources();
     test_non_finite();
     test_temperature_flag();
+    test_stop_flag();
     test_read_bounds();
     test_constraint_flags();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

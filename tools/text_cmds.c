@@ -32,6 +32,7 @@ static void catch_sigint(void) {
 /* ---- options shared by run -p and chat ---- */
 
 enum { TEXT_MAX_MEDIA = 16 }; /* media parts of one user turn from the command line */
+enum { TEXT_MAX_STOP = 16 };  /* --stop strings */
 
 typedef struct {
     const char *dir, *prompt, *prompt_file, *system;
@@ -46,6 +47,8 @@ typedef struct {
     g4_media_kind media_kind[TEXT_MAX_MEDIA]; /* --image/--audio, in the order given */
     const char *media_path[TEXT_MAX_MEDIA];
     int n_media, image_tokens; /* image_tokens: 0 is the model's default budget */
+    const char *stop[TEXT_MAX_STOP]; /* --stop, in the order given */
+    int n_stop;
 } text_args;
 
 static const char *const onoff[] = {"off", "on", NULL};
@@ -65,6 +68,22 @@ static int media_flag(args_t *a, text_args *t, g4_media_kind kind, const char *f
     return 1;
 }
 
+/* --stop STR: one more stop string (the reply reader checks it is non-empty UTF-8). */
+static int stop_flag(args_t *a, text_args *t, int *bad) {
+    const char *v = flag_value(a, "--stop", bad);
+    if (!v) return 1;
+    if (t->n_stop == TEXT_MAX_STOP) {
+        fprintf(stderr, "g4 %s: error: --stop %s: at most %d stop strings\n", a->cmd, v, TEXT_MAX_STOP);
+        return *bad = 1;
+    }
+    if (!*v) {
+        fprintf(stderr, "g4 %s: error: --stop: a stop string may not be empty\n", a->cmd);
+        return *bad = 1;
+    }
+    t->stop[t->n_stop++] = v;
+    return 1;
+}
+
 /* Returns 1 if argv[i] was a text option; sets *bad on a bad value. */
 static int text_flag(args_t *a, text_args *t, int *bad) {
     const char *v;
@@ -76,6 +95,7 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     else if (flag_is(a, "--ignore-eos")) t->ignore_eos = 1;
     else if (flag_is(a, "--image")) media_flag(a, t, G4_MEDIA_IMAGE, "--image", bad);
     else if (flag_is(a, "--audio")) media_flag(a, t, G4_MEDIA_AUDIO, "--audio", bad);
+    else if (flag_is(a, "--stop")) stop_flag(a, t, bad);
     else if (flag_is(a, "--image-tokens")) {
         int k;
         if ((v = flag_value(a, "--image-tokens", bad)) && parse_choice(a->cmd, "--image-tokens", v, image_budgets, &k)) *bad = 1;
@@ -114,6 +134,7 @@ static int text_flag(args_t *a, text_args *t, int *bad) {
     {"--chat-form e2b|26b", "the template's form of \"thinking off\" (default: the model's)"}, \
     {"-n, --max-tokens N", "at most N new tokens an answer (default: to the end of the context)"}, \
     {"--ignore-eos", "no stop ids: generate until -n or the context end"}, \
+    {"--stop STR", "end the answer before STR (not printed); repeatable, the first to appear wins; thoughts are not read"}, \
     {"--verbose", "prompt and generated ids on stderr"}, \
     {"--raw", "g4 run: the prompt as it is, without the chat template"}, \
     {"--parse-special on|off", "g4 run --raw: special-token strings in the prompt as those tokens (default on)"}, \
@@ -178,6 +199,7 @@ typedef struct {
     g4_conversation *conv;
     g4_chat_options chat;
     int show_thinking, verbose;
+    int n_stop, stopped; /* stopped: a --stop string ended the last answer */
     draft_args draft;
     g4_grammar *grammar; /* structured output: the grammar, its start state, the tokenizer's trie */
     g4_grammar_state *start;
@@ -253,11 +275,17 @@ static int text_model_open(text_model *t, const text_args *a) {
         co.gen.stop_ids = none;
         co.gen.n_stop_ids = 1;
     }
+    /* the answer is all but the thoughts (tool-call text too), cut at the first --stop string */
+    co.stop = a->stop, co.n_stop = a->n_stop, co.calls = G4_CALLS_TEXT;
+    g4_reply *probe = g4_reply_new(t->tok, &(g4_reply_options){.stop = a->stop, .n_stop = a->n_stop, .calls = G4_CALLS_TEXT});
+    if (!probe) return g4_fail_prefix("--stop: "); /* the reader's message names which string and why */
+    g4_reply_free(probe);
     if (apply_constraint(t, a, &co.gen) != 0) return -1;
     if (co.gen.constraint && a->ignore_eos) return g4_fail("--ignore-eos with a constraint: the reply ends where the grammar does");
     if (!(t->conv = g4_conversation_new(t->s, t->tok, &co))) return -1;
     t->chat = co.chat;
     t->show_thinking = a->show_thinking;
+    t->n_stop = a->n_stop;
     t->verbose = a->verbose;
     t->o = a->o;
     t->image_tokens = a->image_tokens;
@@ -295,14 +323,16 @@ static void emit(const char *bytes, size_t len) {
     if (len) fwrite(bytes, 1, len, stdout);
 }
 
-/* Streams the reply: as decoded, or with the thought spans left out. */
+/* Streams the reply: as decoded (markers too), or by spans: the answer cut at a --stop string,
+ * the thoughts (without their markers) only with --show-thinking. */
 static int print_delta(void *user, const g4_reply_delta *d) {
-    const text_model *t = user;
-    if (t->show_thinking) emit(d->text, d->len);
+    text_model *t = user;
+    if (t->show_thinking && !t->n_stop) emit(d->text, d->len);
     else
         for (int i = 0; i < d->n_spans; i++)
-            if (d->spans[i].span != G4_SPAN_THOUGHT) emit(d->spans[i].text, d->spans[i].len);
-    if (d->len) fflush(stdout);
+            if (d->spans[i].span != G4_SPAN_THOUGHT || t->show_thinking) emit(d->spans[i].text, d->spans[i].len);
+    if (d->len || d->n_spans) fflush(stdout);
+    t->stopped |= d->stop_string >= 0;
     return interrupted;
 }
 
@@ -315,6 +345,7 @@ static void print_ids(const char *what, const int32_t *ids, int n) {
 /* Generates the conversation's next reply, streaming it to stdout. */
 static int answer(text_model *t, g4_generate_result *res) {
     interrupted = 0;
+    t->stopped = 0;
     if (t->verbose) {
         const int32_t *ids;
         size_t n;
@@ -511,7 +542,7 @@ int cmd_chat(args_t *a) {
             continue;
         }
         first = 0;
-        if (res.stop == G4_STOP_USER) fprintf(stderr, "(stopped)\n");
+        if (res.stop == G4_STOP_USER && !t.stopped) fprintf(stderr, "(stopped)\n"); /* Ctrl-C, not a --stop string */
         if (res.stop == G4_STOP_CONTEXT) fprintf(stderr, "(the context of %d tokens is full: /reset)\n", ta.o.ctx);
     }
     free(line);

@@ -171,11 +171,22 @@ class ChatOptions(Structure):
 
 
 class ConversationOptions(Structure):
-    _fields_ = [("seq", c_int), ("chat", ChatOptions), ("gen", GenerateParams)]
+    _fields_ = [
+        ("seq", c_int),
+        ("chat", ChatOptions),
+        ("gen", GenerateParams),
+        ("stop", POINTER(c_char_p)),  # stop strings, read by the library's reply reader (g4_reply)
+        ("n_stop", c_int),
+        ("calls", c_int),  # CALLS_STREAM, CALLS_WHOLE or CALLS_TEXT
+    ]
 
 
 class SpanText(Structure):
     _fields_ = [("span", c_int), ("text", c_void_p), ("len", c_size_t)]
+
+
+class ToolCall(Structure):
+    _fields_ = [("name", c_void_p), ("arguments", c_void_p)]
 
 
 class ReplyDelta(Structure):
@@ -185,11 +196,25 @@ class ReplyDelta(Structure):
         ("len", c_size_t),
         ("spans", POINTER(SpanText)),
         ("n_spans", c_int),
+        ("calls", POINTER(ToolCall)),
+        ("n_calls", c_int),
+        ("ended", c_int),
+        ("stop_string", c_int),  # the stop string that matched, or -1
+        ("finish", c_int),  # FINISH_*
     ]
 
 
-class ToolCall(Structure):
-    _fields_ = [("name", c_void_p), ("arguments", c_void_p)]
+class ReplyOptions(Structure):
+    _fields_ = [
+        ("stop", POINTER(c_char_p)),
+        ("n_stop", c_int),
+        ("end_ids", POINTER(c_int)),
+        ("n_end_ids", c_int),
+        ("starts_in_thought", c_int),
+        ("calls", c_int),
+        ("raw", c_int),
+        ("prefix", c_char_p),
+    ]
 
 
 class ChatReply(Structure):
@@ -226,6 +251,7 @@ STRUCTS = {
     "g4_conversation_options": ConversationOptions,
     "g4_span_text": SpanText,
     "g4_reply_delta": ReplyDelta,
+    "g4_reply_options": ReplyOptions,
     "g4_tool_call": ToolCall,
     "g4_chat_reply": ChatReply,
     "g4_chat_message": ChatMessage,
@@ -235,6 +261,8 @@ STRUCTS = {
 # ---- enums ----
 
 SPAN_ANSWER, SPAN_THOUGHT, SPAN_TOOL_CALL = 0, 1, 2
+CALLS_STREAM, CALLS_WHOLE, CALLS_TEXT = 0, 1, 2
+FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_TOOL_CALLS = 0, 1, 2, 3
 STOP_EOS, STOP_BUDGET, STOP_CONTEXT, STOP_USER, STOP_ERROR = 0, 1, 2, 3, 4
 CHAT_SYSTEM, CHAT_USER, CHAT_MODEL, CHAT_TOOL = 0, 1, 2, 3
 CHAT_FORM_E2B, CHAT_FORM_26B = 0, 1
@@ -324,6 +352,11 @@ free = _libc.free  # what g4_image_soft_tokens' rows were malloc'd with
 _proto("g4_conversation_discard", None, _p)
 _proto("g4_conversation_prompt", c_int, _p, POINTER(POINTER(c_int32)), POINTER(c_size_t))
 _proto("g4_conversation_reply", c_int, _p, REPLY_FN, c_void_p, POINTER(GenerateResult))
+# the reply reader (the conversation reads its replies through it; bound for direct use too)
+_proto("g4_reply_new", _p, _p, POINTER(ReplyOptions))
+_proto("g4_reply_free", None, _p)
+_proto("g4_reply_push_token", c_int, _p, c_int32, POINTER(ReplyDelta))
+_proto("g4_reply_finish", c_int, _p, c_int, POINTER(ReplyDelta))
 _proto("g4_conversation_reply_tokens", POINTER(c_int32), _p, POINTER(c_int))
 _proto("g4_conversation_reply_text", c_void_p, _p, POINTER(c_size_t))
 _proto("g4_conversation_reply_parse", c_int, _p, POINTER(ChatReply))

@@ -467,41 +467,6 @@ def _run(job: Callable[[Any, Optional[threading.Event]], R]) -> R:
     return value
 
 
-class _StopStrings:
-    """Cuts the text at the first stop string; holds back a tail that may begin one."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.held = ""
-        self.hit = False
-
-    def push(self, s: str) -> str:
-        if not self.stops:
-            return s
-        buf = self.held + s
-        first = -1
-        for st in self.stops:
-            i = buf.find(st)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-        if first >= 0:
-            self.hit = True
-            self.held = ""
-            return buf[:first]
-        keep = 0
-        for st in self.stops:
-            for k in range(min(len(st) - 1, len(buf)), keep, -1):
-                if buf.endswith(st[:k]):
-                    keep = k
-                    break
-        self.held = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep]
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
-
-
 # ---- the engine's reply loop ----
 
 
@@ -512,11 +477,13 @@ class _Reply:
         self.on_spans = on_spans
         self.cancel = cancel
         self.exc: Optional[BaseException] = None
+        self.stopped = False  # a stop string ended the reply (the library's reply reader matched it)
         self.fn = C.REPLY_FN(self._delta)
 
     def _delta(self, user: Any, addr: int) -> int:
         try:
             d = C.ReplyDelta.from_address(addr)
+            self.stopped = self.stopped or d.stop_string >= 0
             n = d.n_spans
             if n == 1 and d.spans[0].span == C.SPAN_ANSWER:  # most tokens
                 sp = d.spans[0]
@@ -544,6 +511,7 @@ class _Turn:
     tokens: List[int]
     conv: int  # the conversation, still open
     keep: Any = None  # what must outlive it (the tools' declarations)
+    stopped: bool = False  # a stop string ended it
 
 
 class _Session:
@@ -1120,26 +1088,21 @@ class Model:
         self._handle()
 
         def job(emit: Optional[Callable[[str], None]], cancel: Optional[threading.Event]) -> Completion:
-            cut = _StopStrings(stops)
             parts: List[str] = []
 
             def on_spans(token: int, answer: str, thought: str, tool: str) -> bool:
-                if cut.hit:
-                    return True
-                out = cut.push(answer + tool)  # what `g4 run` prints: all but the thoughts
-                if token < 0 and not cut.hit:
-                    out += cut.flush()
+                out = answer + tool  # what `g4 run` prints: all but the thoughts, cut at a stop string
                 if out:
                     parts.append(out)
                     if emit is not None:
                         emit(out)
-                return cut.hit
+                return False
 
             with self._lease() as s:
-                turn = self._reply(s, settings, msgs, ids, on_spans, cancel)
+                turn = self._reply(s, settings, msgs, ids, on_spans, cancel, [x for x in stops if x])
                 lib.g4_conversation_free(turn.conv)
             r = turn.result
-            reason = "stop" if cut.hit else _STOP_NAMES.get(r.stop, str(r.stop))
+            reason = "stop" if turn.stopped else _STOP_NAMES.get(r.stop, str(r.stop))
             return Completion("".join(parts), turn.tokens, reason, r.n_prompt, r.prefill_s, r.decode_s)
 
         return job
@@ -1324,9 +1287,17 @@ class Model:
         ids: Optional[Sequence[int]],
         on_spans: Callable[[int, str, str, str], bool],
         cancel: Optional[threading.Event],
+        stops: Optional[Sequence[str]] = None,
     ) -> _Turn:
-        """A new conversation over the session (its sequence emptied), the prompt added, one reply."""
+        """A new conversation over the session (its sequence emptied), the prompt added, one reply.
+        stops: generate()'s stop strings; the reply's text is then all but the thoughts (tool-call
+        text is answer text, which the stop strings read)."""
         co, keep = settings.conversation_options(s)
+        if stops is not None:
+            arr = (c_char_p * max(len(stops), 1))(*(_c_string("stop", x) for x in stops))
+            co.stop = ctypes.cast(arr, POINTER(c_char_p))  # copied by g4_conversation_new
+            co.n_stop = len(stops)
+            co.calls = C.CALLS_TEXT
         start = self._constrain(settings, co)
         conv = lib.g4_conversation_new(s.handle, self._tok, byref(co))
         if not conv:
@@ -1491,7 +1462,7 @@ def _run_reply(session: int, conv: int, on_spans: Callable[[int, str, str, str],
         raise GenerationError(msg)
     n_tok = c_int()
     p = lib.g4_conversation_reply_tokens(conv, byref(n_tok))
-    return _Turn(res, p[: n_tok.value] if n_tok.value else [], conv)
+    return _Turn(res, p[: n_tok.value] if n_tok.value else [], conv, stopped=rep.stopped)
 
 
 def _chat_sink(emit: Optional[Callable[[ChatDelta], None]]) -> Callable[[int, str, str, str], bool]:

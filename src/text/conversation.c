@@ -1,7 +1,8 @@
 /* The conversation (g4.h): chat messages over one session sequence, each reply feeding only what
  * the sequence lacks and streaming its text and spans. The template is chat.c's (rendered from
- * where the last reply stopped), the generation g4_generate's, the streaming text the
- * detokenizer's and the spans reply.c's: this file only keeps the state between turns. */
+ * where the last reply stopped), the generation g4_generate's (or the caller's stepper: begin /
+ * push / end), the reply's text, spans and stop strings the reply reader's (reply.c): this file
+ * only keeps the state between turns. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,6 @@
 #include "g4.h"
 #include "generate/generate.h"
 #include "text/chat.h"
-#include "text/reply.h"
 #include "text/textbuf.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
@@ -42,6 +42,7 @@ struct g4_conversation {
     int *stop_ids; /* the reply's stop ids (o.gen.stop_ids points here), or NULL for the model's */
     const int *model_stops;
     int n_model_stops;
+    char **stop;   /* the stop strings (o.stop points here) */
 
     g4_chat_message *msgs; /* contents owned */
     size_t n_msgs, cap_msgs;
@@ -59,9 +60,9 @@ struct g4_conversation {
     ids_t reply;          /* the last reply's tokens */
     g4_textbuf reply_text;
     int reply_opened_thought;
-    g4_detokenizer *detok;
-    g4_spans *spans;
-    g4_reply_fn on_delta;
+    g4_reply *reader;     /* the reply being read, between begin and end */
+    int replying, begin_pos;
+    g4_reply_fn on_delta; /* g4_conversation_reply's */
     void *user;
     int failed; /* the reply's own work failed (not the caller's stop): g4_last_error says why */
 
@@ -115,6 +116,42 @@ int g4_conversation_default_options(const g4_session *s, g4_conversation_options
     return 0;
 }
 
+/* The reader of the next reply: the conversation's stop strings and calls mode, every stop id
+ * (the model's and the options') an end that adds no text. */
+static g4_reply *new_reader(const g4_conversation *c, int starts_in_thought) {
+    int n = c->n_model_stops + (c->o.gen.stop_ids ? c->o.gen.n_stop_ids : 0);
+    int *ends = malloc(sizeof *ends * (size_t)(n ? n : 1));
+    if (!ends) {
+        g4_fail("conversation: out of memory");
+        return NULL;
+    }
+    if (c->n_model_stops) memcpy(ends, c->model_stops, sizeof *ends * (size_t)c->n_model_stops);
+    if (n > c->n_model_stops) memcpy(ends + c->n_model_stops, c->o.gen.stop_ids, sizeof *ends * (size_t)(n - c->n_model_stops));
+    g4_reply_options ro = {.stop = c->o.stop, .n_stop = c->o.n_stop, .end_ids = ends, .n_end_ids = n,
+                           .starts_in_thought = starts_in_thought, .calls = c->o.calls};
+    g4_reply *r = g4_reply_new(c->tok, &ro);
+    free(ends);
+    return r;
+}
+
+/* The options' stop strings into the conversation (checked by a first reader). */
+static int copy_stop_strings(g4_conversation *c, const g4_conversation_options *o) {
+    c->o.stop = NULL, c->o.n_stop = 0;
+    if (o->n_stop < 0 || (o->n_stop && !o->stop)) return g4_fail("conversation: n_stop is %d but stop is %s", o->n_stop, o->stop ? "set" : "NULL");
+    if (!(c->stop = calloc((size_t)o->n_stop + 1, sizeof *c->stop))) return g4_fail("conversation: out of memory");
+    for (int k = 0; k < o->n_stop; k++) {
+        if (!o->stop[k]) return g4_fail("conversation: stop string %d is NULL", k);
+        size_t n = strlen(o->stop[k]);
+        if (!(c->stop[k] = malloc(n + 1))) return g4_fail("conversation: out of memory");
+        memcpy(c->stop[k], o->stop[k], n + 1);
+    }
+    c->o.stop = (const char *const *)c->stop, c->o.n_stop = o->n_stop;
+    g4_reply *probe = new_reader(c, 0);
+    if (!probe) return -1;
+    g4_reply_free(probe);
+    return 0;
+}
+
 g4_conversation *g4_conversation_new(g4_session *s, const g4_tokenizer *tok, const g4_conversation_options *o) {
     if (!s || !tok || !o) {
         g4_fail("conversation: %s is NULL", !s ? "the session" : !tok ? "the tokenizer" : "the options");
@@ -142,9 +179,8 @@ g4_conversation *g4_conversation_new(g4_session *s, const g4_tokenizer *tok, con
         c->o.gen.stop_ids = c->stop_ids;
     }
     c->n_model_stops = g4_model_stop_ids(g4_session_model(s), &c->model_stops);
-    c->detok = g4_detokenizer_new(tok);
-    if ((o->gen.stop_ids && !c->stop_ids) || !c->detok || g4_conversation_reset(c, NULL)) {
-        if (!c->detok || (o->gen.stop_ids && !c->stop_ids)) g4_fail("conversation: out of memory");
+    if ((o->gen.stop_ids && !c->stop_ids) || copy_stop_strings(c, o) || g4_conversation_reset(c, NULL)) {
+        if (o->gen.stop_ids && !c->stop_ids) g4_fail("conversation: out of memory");
         g4_conversation_free(c);
         return NULL;
     }
@@ -158,9 +194,10 @@ void g4_conversation_free(g4_conversation *c) {
     drop_media(c, 0);
     free(c->media), free(c->embd), free(c->embd_spans);
     free(c->stop_ids);
+    for (int k = 0; c->stop && c->stop[k]; k++) free(c->stop[k]);
+    free(c->stop);
     free(c->raw_pending.p), free(c->fed.p), free(c->prompt.p), free(c->reply.p), free(c->reply_text.p);
-    g4_detokenizer_free(c->detok);
-    g4_spans_free(c->spans);
+    g4_reply_free(c->reader);
     free(c);
 }
 
@@ -174,7 +211,7 @@ int g4_conversation_reset(g4_conversation *c, const g4_chat_options *chat) {
     free_messages(c, 0);
     drop_media(c, 0);
     c->resume = 0;
-    c->raw = c->broken = c->has_unfed = 0;
+    c->raw = c->broken = c->has_unfed = c->replying = 0;
     c->raw_pending.n = c->fed.n = c->reply.n = 0;
     c->prompt_ready = 0;
     g4_textbuf_clear(&c->reply_text);
@@ -342,52 +379,6 @@ int g4_conversation_prompt(g4_conversation *c, const int32_t **ids, size_t *n) {
 
 /* ---------------------------------------------------------------- the reply */
 
-static int is_stop(const g4_conversation *c, int32_t id) {
-    for (int i = 0; i < c->n_model_stops; i++)
-        if (c->model_stops[i] == id) return 1;
-    for (int i = 0; c->o.gen.stop_ids && i < c->o.gen.n_stop_ids; i++)
-        if (c->o.gen.stop_ids[i] == id) return 1;
-    return 0;
-}
-
-/* Stops the generation for a failure of the conversation's own (out of memory). */
-static int fail_reply(g4_conversation *c) {
-    c->failed = 1;
-    return 1;
-}
-
-static int deliver(g4_conversation *c, int32_t token, const char *text, size_t len, const g4_span_text *spans, int n_spans) {
-    if (g4_textbuf_append(&c->reply_text, text, len)) return fail_reply(c);
-    if (!c->on_delta) return 0;
-    g4_reply_delta d = {token, text, len, spans, n_spans};
-    return c->on_delta(c->user, &d);
-}
-
-/* Each generated token: its final text through the splitter, to the caller. */
-static int on_token(void *user, int32_t id) {
-    g4_conversation *c = user;
-    if (ids_append(&c->reply, &id, 1)) return fail_reply(c);
-    if (is_stop(c, id)) return deliver(c, id, "", 0, NULL, 0);
-    const char *bytes;
-    size_t len;
-    const g4_span_text *spans;
-    int n_spans;
-    if (g4_detokenizer_push(c->detok, id, &bytes, &len) || g4_spans_push(c->spans, bytes, len, &spans, &n_spans))
-        return fail_reply(c);
-    return deliver(c, id, bytes, len, spans, n_spans);
-}
-
-/* What the decoder and the splitter held back, as the last delta. */
-static int finish_reply(g4_conversation *c) {
-    const char *bytes;
-    size_t len;
-    const g4_span_text *spans;
-    int n_spans;
-    if (g4_detokenizer_flush(c->detok, &bytes, &len) || g4_spans_finish(c->spans, bytes, len, &spans, &n_spans)) return -1;
-    deliver(c, -1, bytes, len, spans, n_spans);
-    return c->failed ? -1 : 0;
-}
-
 /* The sequence now holds the prompt and every reply token but the last; the reply becomes the
  * model's message (after the thought its prompt opened, as the template would see it). */
 static int commit_reply(g4_conversation *c) {
@@ -412,34 +403,79 @@ static int commit_reply(g4_conversation *c) {
     return 0;
 }
 
+int g4_conversation_begin(g4_conversation *c, const int32_t **ids, size_t *n, const g4_embd_span **spans, int *n_spans) {
+    if (g4_conversation_prompt(c, ids, n)) return -1;
+    if (*n == 0) return g4_fail("conversation: nothing to reply to (add a message first)");
+    g4_reply_free(c->reader);
+    if (!(c->reader = new_reader(c, c->prompt_opens_thought))) return -1;
+    c->reply.n = 0;
+    g4_textbuf_clear(&c->reply_text);
+    c->begin_pos = g4_session_seq_pos(c->s, c->o.seq);
+    c->replying = 1;
+    if (spans) *spans = c->embd_spans;
+    if (n_spans) *n_spans = c->n_spans;
+    return 0;
+}
+
+int g4_conversation_push(g4_conversation *c, int32_t token, g4_reply_delta *d) {
+    if (!c->replying) return g4_fail("conversation: a token pushed outside a reply (g4_conversation_begin first)");
+    if (ids_append(&c->reply, &token, 1)) return -1;
+    int rc = g4_reply_push_token(c->reader, token, d);
+    if (rc < 0 || g4_textbuf_append(&c->reply_text, d->text, d->len)) return -1;
+    return rc;
+}
+
+int g4_conversation_end(g4_conversation *c, const g4_generate_result *res, g4_reply_delta *d) {
+    *d = (g4_reply_delta){.token = -1, .text = "", .stop_string = -1};
+    if (!c->replying) return g4_fail("conversation: g4_conversation_end without g4_conversation_begin");
+    c->replying = 0;
+    int rc = -1;
+    if (res && res->stop == G4_STOP_USER && res->n_generated == 0) {
+        /* cancelled before its first token (during the prompt): the cache gives back the chunks it
+         * took and the conversation stays as it was, its prompt still to come */
+        rc = g4_session_truncate_seq(c->s, c->o.seq, c->begin_pos) ? -1 : 1;
+    } else if (res) {
+        rc = g4_reply_finish(c->reader, res->stop, d) || g4_textbuf_append(&c->reply_text, d->text, d->len) || commit_reply(c) ? -1 : 0;
+    }
+    /* a failure before the prompt went in leaves the conversation as it was */
+    if (rc < 0 && g4_session_seq_pos(c->s, c->o.seq) != c->begin_pos) c->broken = 1;
+    return rc;
+}
+
+/* Stops the generation for a failure of the conversation's own (out of memory). */
+static int fail_reply(g4_conversation *c) {
+    c->failed = 1;
+    return 1;
+}
+
+/* g4_conversation_reply's tokens: each through the reader to the caller; a stop string ends
+ * the generation. */
+static int on_token(void *user, int32_t id) {
+    g4_conversation *c = user;
+    g4_reply_delta d;
+    int ended = g4_conversation_push(c, id, &d);
+    if (ended < 0) return fail_reply(c);
+    int stop = c->on_delta ? c->on_delta(c->user, &d) : 0;
+    return ended || stop;
+}
+
 int g4_conversation_reply(g4_conversation *c, g4_reply_fn on_delta, void *user, g4_generate_result *res) {
     const int32_t *ids;
     size_t n;
+    const g4_embd_span *spans;
+    int n_spans;
     g4_generate_result local;
     if (!res) res = &local;
     memset(res, 0, sizeof *res);
-    if (g4_conversation_prompt(c, &ids, &n)) return -1;
-    if (n == 0) return g4_fail("conversation: nothing to reply to (add a message first)");
-    g4_spans_free(c->spans);
-    if (!(c->spans = g4_spans_new(c->prompt_opens_thought, 1))) return -1;
-    g4_detokenizer_reset(c->detok);
-    c->reply.n = 0;
-    g4_textbuf_clear(&c->reply_text);
+    if (g4_conversation_begin(c, &ids, &n, &spans, &n_spans)) return -1;
     c->on_delta = on_delta, c->user = user;
     c->failed = 0;
-    int pos = g4_session_seq_pos(c->s, c->o.seq);
-    int rc = g4_generate_seq_embd(c->s, c->o.seq, ids, (int)n, c->embd_spans, c->n_spans, &c->o.gen, on_token, c, res);
-    /* cancelled before its first token (gen.cancel, during the prompt): the cache gives back the
-     * chunks it took and the conversation stays as it was, its prompt still to come */
-    int unstarted = rc == 0 && res->stop == G4_STOP_USER && res->n_generated == 0 && !c->failed;
-    if (unstarted) rc = g4_session_truncate_seq(c->s, c->o.seq, pos);
-    if (rc == 0 && c->failed) rc = -1;
-    if (rc == 0 && !unstarted) rc = finish_reply(c);
-    if (rc == 0 && !unstarted) rc = commit_reply(c);
-    /* a failure before the prompt went in leaves the conversation as it was */
-    if (rc != 0 && g4_session_seq_pos(c->s, c->o.seq) != pos) c->broken = 1;
+    int rc = g4_generate_seq_embd(c->s, c->o.seq, ids, (int)n, spans, n_spans, &c->o.gen, on_token, c, res);
+    g4_reply_delta last;
+    int ended = g4_conversation_end(c, rc == 0 && !c->failed ? res : NULL, &last);
+    if (ended == 0 && on_delta) on_delta(user, &last);
     c->on_delta = NULL, c->user = NULL;
-    return rc;
+    return ended < 0 ? -1 : 0;
 }
 
 const int32_t *g4_conversation_reply_tokens(const g4_conversation *c, int *n) {

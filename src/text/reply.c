@@ -5,6 +5,7 @@
 
 #include "text/chat.h"
 #include "text/textbuf.h"
+#include "text/tokenizer.h"
 
 static const char OPEN_THOUGHT[] = "<|channel>";
 static const char CLOSE_THOUGHT[] = "<channel|>";
@@ -12,8 +13,6 @@ static const char THOUGHT_HEADER[] = "thought\n";
 static const char OPEN_CALL[] = "<|tool_call>";
 static const char CLOSE_CALL[] = "<tool_call|>";
 #define LIT_LEN(s) (sizeof(s) - 1)
-
-/* ---------------------------------------------------------------- the splitter */
 
 enum state {
     IN_ANSWER,
@@ -46,46 +45,72 @@ static const struct marker markers[] = {
     {CLOSE_CALL, LIT_LEN(CLOSE_CALL), IN_TOOL_CALL, IN_ANSWER, 1, 1, COUNTS_NOTHING},
 };
 
+/* ---------------------------------------------------------------- pieces of text by span */
+
+/* One call's output: text by span, consecutive text of one span joined (the splitter's and the
+ * reader's). Pieces are offsets while text is added (the buffer may move), views once done. */
 struct piece {
     g4_span span;
     size_t off, len; /* in out */
 };
+
+typedef struct {
+    g4_textbuf out;
+    struct piece *pieces;
+    g4_span_text *view;
+    int n, cap;
+} piece_list;
+
+static int pieces_add(piece_list *pl, g4_span span, const char *s, size_t n) {
+    if (n == 0) return 0;
+    size_t off = pl->out.n;
+    if (g4_textbuf_append(&pl->out, s, n)) return -1;
+    if (pl->n > 0 && pl->pieces[pl->n - 1].span == span) {
+        pl->pieces[pl->n - 1].len += n;
+        return 0;
+    }
+    if (pl->n == pl->cap) {
+        int cap = pl->cap ? 2 * pl->cap : 8;
+        struct piece *p = realloc(pl->pieces, sizeof *p * (size_t)cap);
+        g4_span_text *v = realloc(pl->view, sizeof *v * (size_t)cap);
+        if (p) pl->pieces = p;
+        if (v) pl->view = v;
+        if (!p || !v) return g4_fail("reply: out of memory");
+        pl->cap = cap;
+    }
+    pl->pieces[pl->n++] = (struct piece){span, off, n};
+    return 0;
+}
+
+static void pieces_clear(piece_list *pl) {
+    g4_textbuf_clear(&pl->out);
+    pl->n = 0;
+}
+
+/* The pieces as g4_span_text, valid until the list changes. */
+static void pieces_view(piece_list *pl, const g4_span_text **pieces, int *n) {
+    for (int i = 0; i < pl->n; i++) pl->view[i] = (g4_span_text){pl->pieces[i].span, pl->out.p + pl->pieces[i].off, pl->pieces[i].len};
+    *pieces = pl->view;
+    *n = pl->n;
+}
+
+static void pieces_free(piece_list *pl) { free(pl->out.p), free(pl->pieces), free(pl->view); }
+
+/* ---------------------------------------------------------------- the splitter */
 
 struct g4_spans {
     enum state state;
     int tools;
     int thoughts, calls;
     g4_textbuf pending; /* pushed text not yet final (a possible marker start) */
-    g4_textbuf out;     /* this call's final text, pieces pointing into it */
-    struct piece *pieces;
-    g4_span_text *view;
-    int n_pieces, cap_pieces;
+    piece_list pl;      /* this call's final text */
 };
 
 static g4_span span_of(enum state s) {
     return s == IN_ANSWER ? G4_SPAN_ANSWER : s == IN_TOOL_CALL ? G4_SPAN_TOOL_CALL : G4_SPAN_THOUGHT;
 }
 
-static int emit(g4_spans *sp, g4_span span, const char *s, size_t n) {
-    if (n == 0) return 0;
-    size_t off = sp->out.n;
-    if (g4_textbuf_append(&sp->out, s, n)) return -1;
-    if (sp->n_pieces > 0 && sp->pieces[sp->n_pieces - 1].span == span) {
-        sp->pieces[sp->n_pieces - 1].len += n;
-        return 0;
-    }
-    if (sp->n_pieces == sp->cap_pieces) {
-        int cap = sp->cap_pieces ? 2 * sp->cap_pieces : 8;
-        struct piece *p = realloc(sp->pieces, sizeof *p * (size_t)cap);
-        g4_span_text *v = realloc(sp->view, sizeof *v * (size_t)cap);
-        if (p) sp->pieces = p;
-        if (v) sp->view = v;
-        if (!p || !v) return g4_fail("reply: out of memory");
-        sp->cap_pieces = cap;
-    }
-    sp->pieces[sp->n_pieces++] = (struct piece){span, off, n};
-    return 0;
-}
+static int emit(g4_spans *sp, g4_span span, const char *s, size_t n) { return pieces_add(&sp->pl, span, s, n); }
 
 /* 1: s starts with lit; -1: s is a proper prefix of lit (more text may complete it); 0: no. */
 static int match_lit(const char *s, size_t n, const char *lit, size_t lit_n) {
@@ -146,19 +171,15 @@ static int run(g4_spans *sp, int final) {
 }
 
 static int deliver(g4_spans *sp, int final, const g4_span_text **pieces, int *n_pieces) {
-    g4_textbuf_clear(&sp->out);
-    sp->n_pieces = 0;
+    pieces_clear(&sp->pl);
     if (run(sp, final)) return -1;
-    for (int i = 0; i < sp->n_pieces; i++)
-        sp->view[i] = (g4_span_text){sp->pieces[i].span, sp->out.p + sp->pieces[i].off, sp->pieces[i].len};
-    *pieces = sp->view;
-    *n_pieces = sp->n_pieces;
+    pieces_view(&sp->pl, pieces, n_pieces);
     return 0;
 }
 
 g4_spans *g4_spans_new(int starts_in_thought, int tool_calls) {
     g4_spans *sp = calloc(1, sizeof *sp);
-    if (!sp || g4_textbuf_append(&sp->pending, "", 0) || g4_textbuf_append(&sp->out, "", 0)) {
+    if (!sp || g4_textbuf_append(&sp->pending, "", 0) || g4_textbuf_append(&sp->pl.out, "", 0)) {
         g4_spans_free(sp);
         g4_fail("reply: out of memory");
         return NULL;
@@ -171,7 +192,8 @@ g4_spans *g4_spans_new(int starts_in_thought, int tool_calls) {
 
 void g4_spans_free(g4_spans *sp) {
     if (!sp) return;
-    free(sp->pending.p), free(sp->out.p), free(sp->pieces), free(sp->view);
+    free(sp->pending.p);
+    pieces_free(&sp->pl);
     free(sp);
 }
 
@@ -356,4 +378,259 @@ void g4_chat_reply_free(g4_chat_reply *r) {
     for (int i = 0; i < r->n_tool_calls; i++) free(r->tool_calls[i].name), free(r->tool_calls[i].arguments);
     free(r->tool_calls);
     memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------- the reply reader */
+
+struct g4_reply {
+    g4_detokenizer *detok;
+    g4_spans *spans; /* NULL for a raw reply */
+    g4_calls_mode calls_mode;
+    char **stop;
+    int n_stop;
+    int *end_ids, n_end_ids;
+    g4_textbuf held;  /* answer text that may still begin a stop string */
+    int stop_string;  /* the stop string matched, or -1 */
+    int finished;
+    g4_textbuf call;  /* the tool call being read, markers included */
+    g4_tool_call *calls;
+    int n_calls, cap_calls, calls_seen; /* calls_seen: those of earlier deltas */
+    piece_list pl;    /* this delta's spans */
+};
+
+static int is_end_id(const g4_reply *r, int32_t token) {
+    for (int i = 0; i < r->n_end_ids; i++)
+        if (r->end_ids[i] == token) return 1;
+    return 0;
+}
+
+/* The length of the longest end of s[0, n) that is a proper prefix of some stop string: text
+ * that the next token may turn into one. */
+static size_t stop_prefix_at_end(const g4_reply *r, const char *s, size_t n) {
+    size_t best = 0;
+    for (int k = 0; k < r->n_stop; k++) {
+        size_t len = strlen(r->stop[k]);
+        for (size_t take = len - 1 < n ? len - 1 : n; take > best; take--)
+            if (!memcmp(s + n - take, r->stop[k], take)) {
+                best = take;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Where the first stop string in s[0, n) starts (n when none); *which gets its index. */
+static size_t first_stop(const g4_reply *r, const char *s, size_t n, int *which) {
+    size_t cut = n;
+    for (int k = 0; k < r->n_stop; k++) {
+        size_t sl = strlen(r->stop[k]);
+        for (size_t i = 0; i + sl <= n && i < cut; i++)
+            if (!memcmp(s + i, r->stop[k], sl)) {
+                cut = i, *which = k;
+                break;
+            }
+    }
+    return cut;
+}
+
+/* Answer text through the stop strings, the one matcher: what can no longer begin one is
+ * released as answer; at the first stop string what precedes it goes out and the reply ends. */
+static int answer_text(g4_reply *r, const char *text, size_t len, int final) {
+    if (r->stop_string >= 0) return 0;
+    if (g4_textbuf_append(&r->held, text, len)) return -1;
+    const char *h = r->held.p;
+    size_t n = r->held.n, cut = first_stop(r, h, n, &r->stop_string);
+    size_t out = r->stop_string >= 0 ? cut : final ? n : n - stop_prefix_at_end(r, h, n);
+    if (pieces_add(&r->pl, G4_SPAN_ANSWER, h, out)) return -1;
+    if (r->stop_string >= 0) {
+        g4_textbuf_clear(&r->held);
+        return 0;
+    }
+    memmove(r->held.p, h + out, n - out);
+    r->held.n = n - out;
+    r->held.p[r->held.n] = 0;
+    return 0;
+}
+
+/* A whole call's text into the list of calls: 1 when it parsed, 0 when it is no call Gemma's
+ * syntax can say, -1 when out of memory. */
+static int complete_call(g4_reply *r, const char *text, size_t n) {
+    char *name, *json;
+    if (g4_tool_call_parse(text, n, &name, &json)) return 0;
+    if (r->n_calls == r->cap_calls) {
+        int cap = r->cap_calls ? 2 * r->cap_calls : 4;
+        g4_tool_call *c = realloc(r->calls, sizeof *c * (size_t)cap);
+        if (!c) {
+            free(name), free(json);
+            return g4_fail("reply: out of memory");
+        }
+        r->calls = c, r->cap_calls = cap;
+    }
+    r->calls[r->n_calls++] = (g4_tool_call){name, json};
+    return 1;
+}
+
+/* The call read so far, once closed (or at the end): a call, or answer text after all when held
+ * whole and it does not parse (or never closed). */
+static int close_call(g4_reply *r, int closed, int final) {
+    int ok = closed ? complete_call(r, r->call.p, r->call.n) : 0;
+    int rc = ok < 0;
+    if (!rc && r->calls_mode == G4_CALLS_WHOLE)
+        rc = ok ? pieces_add(&r->pl, G4_SPAN_TOOL_CALL, r->call.p, r->call.n) != 0 : answer_text(r, r->call.p, r->call.n, final) != 0;
+    g4_textbuf_clear(&r->call);
+    return rc ? -1 : 0;
+}
+
+/* Tool-call text: streamed as it comes or held; each call completed at its closer (the splitter
+ * hands a marker over whole, never split across pieces). */
+static int call_text(g4_reply *r, const char *s, size_t n, int final) {
+    if (r->calls_mode == G4_CALLS_STREAM && pieces_add(&r->pl, G4_SPAN_TOOL_CALL, s, n)) return -1;
+    while (n > 0 && r->stop_string < 0) {
+        const char *close = find_lit(s, n, CLOSE_CALL, LIT_LEN(CLOSE_CALL));
+        size_t take = close ? (size_t)(close - s) + LIT_LEN(CLOSE_CALL) : n;
+        if (g4_textbuf_append(&r->call, s, take) || (close && close_call(r, 1, final))) return -1;
+        s += take, n -= take; /* what follows a closer is the next call's */
+    }
+    return 0;
+}
+
+/* The splitter's pieces into this delta: thoughts as they are, answers through the stop strings,
+ * calls completed. Nothing after a stop string. */
+static int take_pieces(g4_reply *r, const g4_span_text *p, int n, int final) {
+    for (int i = 0; i < n && r->stop_string < 0; i++) {
+        int rc = p[i].span == G4_SPAN_THOUGHT ? pieces_add(&r->pl, G4_SPAN_THOUGHT, p[i].text, p[i].len)
+                 : p[i].span == G4_SPAN_TOOL_CALL ? call_text(r, p[i].text, p[i].len, final)
+                                                  : answer_text(r, p[i].text, p[i].len, final);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+/* Decoded text into this delta's spans. */
+static int take_text(g4_reply *r, const char *text, size_t len, int final) {
+    if (!r->spans) return answer_text(r, text, len, final);
+    const g4_span_text *p;
+    int n;
+    if ((final ? g4_spans_finish(r->spans, text, len, &p, &n) : g4_spans_push(r->spans, text, len, &p, &n))) return -1;
+    return take_pieces(r, p, n, final);
+}
+
+static void delta_begin(g4_reply *r, int32_t token, g4_reply_delta *d) {
+    pieces_clear(&r->pl);
+    r->calls_seen = r->n_calls;
+    *d = (g4_reply_delta){.token = token, .text = "", .stop_string = -1};
+}
+
+static void delta_end(g4_reply *r, g4_reply_delta *d) {
+    pieces_view(&r->pl, &d->spans, &d->n_spans);
+    d->calls = r->calls + r->calls_seen;
+    d->n_calls = r->n_calls - r->calls_seen;
+    d->ended = r->stop_string >= 0;
+    d->stop_string = r->stop_string;
+}
+
+static int check_reply_options(const g4_reply_options *o) {
+    if (o->n_stop < 0 || (o->n_stop && !o->stop)) return g4_fail("reply: n_stop is %d but stop is %s", o->n_stop, o->stop ? "set" : "NULL");
+    if (o->n_end_ids < 0 || (o->n_end_ids && !o->end_ids))
+        return g4_fail("reply: n_end_ids is %d but end_ids is %s", o->n_end_ids, o->end_ids ? "set" : "NULL");
+    if (o->calls != G4_CALLS_STREAM && o->calls != G4_CALLS_WHOLE && o->calls != G4_CALLS_TEXT)
+        return g4_fail("reply: calls is %d (G4_CALLS_STREAM, G4_CALLS_WHOLE or G4_CALLS_TEXT)", (int)o->calls);
+    if (o->raw && (o->calls != G4_CALLS_TEXT || o->prefix)) return g4_fail("reply: a raw reply has no spans: calls must be G4_CALLS_TEXT and no prefix");
+    for (int k = 0; k < o->n_stop; k++) {
+        const char *s = o->stop[k];
+        if (!s || !*s) return g4_fail("reply: stop string %d is %s", k, s ? "empty" : "NULL");
+        size_t n = strlen(s);
+        if (g4_text_utf8_prefix(s, n) < n) return g4_fail("reply: stop string %d is not valid UTF-8 (byte %zu)", k, g4_text_utf8_prefix(s, n));
+    }
+    return 0;
+}
+
+/* The prompt's part of the reply: read (a call it opens goes on), released never. */
+static int read_prefix(g4_reply *r, const char *prefix) {
+    const g4_span_text *p;
+    int n;
+    if (g4_spans_push(r->spans, prefix, strlen(prefix), &p, &n)) return -1;
+    for (int i = 0; i < n; i++)
+        if (p[i].span == G4_SPAN_TOOL_CALL && g4_textbuf_append(&r->call, p[i].text, p[i].len)) return -1;
+    return 0;
+}
+
+g4_reply *g4_reply_new(const g4_tokenizer *tok, const g4_reply_options *o) {
+    if (!tok || !o) {
+        g4_fail("reply: %s is NULL", tok ? "the options" : "the tokenizer");
+        return NULL;
+    }
+    if (check_reply_options(o)) return NULL;
+    g4_reply *r = calloc(1, sizeof *r);
+    int rc = !r;
+    if (!rc) {
+        r->stop_string = -1;
+        r->calls_mode = o->calls;
+        r->stop = calloc((size_t)o->n_stop + 1, sizeof *r->stop);
+        r->end_ids = malloc(sizeof *r->end_ids * ((size_t)o->n_end_ids + 1));
+        rc = !r->stop || !r->end_ids;
+    }
+    for (int k = 0; !rc && k < o->n_stop; k++, r->n_stop++) rc = take_copy(o->stop[k], strlen(o->stop[k]), &r->stop[k]);
+    if (!rc) {
+        if (o->n_end_ids) memcpy(r->end_ids, o->end_ids, sizeof *r->end_ids * (size_t)o->n_end_ids);
+        r->n_end_ids = o->n_end_ids;
+        r->detok = g4_detokenizer_new(tok);
+        r->spans = o->raw ? NULL : g4_spans_new(o->starts_in_thought, o->calls != G4_CALLS_TEXT);
+        rc = !r->detok || (!o->raw && !r->spans) || g4_textbuf_append(&r->held, "", 0) || g4_textbuf_append(&r->call, "", 0) ||
+             g4_textbuf_append(&r->pl.out, "", 0);
+    }
+    if (!rc && o->prefix) rc = read_prefix(r, o->prefix);
+    if (rc) {
+        g4_reply_free(r);
+        g4_fail("reply: out of memory");
+        return NULL;
+    }
+    return r;
+}
+
+void g4_reply_free(g4_reply *r) {
+    if (!r) return;
+    g4_detokenizer_free(r->detok);
+    g4_spans_free(r->spans);
+    for (int k = 0; k < r->n_stop; k++) free(r->stop[k]);
+    free(r->stop), free(r->end_ids), free(r->held.p), free(r->call.p);
+    for (int i = 0; i < r->n_calls; i++) free(r->calls[i].name), free(r->calls[i].arguments);
+    free(r->calls);
+    pieces_free(&r->pl);
+    free(r);
+}
+
+int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d) {
+    delta_begin(r, token, d);
+    if (r->finished) return g4_fail("reply: a token pushed after g4_reply_finish");
+    int end = is_end_id(r, token);
+    if (!end && r->stop_string < 0 && (g4_detokenizer_push(r->detok, token, &d->text, &d->len) || take_text(r, d->text, d->len, 0)))
+        return -1;
+    delta_end(r, d);
+    d->ended |= end;
+    return r->stop_string >= 0;
+}
+
+int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d) {
+    delta_begin(r, -1, d);
+    if (r->finished) return g4_fail("reply: g4_reply_finish called twice");
+    r->finished = 1;
+    if (r->stop_string < 0) {
+        int rc = g4_detokenizer_flush(r->detok, &d->text, &d->len) || take_text(r, d->text, d->len, 1);
+        /* a call never closed; then what the stop strings hold (the last text may have been none of the answer) */
+        if (!rc && r->call.n && r->stop_string < 0) rc = close_call(r, 0, 1);
+        if (!rc) rc = answer_text(r, "", 0, 1);
+        if (rc) return -1;
+    }
+    delta_end(r, d);
+    d->finish = r->stop_string >= 0 ? G4_FINISH_STOP
+                : why == G4_STOP_BUDGET || why == G4_STOP_CONTEXT ? G4_FINISH_LENGTH
+                : r->n_calls ? G4_FINISH_TOOL_CALLS
+                             : G4_FINISH_STOP;
+    return 0;
+}
+
+const g4_tool_call *g4_reply_calls(const g4_reply *r, int *n) {
+    *n = r->n_calls;
+    return r->calls;
 }

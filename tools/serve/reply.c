@@ -1,4 +1,6 @@
-/* g4 serve's replies (reply.h): a request's tokens into OpenAI's JSON, streamed or whole. */
+/* g4 serve's replies (reply.h): a request's tokens into OpenAI's JSON, streamed or whole. What
+ * text each token releases (spans, stop strings, tool calls, the finish reason) is the library's
+ * reply reader's (g4_reply); this file only shapes it as OpenAI's JSON and SSE. */
 #define _POSIX_C_SOURCE 200809L
 #include "serve/reply.h"
 
@@ -6,62 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "text/reply.h"
-
-static const char CLOSE_CALL[] = "<tool_call|>";
-
-/* ---------------------------------------------------------------- stop strings */
-
-/* Text waiting for the stop strings: what could still be the start of one is held back. */
-typedef struct {
-    char *const *stop;
-    int n_stop;
-    g4_textbuf held;
-    int matched;
-} stop_matcher;
-
-/* The longest end of s[0, n) that begins some stop string (and is shorter than it). */
-static size_t partial_stop(const stop_matcher *m, const char *s, size_t n) {
-    size_t best = 0;
-    for (int k = 0; k < m->n_stop; k++) {
-        size_t len = strlen(m->stop[k]);
-        for (size_t take = len - 1 < n ? len - 1 : n; take > best; take--)
-            if (!memcmp(s + n - take, m->stop[k], take)) {
-                best = take;
-                break;
-            }
-    }
-    return best;
-}
-
-/* Pushes text; *released (into rel) is what can go out. Sets matched at the first stop string:
- * what precedes it goes out, the rest never does. */
-static int stop_push(stop_matcher *m, const char *text, size_t len, int final, g4_textbuf *rel) {
-    if (m->matched) return 0;
-    if (g4_textbuf_append(&m->held, text, len)) return -1;
-    const char *h = m->held.p ? m->held.p : "";
-    size_t n = m->held.n, cut = n;
-    for (int k = 0; k < m->n_stop; k++) {
-        size_t sl = strlen(m->stop[k]);
-        for (size_t i = 0; i + sl <= n && i < cut; i++)
-            if (!memcmp(h + i, m->stop[k], sl)) {
-                cut = i;
-                m->matched = 1;
-                break;
-            }
-    }
-    size_t out = m->matched ? cut : final ? n : n - partial_stop(m, h, n);
-    if (g4_textbuf_append(rel, h, out)) return -1;
-    if (m->matched) {
-        g4_textbuf_clear(&m->held);
-        return 0;
-    }
-    memmove(m->held.p, h + out, n - out);
-    m->held.n = n - out;
-    m->held.p[m->held.n] = 0;
-    return 0;
-}
 
 /* ---------------------------------------------------------------- the reply */
 
@@ -71,14 +17,13 @@ typedef struct {
 
 struct serve_reply {
     serve_reply_config c;
-    g4_detokenizer *detok;
-    g4_spans *spans;
-    stop_matcher stop;
+    g4_reply *reader;
+    int stopped;                   /* a stop string ended the reply */
+    int finished;
+    g4_finish finish;
     g4_textbuf content, reasoning; /* whole responses: everything; streaming: this token's */
-    g4_textbuf call_text;          /* the tool call being written */
     call *calls;
     int n_calls, cap_calls, streamed_calls;
-    g4_textbuf scratch, nul_free;
     /* log-probabilities: the tokenizer (each token's text), the entries not yet sent (streaming)
      * or all of them; completions' form in four arrays, text_offset counting the tokens' text */
     const g4_tokenizer *tok;
@@ -288,16 +233,13 @@ serve_reply *serve_reply_new(const g4_tokenizer *tok, const serve_reply_config *
         serve_reply_free(r);
         return NULL;
     }
-    r->stop.stop = c->stop;
-    r->stop.n_stop = c->n_stop;
-    r->detok = g4_detokenizer_new(tok);
-    r->spans = c->kind == SERVE_CHAT ? g4_spans_new(c->opens_thought, c->tools) : NULL;
-    int rc = !r->detok || (c->kind == SERVE_CHAT && !r->spans) || g4_textbuf_append(&r->content, "", 0) ||
-             g4_textbuf_append(&r->reasoning, "", 0);
-    /* the call the prompt opened is the start of the reply's first tool-call span */
-    const g4_span_text *pieces;
-    int n;
-    if (!rc && c->prefill) rc = g4_spans_push(r->spans, c->prefill, strlen(c->prefill), &pieces, &n) || g4_textbuf_appends(&r->call_text, c->prefill);
+    /* a completion's text is all answer; a chat's tool calls are held whole when tools were
+     * declared (the call the prompt opened is the start of the first), else they are text */
+    int chat = c->kind == SERVE_CHAT;
+    g4_reply_options ro = {.stop = (const char *const *)c->stop, .n_stop = c->n_stop, .starts_in_thought = chat && c->opens_thought,
+                           .calls = chat && c->tools ? G4_CALLS_WHOLE : G4_CALLS_TEXT, .raw = !chat, .prefix = chat ? c->prefill : NULL};
+    r->reader = g4_reply_new(tok, &ro);
+    int rc = !r->reader || g4_textbuf_append(&r->content, "", 0) || g4_textbuf_append(&r->reasoning, "", 0);
     if (!rc && c->stream && c->kind == SERVE_CHAT) {
         cJSON *root = chunk_root(r), *delta = cJSON_AddObjectToObject(add_choice(r, root, NULL), "delta");
         cJSON_AddStringToObject(delta, "role", "assistant");
@@ -313,86 +255,56 @@ serve_reply *serve_reply_new(const g4_tokenizer *tok, const serve_reply_config *
 
 void serve_reply_free(serve_reply *r) {
     if (!r) return;
-    g4_detokenizer_free(r->detok);
-    g4_spans_free(r->spans);
-    free(r->stop.held.p), free(r->content.p), free(r->reasoning.p), free(r->call_text.p), free(r->scratch.p), free(r->nul_free.p);
+    g4_reply_free(r->reader);
+    free(r->content.p), free(r->reasoning.p);
     for (int i = 0; i < r->n_calls; i++) free(r->calls[i].name), free(r->calls[i].arguments);
     free(r->calls);
     free_logprob_arrays(r);
     free(r);
 }
 
-/* A whole call's text as name and JSON arguments; 0 when it is no call Gemma's syntax can say
- * (its text then goes to the content), -1 when out of memory. */
-static int parse_call(serve_reply *r, const char *text, size_t n) {
-    char *name, *json;
-    if (g4_tool_call_parse(text, n, &name, &json)) return 0;
-    if (r->n_calls == r->cap_calls) {
-        int cap = r->cap_calls ? 2 * r->cap_calls : 4;
-        call *c = realloc(r->calls, sizeof *c * (size_t)cap);
-        if (!c) {
-            free(name), free(json);
-            return -1;
-        }
-        r->calls = c, r->cap_calls = cap;
-    }
-    r->calls[r->n_calls++] = (call){name, json};
-    return 1;
-}
-
-/* A tool call that cannot be parsed, or one never closed, is the model's text after all. */
-static int call_as_content(serve_reply *r, int final) {
-    g4_textbuf *rel = &r->scratch;
-    g4_textbuf_clear(rel);
-    int rc = stop_push(&r->stop, r->call_text.p, r->call_text.n, final, rel) || g4_textbuf_append(&r->content, rel->p, rel->n);
-    g4_textbuf_clear(&r->call_text);
-    return rc;
-}
-
-/* The spans that became final into content (through the stop strings), reasoning and calls. */
-static int take_pieces(serve_reply *r, const g4_span_text *pieces, int n, int final) {
-    for (int i = 0; i < n; i++) {
-        const g4_span_text *p = &pieces[i];
-        if (p->span == G4_SPAN_THOUGHT) {
-            if (g4_textbuf_append(&r->reasoning, p->text, p->len)) return -1;
-        } else if (p->span == G4_SPAN_TOOL_CALL) {
-            if (g4_textbuf_append(&r->call_text, p->text, p->len)) return -1;
-            size_t cl = sizeof CLOSE_CALL - 1;
-            if (r->call_text.n >= cl && !memcmp(r->call_text.p + r->call_text.n - cl, CLOSE_CALL, cl)) {
-                int ok = parse_call(r, r->call_text.p, r->call_text.n);
-                if (ok < 0 || (ok == 0 && call_as_content(r, final))) return -1;
-                g4_textbuf_clear(&r->call_text);
-            }
-        } else {
-            g4_textbuf_clear(&r->scratch);
-            if (stop_push(&r->stop, p->text, p->len, final, &r->scratch) || g4_textbuf_append(&r->content, r->scratch.p, r->scratch.n))
-                return -1;
-        }
+/* Text into a JSON string's buffer. A NUL the model writes (a <0x00> byte token) is dropped:
+ * the JSON strings are C strings, and a NUL would cut the whole reply's content where the
+ * stream's next delta goes on. */
+static int append_nul_free(g4_textbuf *b, const char *s, size_t n) {
+    for (const char *p = s, *end = s + n; p < end;) {
+        const char *z = memchr(p, 0, (size_t)(end - p));
+        size_t k = z ? (size_t)(z - p) : (size_t)(end - p);
+        if (g4_textbuf_append(b, p, k)) return -1;
+        p += k + (z != NULL);
     }
     return 0;
 }
 
-/* Decoded text into the reply's parts. A NUL the model writes (a <0x00> byte token) is dropped:
- * the JSON strings are C strings, and a NUL would cut the whole reply's content where the
- * stream's next delta goes on. */
-static int take_text(serve_reply *r, const char *raw, size_t raw_len, int final) {
-    g4_textbuf_clear(&r->nul_free);
-    for (const char *p = raw, *end = raw + raw_len; p < end;) {
-        const char *z = memchr(p, 0, (size_t)(end - p));
-        size_t k = z ? (size_t)(z - p) : (size_t)(end - p);
-        if (g4_textbuf_append(&r->nul_free, p, k)) return -1;
-        p += k + (z != NULL);
+static int add_call(serve_reply *r, const g4_tool_call *tc) {
+    if (r->n_calls == r->cap_calls) {
+        int cap = r->cap_calls ? 2 * r->cap_calls : 4;
+        call *c = realloc(r->calls, sizeof *c * (size_t)cap);
+        if (!c) return -1;
+        r->calls = c, r->cap_calls = cap;
     }
-    const char *bytes = r->nul_free.p ? r->nul_free.p : "";
-    size_t len = r->nul_free.n;
-    if (r->c.kind == SERVE_COMPLETION) {
-        g4_textbuf_clear(&r->scratch);
-        return stop_push(&r->stop, bytes, len, final, &r->scratch) || g4_textbuf_append(&r->content, r->scratch.p, r->scratch.n) ? -1 : 0;
+    call *c = &r->calls[r->n_calls];
+    c->name = strdup(tc->name), c->arguments = strdup(tc->arguments);
+    if (!c->name || !c->arguments) {
+        free(c->name), free(c->arguments);
+        return -1;
     }
-    const g4_span_text *pieces;
-    int n;
-    int rc = final ? g4_spans_finish(r->spans, bytes, len, &pieces, &n) : g4_spans_push(r->spans, bytes, len, &pieces, &n);
-    return rc || take_pieces(r, pieces, n, final) ? -1 : 0;
+    r->n_calls++;
+    return 0;
+}
+
+/* What the reader released into the reply's parts: answer text to the content, thoughts to the
+ * reasoning, completed calls to the calls (a call's text is in no part). */
+static int take_delta(serve_reply *r, const g4_reply_delta *d) {
+    for (int i = 0; i < d->n_spans; i++) {
+        const g4_span_text *p = &d->spans[i];
+        if (p->span != G4_SPAN_TOOL_CALL && append_nul_free(p->span == G4_SPAN_THOUGHT ? &r->reasoning : &r->content, p->text, p->len))
+            return -1;
+    }
+    for (int k = 0; k < d->n_calls; k++)
+        if (add_call(r, &d->calls[k])) return -1;
+    r->stopped |= d->stop_string >= 0;
+    return 0;
 }
 
 static int stream_delta(serve_reply *r, g4_textbuf *out) {
@@ -403,21 +315,19 @@ static int stream_delta(serve_reply *r, g4_textbuf *out) {
 int serve_reply_token(serve_reply *r, int32_t token, int is_stop, g4_textbuf *out) { return serve_reply_token_logprobs(r, token, is_stop, NULL, out); }
 
 int serve_reply_token_logprobs(serve_reply *r, int32_t token, int is_stop, const g4_logprobs *lp, g4_textbuf *out) {
-    if (r->stop.matched) return 1;
+    if (r->stopped) return 1;
     if (!is_stop && lp && r->c.logprobs && add_token_logprobs(r, token, lp)) return -1;
-    if (!is_stop) {
-        const char *bytes;
-        size_t len;
-        if (g4_detokenizer_push(r->detok, token, &bytes, &len) || take_text(r, bytes, len, 0)) return -1;
-        r->text_offset += utf8_chars(bytes, len);
+    if (!is_stop) { /* a stop id adds no text: it never reaches the reader */
+        g4_reply_delta d;
+        if (g4_reply_push_token(r->reader, token, &d) < 0 || take_delta(r, &d)) return -1;
+        r->text_offset += utf8_chars(d.text, d.len);
     }
     if (stream_delta(r, out)) return -1;
-    return r->stop.matched;
+    return r->stopped;
 }
 
-static const char *finish_reason(const serve_reply *r, serve_finish why) {
-    if (why == SERVE_FINISH_LENGTH && !r->stop.matched) return "length";
-    return r->n_calls && !r->stop.matched ? "tool_calls" : "stop";
+static const char *finish_reason(const serve_reply *r) {
+    return r->finish == G4_FINISH_LENGTH ? "length" : r->finish == G4_FINISH_TOOL_CALLS ? "tool_calls" : "stop";
 }
 
 static cJSON *usage_json(int prompt, int cached, int completion) {
@@ -446,30 +356,26 @@ static void whole_choice(serve_reply *r, cJSON *root, const char *finish) {
     }
 }
 
-/* What the detokenizer, the splitter and the stop strings still hold, into the reply. */
-static int release_held(serve_reply *r) {
-    const char *bytes;
-    size_t len;
-    int rc = 0;
-    if (!r->stop.matched) {
-        rc = g4_detokenizer_flush(r->detok, &bytes, &len) || take_text(r, bytes, len, 1) || (r->call_text.n && call_as_content(r, 1));
-        /* what the stop strings still hold (the last text was no answer text) is released too */
-        g4_textbuf_clear(&r->scratch);
-        rc = rc || stop_push(&r->stop, "", 0, 1, &r->scratch) || g4_textbuf_append(&r->content, r->scratch.p ? r->scratch.p : "", r->scratch.n);
-    }
-    return rc ? -1 : 0;
+/* What the reader still holds, into the reply; the finish reason. */
+static int release_held(serve_reply *r, serve_finish why) {
+    if (r->finished) return 0;
+    r->finished = 1;
+    g4_reply_delta d;
+    if (g4_reply_finish(r->reader, why == SERVE_FINISH_LENGTH ? G4_STOP_BUDGET : G4_STOP_EOS, &d) || take_delta(r, &d)) return -1;
+    r->finish = d.finish;
+    return 0;
 }
 
 /* Every choice's end (its last chunks, or its part of the one response), then the usage. */
 int serve_reply_finish_all(serve_reply *const *r, int n, const serve_finish *why, int prompt_tokens, int cached_tokens, int completion_tokens,
                            g4_textbuf *out) {
     for (int i = 0; i < n; i++)
-        if (release_held(r[i])) return -1;
+        if (release_held(r[i], why[i])) return -1;
     const serve_reply *first = r[0];
     if (!first->c.stream) {
         cJSON *root = chunk_root(first);
         cJSON_ReplaceItemInObject(root, "object", cJSON_CreateString(first->c.kind == SERVE_CHAT ? "chat.completion" : "text_completion"));
-        for (int i = 0; i < n; i++) whole_choice(r[i], root, finish_reason(r[i], why[i]));
+        for (int i = 0; i < n; i++) whole_choice(r[i], root, finish_reason(r[i]));
         cJSON_AddItemToObject(root, "usage", usage_json(prompt_tokens, cached_tokens, completion_tokens));
         char *s = cJSON_PrintUnformatted(root);
         cJSON_Delete(root);
@@ -479,7 +385,7 @@ int serve_reply_finish_all(serve_reply *const *r, int n, const serve_finish *why
     }
     for (int i = 0; i < n; i++) {
         if (stream_delta(r[i], out)) return -1;
-        cJSON *root = chunk_root(r[i]), *ch = add_choice(r[i], root, finish_reason(r[i], why[i]));
+        cJSON *root = chunk_root(r[i]), *ch = add_choice(r[i], root, finish_reason(r[i]));
         if (r[i]->c.kind == SERVE_CHAT) cJSON_AddObjectToObject(ch, "delta");
         if (append_event(out, root)) return -1;
     }

@@ -1,8 +1,8 @@
-/* g4 serve's replies: the tokens one request generates, as OpenAI's JSON. The text that becomes
- * final (the streaming detokenizer), split into thought, answer and tool-call spans (the
- * conversation layer's splitter), with stop strings held back until they can no longer match
- * and matched on the answer only; tool calls parsed into JSON arguments; streamed as
- * chat.completion.chunk / text_completion SSE events, or kept for one response. */
+/* g4 serve's replies: the tokens one request generates, as OpenAI's JSON. The library's reply
+ * reader (g4_reply) decides the text: thought, answer and tool-call spans, stop strings held back
+ * until they can no longer match and matched on the answer only, tool calls completed with JSON
+ * arguments, the finish reason; this shapes it as chat.completion.chunk / text_completion SSE
+ * events, or keeps it for one response. */
 #ifndef G4_SERVE_REPLY_H
 #define G4_SERVE_REPLY_H
 
