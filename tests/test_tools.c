@@ -178,7 +178,171 @@ static void check_rendered_prompt(void) {
     free(decl[0]), free(decl[1]), free(got), free(want);
 }
 
+
+/* ---- the tool-call grammar (g4_tool_call_gbnf): the template's own calls pass, wrong ones fail */
+
+/* The functions of the fixture's calls (tool_cases.jsonl "call" rows) with schemas their
+ * arguments keep to: every argument type the template writes, keys in dictsort order. */
+static const char CALL_TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"city\":{\"type\":\"string\",\"maxLength\":40}},\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},\"required\":[\"a\",\"b\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"now\"}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"u\":{\"type\":\"number\"},\"v\":{\"type\":\"number\"},\"w\":{\"type\":\"number\"},\"x\":{\"type\":\"number\"},"
+    "\"y\":{\"type\":\"number\"},\"z\":{\"type\":\"number\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"on\":{\"type\":\"boolean\"},\"off\":{\"type\":\"boolean\"},\"none\":{\"type\":[\"null\",\"string\"]}},\"required\":[\"on\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"trip\":{\"type\":\"object\",\"properties\":{\"to\":{\"enum\":[\"Rome\",\"Oslo\"]},\"From\":{\"type\":\"string\"},"
+    "\"when\":{\"$ref\":\"#/$defs/when\"}},\"required\":[\"to\"]},"
+    "\"seats\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":8},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"object\",\"properties\":"
+    "{\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}}]}},"
+    "\"empty\":{\"type\":\"array\",\"maxItems\":0},\"obj\":{\"type\":\"object\"}},"
+    "\"$defs\":{\"when\":{\"type\":\"object\",\"properties\":{\"day\":{\"type\":\"integer\"}}}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"order\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"b\":{\"type\":\"integer\"},\"A\":{\"type\":\"integer\"},\"a_z\":{\"type\":\"integer\"},\"Zed\":{\"type\":\"integer\"},"
+    "\"c\":{\"type\":\"integer\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"say\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"text\":{\"type\":\"string\"},\"emoji\":{\"type\":\"string\",\"maxLength\":1}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"write\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"body\":{\"type\":\"string\",\"pattern\":\"^line\"}}}}}]";
+
+/* Whether the grammar takes text token by token (special tokens parsed, as the model writes them),
+ * each token also in the state's mask, and ends complete there. */
+static int grammar_takes(const g4_tokenizer *tok, const g4_grammar_vocab *v, const g4_grammar *g, const char *text, int parse_special) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (g4_tokenizer_encode(tok, text, strlen(text), parse_special, &ids, &n)) return 0;
+    g4_grammar_state *st = g4_grammar_start(g);
+    size_t V = g4_grammar_vocab_size(v);
+    uint32_t *mask = calloc((V + 31) / 32, sizeof *mask);
+    int ok = st && mask;
+    for (size_t i = 0; i < n && ok; i++) {
+        ok = g4_grammar_mask(v, st, NULL, 0, mask) > 0 && ((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1);
+        ok = ok && g4_grammar_accept_token(v, st, ids[i]) == 0;
+    }
+    ok = ok && g4_grammar_is_complete(st);
+    free(mask);
+    free(ids);
+    g4_grammar_state_free(st);
+    return ok;
+}
+
+static g4_grammar *call_grammar(const g4_tokenizer *tok, const char *tools, const char *name) {
+    int bad;
+    char *gbnf = g4_tool_call_gbnf(tok, tools, strlen(tools), name, &bad);
+    CHECK(gbnf != NULL, "g4_tool_call_gbnf(%s): %s", name ? name : "any", g4_last_error());
+    g4_grammar *g = gbnf ? g4_grammar_compile(gbnf, strlen(gbnf)) : NULL;
+    CHECK(!gbnf || g, "the tool call grammar does not compile: %s", g4_last_error());
+    free(gbnf);
+    return g;
+}
+
+static void check_call_grammar_with(const char *tokenizer_path) {
+    g4_tokenizer *tok = g4_tokenizer_load(tokenizer_path);
+    CHECK(tok != NULL, "%s: %s", tokenizer_path, g4_last_error());
+    g4_grammar_vocab *v = tok ? g4_grammar_vocab_new(tok) : NULL;
+    g4_grammar *any = v ? call_grammar(tok, CALL_TOOLS, NULL) : NULL;
+    char *text;
+    if (!any || g4_read_file(CASES, &text, NULL)) {
+        g4_grammar_free(any), g4_grammar_vocab_free(v), g4_tokenizer_free(tok);
+        return;
+    }
+    static const char open[] = "<|tool_call>call:";
+    int n_calls = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *row = cJSON_Parse(line);
+        if (row && !strcmp(cJSON_GetObjectItem(row, "kind")->valuestring, "call")) {
+            const char *call = cJSON_GetObjectItem(row, "text")->valuestring, *fn = cJSON_GetObjectItem(row, "function")->valuestring;
+            /* tool_choice "required": the prompt ends with "<|tool_call>call:" */
+            CHECK(!strncmp(call, open, strlen(open)) && grammar_takes(tok, v, any, call + strlen(open), 1),
+                  "%s: the template's call %s is refused by the grammar of any function", tokenizer_path, call);
+            /* a named function: the prompt ends with "<|tool_call>call:NAME" */
+            g4_grammar *named = call_grammar(tok, CALL_TOOLS, fn);
+            CHECK(named && grammar_takes(tok, v, named, call + strlen(open) + strlen(fn), 1),
+                  "%s: the template's call %s is refused by the grammar of %s", tokenizer_path, call, fn);
+            g4_grammar_free(named);
+            n_calls++;
+        }
+        cJSON_Delete(row);
+    }
+    free(text);
+    CHECK(n_calls >= 8, "%d template calls checked", n_calls);
+    static const struct {
+        const char *text, *why;
+    } wrong[] = {
+        {"get_weather{city:\"Paris\"}<tool_call|>", "a JSON string, not <|\"|>"},
+        {"get_weather{}<tool_call|>", "a required argument left out"},
+        {"get_weather{city:<|\"|>Par<is<|\"|>}<tool_call|>", "'<' inside a string"},
+        {"get_weather{city:<|\"|>Paris<|\"|>}", "no <tool_call|>"},
+        {"get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>x", "text after the call"},
+        {"get_weather{city:<|\"|>aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa<|\"|>}<tool_call|>", "41 characters, maxLength 40"},
+        {"add{a:2.5,b:5}<tool_call|>", "a float for an integer"},
+        {"add{a:2,b:10}<tool_call|>", "b above its maximum"},
+        {"add{b:5,a:2}<tool_call|>", "keys out of the template's order"},
+        {"add{a:2,b:5,c:1}<tool_call|>", "an undeclared argument"},
+        {"add{a: 2,b:5}<tool_call|>", "whitespace the template never writes"},
+        {"add{a:<|\"|>2<|\"|>,b:5}<tool_call|>", "a string for an integer"},
+        {"g{on:1}<tool_call|>", "a number for a boolean"},
+        {"book{trip:{to:<|\"|>Paris<|\"|>}}<tool_call|>", "a value outside the enum"},
+        {"book{empty:[1]}<tool_call|>", "an item past maxItems 0"},
+        {"write{body:<|\"|>no line<|\"|>}<tool_call|>", "a string the pattern refuses"},
+        {"unknown{}<tool_call|>", "an undeclared function"},
+    };
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++)
+        CHECK(!grammar_takes(tok, v, any, wrong[i].text, 1), "%s: the grammar took %s (%s)", tokenizer_path, wrong[i].text, wrong[i].why);
+    /* the delimiter written as text (its characters' tokens, not the special token) is not it */
+    CHECK(!grammar_takes(tok, v, any, "get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>", 0),
+          "%s: <|\"|> spelled by text tokens passed for the token", tokenizer_path);
+    g4_grammar_free(any);
+    g4_grammar_vocab_free(v);
+    g4_tokenizer_free(tok);
+    printf("ok tool call grammar (%s): %d template calls taken (any function and named), %zu wrong ones refused\n", tokenizer_path, n_calls,
+           sizeof wrong / sizeof *wrong + 1);
+}
+
+/* What the grammar cannot enforce is refused, naming the tool. */
+static void check_call_grammar_refusals(const char *tokenizer_path) {
+    g4_tokenizer *tok = g4_tokenizer_load(tokenizer_path);
+    if (!tok) return;
+    static const struct {
+        const char *tools, *want;
+        int bad;
+    } cases[] = {
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\",\"function\":{\"name\":\"b\",\"parameters\":"
+         "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\",\"multipleOf\":2}}}}}]", "multipleOf", 1},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"string\"}}}]", "type", 0},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x y\":{}}}}}]",
+         "bare", 0},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"const\":\"<b>\"}}}}}]",
+         "const", 0},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","
+         "\"pattern\":\"<[a-z]+>\"}}}}}]", "'<'", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int bad = 7;
+        char *g = g4_tool_call_gbnf(tok, cases[i].tools, strlen(cases[i].tools), NULL, &bad);
+        CHECK(!g && bad == cases[i].bad && strstr(g4_last_error(), cases[i].want) && one_line(g4_last_error()),
+              "tools %zu: %s (tool %d): want a refusal naming %s at tool %d", i, g ? "compiled" : g4_last_error(), bad, cases[i].want, cases[i].bad);
+        free(g);
+    }
+    int bad;
+    char *g = g4_tool_call_gbnf(tok, CALL_TOOLS, strlen(CALL_TOOLS), "nope", &bad);
+    CHECK(!g && strstr(g4_last_error(), "no tool has that name"), "a name no tool has: %s", g ? "compiled" : g4_last_error());
+    free(g);
+    g4_tokenizer_free(tok);
+    printf("ok tool call grammar refusals\n");
+}
+
 int main(void) {
+    char real[1024];
+    snprintf(real, sizeof real, "%s/data/tokenizers/gemma4/tokenizer.json", check_shared_dir());
+    check_call_grammar_with("models/gemma4-tiny-math/tokenizer.json"); /* the built-in model's, 757 tokens */
+    check_call_grammar_with(real);                                     /* Gemma 4's, 262,144 tokens */
+    check_call_grammar_refusals("models/gemma4-tiny-math/tokenizer.json");
     check_fixture();
     check_parser();
     check_rendered_prompt();
