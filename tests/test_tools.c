@@ -287,6 +287,7 @@ static void check_call_grammar_with(const char *tokenizer_path) {
         {"add{a: 2,b:5}<tool_call|>", "whitespace the template never writes"},
         {"add{a:<|\"|>2<|\"|>,b:5}<tool_call|>", "a string for an integer"},
         {"g{on:1}<tool_call|>", "a number for a boolean"},
+        {"f{u:1e400}<tool_call|>", "an exponent past a double's range (the reader takes it for a string)"},
         {"book{trip:{to:<|\"|>Paris<|\"|>}}<tool_call|>", "a value outside the enum"},
         {"book{empty:[1]}<tool_call|>", "an item past maxItems 0"},
         {"write{body:<|\"|>no line<|\"|>}<tool_call|>", "a string the pattern refuses"},

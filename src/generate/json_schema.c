@@ -19,11 +19,10 @@
 #define MAX_DEPTH 64     /* nested subschemas */
 #define MAX_INT 1e15     /* integer bounds */
 
-/* The value rules both syntaxes below share. A number has at most 16 integer digits, 16 fraction
- * digits and a 3-digit exponent. */
+/* The value rules both syntaxes below share. A number has at most 16 integer digits and 16
+ * fraction digits (its exponent: each syntax's json-number). */
 static const char VALUE_RULES[] =
     "json-int ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
-    "json-number ::= json-int (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
     "json-bool ::= \"true\" | \"false\"\n"
     "json-null ::= \"null\"\n"
     "json-value ::= json-object | json-array | json-string | json-number | json-bool | json-null\n";
@@ -32,6 +31,7 @@ static const char VALUE_RULES[] =
  * spaces or tabs (enough for pretty-printed documents). */
 static const char JSON_SYNTAX[] =
     "ws ::= | [ \\t\\n] [ \\t]{0,20}\n"
+    "json-number ::= json-int (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
     "json-quote ::= \"\\\"\"\n"
     "json-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
     "json-string ::= json-quote json-char* json-quote\n"
@@ -42,9 +42,11 @@ static const char JSON_SYNTAX[] =
  * rule names, so that a schema's rules read either: no whitespace (the template writes none),
  * strings between <|"|> tokens (json-quote, written with the tokenizer's id) holding their
  * characters as they are but '<' (the call's reader would take a "<|"|>" or "<tool_call|>"
- * written as text for the token), object keys bare. */
+ * written as text for the token), object keys bare, exponents of 2 digits (the reader takes a
+ * number past a double's range, 1e400, for a string). */
 static const char GEMMA_SYNTAX[] =
     "ws ::= \"\"\n"
+    "json-number ::= json-int (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?\n"
     "json-char ::= [^<]\n"
     "json-string ::= json-quote json-char* json-quote\n"
     "gemma-key ::= [^:,{}<\\x5B\\x5D\" \\t\\n\\r]+\n"

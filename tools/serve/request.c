@@ -674,6 +674,7 @@ static int read_tools(const fields *f, serve_request *r, const serve_limits *lim
             if (rc) return serve_fail(f->e, 400, INVALID, NULL, p, "'%s': %s", p, g4_last_error());
             r->n_tools++;
         }
+        if (!(r->tools_json = cJSON_PrintUnformatted(tools))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
     }
     const cJSON *choice = field(f, "tool_choice");
     if (!choice) return 0;
@@ -788,6 +789,7 @@ void serve_request_free(serve_request *r) {
     for (size_t i = 0; i < r->n_tools; i++) free(r->tools[i]);
     free(r->tools);
     free(r->tool_name);
+    free(r->tools_json);
     free(r->prompt);
     free(r->prompt_ids);
     free(r->cache_salt);
@@ -801,12 +803,12 @@ void serve_request_free(serve_request *r) {
 
 /* ---------------------------------------------------------------- the prompt's tokens */
 
-/* The opening of the call tool_choice asks for, or NULL for none. */
+/* The opening of the call tool_choice asks for, or NULL for none (the rest of the call is
+ * serve_tool_constraint's). */
 static char *call_prefill(const serve_request *r) {
     if (r->tool_choice != SERVE_TOOLS_REQUIRED && r->tool_choice != SERVE_TOOLS_NAMED) return NULL;
     g4_textbuf t = {0};
-    if (g4_textbuf_appends(&t, "<|tool_call>call:") ||
-        (r->tool_choice == SERVE_TOOLS_NAMED && (g4_textbuf_appends(&t, r->tool_name) || g4_textbuf_appends(&t, "{")))) {
+    if (g4_textbuf_appends(&t, "<|tool_call>call:") || (r->tool_choice == SERVE_TOOLS_NAMED && g4_textbuf_appends(&t, r->tool_name))) {
         free(t.p);
         return NULL;
     }
@@ -900,6 +902,21 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
     *ids = p;
     *n_ids = (int)n;
     *max_tokens = budget;
+    return 0;
+}
+
+int serve_tool_constraint(serve_request *r, const g4_tokenizer *tok, serve_error *e) {
+    int bad;
+    char *gbnf = g4_tool_call_gbnf(tok, r->tools_json, r->tools_json ? strlen(r->tools_json) : 0,
+                                   r->tool_choice == SERVE_TOOLS_NAMED ? r->tool_name : NULL, &bad);
+    if (!gbnf) {
+        char param[64] = "tool_choice";
+        if (bad >= 0) snprintf(param, sizeof param, "tools[%d].function.parameters", bad);
+        return serve_fail(e, 400, INVALID, NULL, param, "'%s': %s", param, g4_last_error());
+    }
+    free(r->constraint_text);
+    r->constraint_kind = G4_CONSTRAINT_GBNF, r->constraint_text = gbnf;
+    snprintf(r->constraint_param, sizeof r->constraint_param, "tool_choice");
     return 0;
 }
 
