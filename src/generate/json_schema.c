@@ -27,10 +27,12 @@ static const char VALUE_RULES[] =
     "json-null ::= \"null\"\n"
     "json-value ::= json-object | json-array | json-string | json-number | json-bool | json-null\n";
 
-/* JSON: whitespace between tokens is at most one run of a space, tab or newline followed by 20
- * spaces or tabs (enough for pretty-printed documents). */
+/* JSON: whitespace between tokens is one space, or a newline and up to 20 spaces or tabs (llama.cpp's
+ * json.gbnf rule: compact and pretty-printed documents pass). Not a run of spaces without a newline:
+ * a small model pads every gap with as much as it may (the built-in model, whose spaces are a token
+ * each, spent 21 tokens a gap and ran out of max_tokens before closing a 4-field object). */
 static const char JSON_SYNTAX[] =
-    "ws ::= | [ \\t\\n] [ \\t]{0,20}\n"
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
     "json-number ::= json-int (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
     "json-quote ::= \"\\\"\"\n"
     "json-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
