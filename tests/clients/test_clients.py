@@ -35,11 +35,19 @@ MAX_TOKENS = 500
 PROMPT = "Describe a pet as JSON."
 
 
-class Pet(pydantic.BaseModel):
+class OpenPet(pydantic.BaseModel):
+    """Pydantic's default: its schema has no "additionalProperties": false, so any other property may follow (with a
+    string of any length), and the grammar must let it."""
     kind: Literal["cat", "dog", "fish"]
     legs: int = pydantic.Field(ge=0, le=8)
     indoor: bool
     name: str = pydantic.Field(max_length=8)
+
+
+class Pet(OpenPet):
+    """The same fields and nothing else (extra="forbid": "additionalProperties": false), as the openai client's strict
+    schema says anyway."""
+    model_config = pydantic.ConfigDict(extra="forbid")
 
 
 SCHEMA = Pet.model_json_schema()
@@ -117,6 +125,44 @@ def run_langchain(base):
     report("langchain", "ChatOpenAI.with_structured_output(Pet) (default method)", out, lambda ok, o: ok == len(o))
 
 
+def run_langchain_tools(base):
+    """LangChain's other structured paths: method="function_calling" (a named tool_choice: the call's arguments are constrained
+    to Pet's schema) must give a Pet every time; method="json_mode" (json_object, the schema only in the caller's prompt) is
+    reported, like instructor Mode.JSON."""
+    from langchain_openai import ChatOpenAI
+    for method, strict in (("function_calling", True), ("json_mode", False)):
+        out = []
+        for seed in range(SEEDS):
+            try:
+                llm = ChatOpenAI(model=MODEL_ID, base_url=base, api_key="none", temperature=1, seed=seed, max_tokens=MAX_TOKENS,
+                                 max_retries=0, timeout=120)
+                pet = llm.with_structured_output(Pet, method=method).invoke(PROMPT)
+                out.append("ok" if isinstance(pet, Pet) and valid_pet(pet) else "not a valid Pet: %r" % (pet,))
+            except Exception as e:  # noqa: BLE001
+                out.append(reason(e))
+        report("langchain", "with_structured_output(Pet, method=%r)" % method, out,
+               (lambda ok, o: ok == len(o)) if strict else (lambda ok, o: True))
+
+
+def run_instructor_modes(base):
+    """instructor's other modes: Mode.TOOLS (its default: a named tool_choice, the call constrained) and Mode.JSON_SCHEMA
+    (response_format json_schema) must give a Pet every time."""
+    import instructor
+    import openai
+    for mode, model in ((instructor.Mode.TOOLS, Pet), (instructor.Mode.JSON_SCHEMA, Pet), (instructor.Mode.JSON_SCHEMA, OpenPet)):
+        client = instructor.from_openai(openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120), mode=mode)
+        out = []
+        for seed in range(SEEDS):
+            try:
+                pet = client.chat.completions.create(model=MODEL_ID, response_model=model, messages=[{"role": "user", "content": PROMPT}],
+                                                     temperature=1, seed=seed, max_tokens=MAX_TOKENS, max_retries=0)
+                out.append("ok" if valid_pet(pet) else "not a valid Pet")
+            except Exception as e:  # noqa: BLE001
+                out.append(reason(e))
+        # OpenPet's schema lets any further property in: reported, not required (the model may write them without end)
+        report("instructor", "Mode.%s with %s" % (mode.name, model.__name__), out, (lambda ok, o: ok == len(o)) if model is Pet else (lambda ok, o: True))
+
+
 def run_instructor(base):
     import instructor
     import openai
@@ -135,6 +181,7 @@ def run_instructor(base):
             r = raw.chat.completions.create(model=MODEL_ID, messages=instructor_messages(), temperature=1, seed=seed,
                                             max_tokens=MAX_TOKENS, response_format={"type": "json_object"})
             text, finish = r.choices[0].message.content or "", r.choices[0].finish_reason
+            print("info instructor Mode.JSON seed %d: %s %r" % (seed, finish, text[:100]), flush=True)
             if finish == "stop":
                 try:
                     is_obj = isinstance(json.loads(text), dict)
@@ -188,7 +235,8 @@ def main():
     proc, base = start_server()
     try:
         record_instructor_messages()
-        for name, fn in (("openai", run_openai), ("langchain", run_langchain), ("instructor", run_instructor), ("litellm", run_litellm)):
+        for name, fn in (("openai", run_openai), ("langchain", run_langchain), ("instructor", run_instructor), ("litellm", run_litellm),
+                         ("langchain-other", run_langchain_tools), ("instructor-other", run_instructor_modes)):
             if len(sys.argv) > 1 and name not in sys.argv[1:]:
                 continue
             t = time.time()
