@@ -231,16 +231,53 @@ def record_instructor_messages():
     openai.resources.chat.completions.Completions.create = hooked
 
 
+SENT = []
+
+
+def record_bodies():
+    """Keeps the JSON body of every request the clients send (httpx underneath each of them), to print which request fields
+    each one's path uses."""
+    import httpx
+    send = httpx.Client.send
+
+    def hooked(self, request, *a, **kw):
+        try:
+            SENT.append(json.loads(request.content or b"{}"))
+        except ValueError:
+            pass
+        return send(self, request, *a, **kw)
+    httpx.Client.send = hooked
+
+
+def fields_sent(body):
+    """The request's fields but messages/model, with the constraint's shape: response_format's type, tool_choice, tools' keys."""
+    out = []
+    for k, v in sorted(body.items()):
+        if k in ("messages", "model"):
+            continue
+        if k == "response_format":
+            k += "=" + v.get("type", "?") + ("(strict)" if (v.get("json_schema") or {}).get("strict") else "")
+        elif k == "tool_choice":
+            k += "=" + (v if isinstance(v, str) else "named")
+        elif k == "tools":
+            k += "(" + ",".join(sorted(set(kk for t in v for kk in (t.get("function") or {})))) + ")"
+        out.append(k)
+    return " ".join(out)
+
+
 def main():
     proc, base = start_server()
     try:
         record_instructor_messages()
+        record_bodies()
         for name, fn in (("openai", run_openai), ("langchain", run_langchain), ("instructor", run_instructor), ("litellm", run_litellm),
                          ("langchain-other", run_langchain_tools), ("instructor-other", run_instructor_modes)):
             if len(sys.argv) > 1 and name not in sys.argv[1:]:
                 continue
-            t = time.time()
+            t, first = time.time(), len(SENT)
             fn(base)
+            for shape in sorted(set(fields_sent(b) for b in SENT[first:])):
+                print("info %s sent: %s" % (name, shape), flush=True)
             print("info %s took %.1f s" % (name, time.time() - t), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
