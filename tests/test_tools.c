@@ -295,6 +295,20 @@ static void check_call_grammar_with(const char *tokenizer_path) {
     };
     for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++)
         CHECK(!grammar_takes(tok, v, any, wrong[i].text, 1), "%s: the grammar took %s (%s)", tokenizer_path, wrong[i].text, wrong[i].why);
+    /* <[ID]> is that token alone: the only token a mask allows, and no byte-fallback spelling of its mark (0xFF first) */
+    int32_t quote = g4_tokenizer_piece_to_id(tok, "<|\"|>"), ff = g4_tokenizer_piece_to_id(tok, "<0xFF>");
+    char one[64];
+    snprintf(one, sizeof one, "root ::= <[%d]>", (int)quote);
+    g4_grammar *g1 = g4_grammar_compile(one, strlen(one));
+    g4_grammar_state *s1 = g1 ? g4_grammar_start(g1) : NULL;
+    size_t V = g4_grammar_vocab_size(v);
+    uint32_t *mask = calloc((V + 31) / 32, sizeof *mask);
+    CHECK(s1 && mask && g4_grammar_mask(v, s1, NULL, 0, mask) == 1 && ((mask[quote >> 5] >> (quote & 31)) & 1),
+          "%s: %s allows more than the one token %d", tokenizer_path, one, (int)quote);
+    CHECK(ff >= 0 && s1 && g4_grammar_accept_token(v, s1, ff) != 0, "%s: <0xFF> (id %d) begins the mark of %s", tokenizer_path, (int)ff, one);
+    free(mask);
+    g4_grammar_state_free(s1);
+    g4_grammar_free(g1);
     /* the delimiter written as text (its characters' tokens, not the special token) is not it */
     CHECK(!grammar_takes(tok, v, any, "get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>", 0),
           "%s: <|\"|> spelled by text tokens passed for the token", tokenizer_path);
