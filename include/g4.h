@@ -1034,6 +1034,11 @@ void g4_grammar_cache_stats(const g4_grammar_cache *c, int *entries, long *compi
  * whitespace; only the declared properties; no '<' inside strings. malloc'd; NULL on error
  * (g4_last_error()), *bad_tool the index of the tool whose schema the compiler refused, or -1. */
 char *g4_tool_call_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, const char *name, int *bad_tool);
+/* tool_choice "auto" with functions marked "strict": true: the GBNF text of a whole reply, any
+ * text, then calls (each "<|tool_call>call:NAME{...}<tool_call|>", one after another) of declared
+ * functions only, a strict function's arguments keeping to its schema (as above), another's any
+ * arguments. NULL on error, or when no function is strict. */
+char *g4_tool_reply_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, int *bad_tool);
 
 /* ---- media: image input (issue 35) ----------------------------------------------------------- */
 /* An image's soft tokens: `bytes` of a PNG or JPEG file through the Gemma 4 image processor

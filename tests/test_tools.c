@@ -319,6 +319,51 @@ static void check_call_grammar_with(const char *tokenizer_path) {
            sizeof wrong / sizeof *wrong + 1);
 }
 
+/* tool_choice auto with a strict function (g4_tool_reply_gbnf): text, then calls; the strict
+ * function's arguments by its schema, the other's any arguments; no undeclared function. */
+static void check_reply_grammar(const char *tokenizer_path) {
+    static const char tools[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"strict\":true,\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":40}},\"required\":[\"city\"],\"additionalProperties\":false}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"a\":{\"type\":\"integer\"}}}}}]";
+    g4_tokenizer *tok = g4_tokenizer_load(tokenizer_path);
+    g4_grammar_vocab *v = tok ? g4_grammar_vocab_new(tok) : NULL;
+    int bad;
+    char *gbnf = v ? g4_tool_reply_gbnf(tok, tools, strlen(tools), &bad) : NULL;
+    g4_grammar *g = gbnf ? g4_grammar_compile(gbnf, strlen(gbnf)) : NULL;
+    CHECK(g != NULL, "%s: the reply grammar of a strict tool: %s", tokenizer_path, g4_last_error());
+    static const char *const take[] = {
+        "It is sunny.",
+        "Let me check. <|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|><|tool_call>call:get_weather{city:<|\"|>Rome<|\"|>}<tool_call|>",
+        "<|tool_call>call:add{a:2}<tool_call|>",
+        "<|tool_call>call:add{x:<|\"|>any<|\"|>,y:[1,2]}<tool_call|>",
+    };
+    static const char *const refuse[] = {
+        "<|tool_call>call:get_weather{city:\"Paris\"}<tool_call|>",
+        "<|tool_call>call:get_weather{}<tool_call|>",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>",
+        "<|tool_call>call:other{}<tool_call|>",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|> and then text",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}",
+    };
+    for (size_t i = 0; g && i < sizeof take / sizeof *take; i++)
+        CHECK(grammar_takes(tok, v, g, take[i], 1), "%s: the reply grammar refused %s", tokenizer_path, take[i]);
+    for (size_t i = 0; g && i < sizeof refuse / sizeof *refuse; i++)
+        CHECK(!grammar_takes(tok, v, g, refuse[i], 1), "%s: the reply grammar took %s", tokenizer_path, refuse[i]);
+    /* no strict function: nothing to enforce, said so */
+    static const char loose[] = "[{\"type\":\"function\",\"function\":{\"name\":\"add\"}}]";
+    char *none = tok ? g4_tool_reply_gbnf(tok, loose, strlen(loose), &bad) : NULL;
+    CHECK(!none && strstr(g4_last_error(), "no strict tools"), "a reply grammar without strict tools: %s", none ? none : g4_last_error());
+    free(none);
+    free(gbnf);
+    g4_grammar_free(g);
+    g4_grammar_vocab_free(v);
+    g4_tokenizer_free(tok);
+    printf("ok reply grammar (%s): %zu replies taken, %zu refused\n", tokenizer_path, sizeof take / sizeof *take, sizeof refuse / sizeof *refuse);
+}
+
 /* What the grammar cannot enforce is refused, naming the tool. */
 static void check_call_grammar_refusals(const char *tokenizer_path) {
     g4_tokenizer *tok = g4_tokenizer_load(tokenizer_path);
@@ -358,6 +403,8 @@ int main(void) {
     check_call_grammar_with("models/gemma4-tiny-math/tokenizer.json"); /* the built-in model's, 757 tokens */
     check_call_grammar_with(real);                                     /* Gemma 4's, 262,144 tokens */
     check_call_grammar_refusals("models/gemma4-tiny-math/tokenizer.json");
+    check_reply_grammar("models/gemma4-tiny-math/tokenizer.json");
+    check_reply_grammar(real);
     check_fixture();
     check_parser();
     check_rendered_prompt();

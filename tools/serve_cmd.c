@@ -416,10 +416,12 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         return send_error(rc, c, &e);
     }
     g4_grammar_state *start = NULL;
-    /* a call the prompt opened (tool_choice required or named) keeps to the tools' schemas; under
-     * --test-replies the text is the script's, not the model's, so nothing is constrained */
+    /* a call the prompt opened (tool_choice required or named) keeps to the tools' schemas, and so
+     * does any call of a strict function under tool_choice auto (not after tool responses with
+     * thinking on: the prompt ends inside a thought); under --test-replies the text is the
+     * script's, not the model's, so nothing is constrained */
     int in_call = prefill != NULL;
-    if ((in_call && !sv->a.test_replies && serve_tool_constraint(&r, sv->tok, &e)) || (r.constraint_text && constrain(sv, &r, &start, &e))) {
+    if ((!opens && !sv->a.test_replies && serve_tool_constraint(&r, sv->tok, in_call, &e)) || (r.constraint_text && constrain(sv, &r, &start, &e))) {
         serve_request_free(&r);
         free(ids), free(prefill);
         return send_error(rc, c, &e);

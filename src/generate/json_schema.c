@@ -1123,11 +1123,17 @@ static int tool_call_alt(schema_c *c, const cJSON *fn, int with_name, sbuf *alts
     return rc || r == -1 ? -1 : 0;
 }
 
-char *g4_tool_call_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, const char *name, int *bad_tool) {
+static int is_strict(const cJSON *fn) { return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict")); }
+
+/* The calls' grammar: after "call:" [NAME] (reply 0: g4_tool_call_gbnf), or a whole reply, text
+ * then calls, strict functions' arguments by their schemas (reply 1: g4_tool_reply_gbnf). */
+static char *tool_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, const char *name, int reply, int *bad_tool) {
     *bad_tool = -1;
     int32_t quote = tok ? g4_tokenizer_piece_to_id(tok, "<|\"|>") : -1, close = tok ? g4_tokenizer_piece_to_id(tok, "<tool_call|>") : -1;
-    if (quote < 0 || close < 0 || !g4_tokenizer_is_special(tok, quote) || !g4_tokenizer_is_special(tok, close)) {
-        g4_fail("tool call grammar: the tokenizer has no special <|\"|> and <tool_call|> tokens");
+    int32_t open = tok ? g4_tokenizer_piece_to_id(tok, "<|tool_call>") : -1;
+    if (quote < 0 || close < 0 || open < 0 || !g4_tokenizer_is_special(tok, quote) || !g4_tokenizer_is_special(tok, close) ||
+        !g4_tokenizer_is_special(tok, open)) {
+        g4_fail("tool call grammar: the tokenizer has no special <|\"|>, <|tool_call> and <tool_call|> tokens");
         return NULL;
     }
     cJSON *tools = tools_json && len <= MAX_SCHEMA_BYTES ? cJSON_ParseWithLength(tools_json, len) : NULL;
@@ -1138,21 +1144,36 @@ char *g4_tool_call_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t 
     }
     schema_c c = {.gemma = 1, .temps = cJSON_CreateArray()};
     sbuf alts = {0};
-    int i = 0, n = 0, rc = 0;
+    int i = 0, n = 0, n_strict = 0, rc = 0;
     for (const cJSON *t = tools->child; t && !rc; t = t->next, i++) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *fname = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (name && !(cJSON_IsString(fname) && !strcmp(fname->valuestring, name))) continue;
-        if ((rc = tool_call_alt(&c, fn, !name, &alts))) *bad_tool = i;
         n++;
+        if (reply && !is_strict(fn)) { /* not strict: a call of it with any arguments */
+            if (!cJSON_IsString(fname) || !fname->valuestring[0] || strpbrk(fname->valuestring, "{<")) {
+                rc = sc_fail(&c, "", "the function needs a name without '{' or '<'");
+                *bad_tool = i;
+                break;
+            }
+            if (alts.n) sb_str(&alts, " | ");
+            sb_lit(&alts, fname->valuestring, strlen(fname->valuestring));
+            sb_str(&alts, " json-object");
+            continue;
+        }
+        n_strict++;
+        if ((rc = tool_call_alt(&c, fn, !name, &alts))) *bad_tool = i;
     }
     char *out = NULL;
-    if (!rc && !n) g4_fail("tool call grammar: %s", name ? "no tool has that name" : "no tools");
+    if (!rc && (!n || (reply && !n_strict))) g4_fail("tool call grammar: %s", name ? "no tool has that name" : reply ? "no strict tools" : "no tools");
     else if (!rc) {
         sbuf g = {0};
-        sb_str(&g, "root ::= (");
+        if (reply) /* text (UTF-8: never a token's mark), then calls, one after another */
+            sb_printf(&g, "root ::= .* (<[%d]> \"call:\" (", (int)open);
+        else
+            sb_str(&g, "root ::= (");
         sb_put(&g, alts.p ? alts.p : "", alts.n);
-        sb_printf(&g, ") <[%d]>\njson-quote ::= <[%d]>\n", (int)close, (int)quote);
+        sb_printf(&g, ") <[%d]>%s\njson-quote ::= <[%d]>\n", (int)close, reply ? ")*" : "", (int)quote);
         sb_str(&g, GEMMA_SYNTAX);
         sb_str(&g, VALUE_RULES);
         sb_str(&g, FORMAT_RULES);
@@ -1164,6 +1185,14 @@ char *g4_tool_call_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t 
     cJSON_Delete(c.temps);
     cJSON_Delete(tools);
     return out;
+}
+
+char *g4_tool_call_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, const char *name, int *bad_tool) {
+    return tool_gbnf(tok, tools_json, len, name, 0, bad_tool);
+}
+
+char *g4_tool_reply_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, int *bad_tool) {
+    return tool_gbnf(tok, tools_json, len, NULL, 1, bad_tool);
 }
 
 g4_grammar *g4_grammar_from_json_schema(const char *text, size_t len) {

@@ -5,13 +5,14 @@ text that Python's jsonschema validates (or the grammar's exact words), streamed
 over several seeds; a schema the compiler refuses is a 400 naming the field; thinking on: the
 answer after the thought follows the schema. test_serve.py's main() calls run()."""
 import json
+import os
 from typing import List, Literal
 
 import jsonschema
 import openai
 import pydantic
 
-from serve_util import MODEL_ID, Server, check, sse_events, raw_stream
+from serve_util import MODEL, MODEL_ID, Server, check, sse_events, raw_stream
 
 PERSON = {
     "type": "object",
@@ -197,6 +198,37 @@ def test_tool_calls(sv):
     check(status == 200, "tool_choice auto with a schema the compiler refuses: 200 (nothing to enforce)", r)
 
 
+def test_strict_tools_auto(sv):
+    """tool_choice auto with a function marked strict: every call the model writes keeps to its schema. The built-in model
+    answers in arithmetic unless pushed, so a logit_bias on <|tool_call> makes it call (again and again, until max_tokens):
+    each complete call is a declared function with arguments jsonschema validates."""
+    strict = {"type": "function", "function": dict(WEATHER["function"], strict=True,
+                                                   parameters=dict(WEATHER["function"]["parameters"], additionalProperties=False))}
+    with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+        open_id = [t["id"] for t in json.load(f)["added_tokens"] if t["content"] == "<|tool_call>"][0]
+    schema = strict["function"]["parameters"]
+    n_calls = 0
+    for seed in range(1, 6):
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [strict], "temperature": 1,
+                "seed": seed, "max_tokens": 120, "logit_bias": {str(open_id): 100}}
+        status, r = sv.http("POST", "/v1/chat/completions", body)
+        tcs = r["choices"][0]["message"].get("tool_calls") or [] if status == 200 else []
+        ok = status == 200 and len(tcs) >= 1
+        for tc in tcs:
+            try:
+                ok = ok and tc["function"]["name"] == "get_weather"
+                jsonschema.Draft202012Validator(schema).validate(json.loads(tc["function"]["arguments"]))
+            except (ValueError, jsonschema.ValidationError):
+                ok = False
+        n_calls += len(tcs)
+        check(ok, "strict tool, tool_choice auto, seed %d: %d calls, each valid" % (seed, len(tcs)), r)
+    print("info strict tools under tool_choice auto: %d calls over 5 replies" % n_calls)
+    # unpushed, the model answers in text: still a 200
+    status, r = sv.http("POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "2+2?"}], "tools": [strict],
+                                                         "max_tokens": 30})
+    check(status == 200 and r["choices"][0]["message"]["content"], "strict tool, tool_choice auto: a text answer", r)
+
+
 def run():
     sv = Server("--parallel", "2")
     try:
@@ -206,6 +238,7 @@ def run():
         test_openai_parse(sv)
         test_thinking(sv)
         test_tool_calls(sv)
+        test_strict_tools_auto(sv)
     finally:
         sv.stop()
     print("ok structured output: schema fields, json_object, grammars, refusals, openai parse(), thinking, tool calls")

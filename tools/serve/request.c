@@ -672,6 +672,7 @@ static int read_tools(const fields *f, serve_request *r, const serve_limits *lim
             int rc = json ? g4_tool_declaration(json, strlen(json), &r->tools[i]) : -1;
             free(json);
             if (rc) return serve_fail(f->e, 400, INVALID, NULL, p, "'%s': %s", p, g4_last_error());
+            r->strict_tools |= cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "strict"));
             r->n_tools++;
         }
         if (!(r->tools_json = cJSON_PrintUnformatted(tools))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
@@ -905,18 +906,21 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
     return 0;
 }
 
-int serve_tool_constraint(serve_request *r, const g4_tokenizer *tok, serve_error *e) {
+int serve_tool_constraint(serve_request *r, const g4_tokenizer *tok, int in_call, serve_error *e) {
     int bad;
-    char *gbnf = g4_tool_call_gbnf(tok, r->tools_json, r->tools_json ? strlen(r->tools_json) : 0,
-                                   r->tool_choice == SERVE_TOOLS_NAMED ? r->tool_name : NULL, &bad);
+    size_t len = r->tools_json ? strlen(r->tools_json) : 0;
+    if (!in_call && !(r->tool_choice == SERVE_TOOLS_AUTO && r->strict_tools && r->n_tools)) return 0;
+    char *gbnf = in_call ? g4_tool_call_gbnf(tok, r->tools_json, len, r->tool_choice == SERVE_TOOLS_NAMED ? r->tool_name : NULL, &bad)
+                         : g4_tool_reply_gbnf(tok, r->tools_json, len, &bad);
     if (!gbnf) {
-        char param[64] = "tool_choice";
+        char param[64];
+        snprintf(param, sizeof param, "%s", in_call ? "tool_choice" : "tools");
         if (bad >= 0) snprintf(param, sizeof param, "tools[%d].function.parameters", bad);
         return serve_fail(e, 400, INVALID, NULL, param, "'%s': %s", param, g4_last_error());
     }
     free(r->constraint_text);
     r->constraint_kind = G4_CONSTRAINT_GBNF, r->constraint_text = gbnf;
-    snprintf(r->constraint_param, sizeof r->constraint_param, "tool_choice");
+    snprintf(r->constraint_param, sizeof r->constraint_param, "%s", in_call ? "tool_choice" : "tools");
     return 0;
 }
 

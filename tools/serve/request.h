@@ -85,6 +85,7 @@ typedef struct {
     serve_tool_choice tool_choice;
     char *tool_name;     /* SERVE_TOOLS_NAMED */
     char *tools_json;    /* the tools array as JSON (malloc'd), for the call's grammar (serve_tool_constraint) */
+    int strict_tools;    /* some function says "strict": true */
     /* completions */
     char *prompt;        /* a text prompt, or NULL for one of token ids */
     int32_t *prompt_ids;
@@ -129,12 +130,14 @@ int serve_check_model(const char *model, const serve_limits *lim, serve_error *e
 int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form form, int vocab, const serve_limits *lim,
                  int32_t **ids, int *n_ids, int *opens_thought, char **prefill, int *max_tokens, serve_error *e);
 
-/* The call a prefilled prompt opens (serve_prompt's *prefill, tool_choice required or a named
- * function), constrained: r's constraint becomes the grammar of the rest of the call, a declared
+/* The calls' constraint. in_call (serve_prompt's *prefill: tool_choice required or a named
+ * function opened a call): r's constraint becomes the grammar of the rest of the call, a declared
  * function's name (unless named) and arguments keeping to its parameters schema
- * (g4_tool_call_gbnf), from the field "tool_choice". A schema the compiler refuses is a 400 naming
- * "tools[i].function.parameters". */
-int serve_tool_constraint(serve_request *r, const g4_tokenizer *tok, serve_error *e);
+ * (g4_tool_call_gbnf), from the field "tool_choice". Else, tool_choice auto with a function marked
+ * "strict": the whole reply's (g4_tool_reply_gbnf: text, then calls of declared functions, the
+ * strict ones' arguments by their schemas), from "tools". Otherwise nothing. A schema the compiler
+ * refuses is a 400 naming "tools[i].function.parameters". */
+int serve_tool_constraint(serve_request *r, const g4_tokenizer *tok, int in_call, serve_error *e);
 
 /* The embedding spans of a chat prompt's media parts (serve_prompt's ids, every part's embd set):
  * each part's placeholders, found after its begin marker in order. *spans malloc'd (n_media). */
