@@ -269,7 +269,7 @@ static void check_prompts(void) {
         CHECK(parse(body, SERVE_CHAT, &r, &e) == 0, "%s", e.message);
         CHECK(serve_tool_constraint(&r, tok, 0, &e) == 0 &&
                   (strict ? r.constraint_kind == G4_CONSTRAINT_GBNF && !strcmp(r.constraint_param, "tools") &&
-                                strstr(r.constraint_text, "root ::= .* (<[")
+                                strstr(r.constraint_text, "\"<\"* (<[")
                           : r.constraint_kind < 0 && !r.constraint_text),
               "tool_choice auto, strict %d: the constraint %s", strict, r.constraint_text ? r.constraint_text : e.message);
         serve_request_free(&r);

@@ -335,6 +335,7 @@ static void check_reply_grammar(const char *tokenizer_path) {
     CHECK(g != NULL, "%s: the reply grammar of a strict tool: %s", tokenizer_path, g4_last_error());
     static const char *const take[] = {
         "It is sunny.",
+        "3 < 5, 2 <<= 4 <",
         "Let me check. <|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>",
         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|><|tool_call>call:get_weather{city:<|\"|>Rome<|\"|>}<tool_call|>",
         "<|tool_call>call:add{a:2}<tool_call|>",
@@ -352,6 +353,9 @@ static void check_reply_grammar(const char *tokenizer_path) {
         CHECK(grammar_takes(tok, v, g, take[i], 1), "%s: the reply grammar refused %s", tokenizer_path, take[i]);
     for (size_t i = 0; g && i < sizeof refuse / sizeof *refuse; i++)
         CHECK(!grammar_takes(tok, v, g, refuse[i], 1), "%s: the reply grammar took %s", tokenizer_path, refuse[i]);
+    /* a call written in text (its markers' characters, not the tokens) would pass the reader unconstrained */
+    CHECK(g && !grammar_takes(tok, v, g, "Sure. <|tool_call>call:get_weather{}<tool_call|>", 0), "%s: the reply grammar took a call spelled in text",
+          tokenizer_path);
     /* no strict function: nothing to enforce, said so */
     static const char loose[] = "[{\"type\":\"function\",\"function\":{\"name\":\"add\"}}]";
     char *none = tok ? g4_tool_reply_gbnf(tok, loose, strlen(loose), &bad) : NULL;
@@ -361,7 +365,7 @@ static void check_reply_grammar(const char *tokenizer_path) {
     g4_grammar_free(g);
     g4_grammar_vocab_free(v);
     g4_tokenizer_free(tok);
-    printf("ok reply grammar (%s): %zu replies taken, %zu refused\n", tokenizer_path, sizeof take / sizeof *take, sizeof refuse / sizeof *refuse);
+    printf("ok reply grammar (%s): %zu replies taken, %zu refused\n", tokenizer_path, sizeof take / sizeof *take, sizeof refuse / sizeof *refuse + 1);
 }
 
 /* What the grammar cannot enforce is refused, naming the tool. */

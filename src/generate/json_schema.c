@@ -1168,8 +1168,9 @@ static char *tool_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t l
     if (!rc && (!n || (reply && !n_strict))) g4_fail("tool call grammar: %s", name ? "no tool has that name" : reply ? "no strict tools" : "no tools");
     else if (!rc) {
         sbuf g = {0};
-        if (reply) /* text (UTF-8: never a token's mark), then calls, one after another */
-            sb_printf(&g, "root ::= .* (<[%d]> \"call:\" (", (int)open);
+        if (reply) /* text (UTF-8: never a token's mark; no "<|", which the reply's reader would take for a written
+                    * <|tool_call>, an unconstrained call), then calls, one after another */
+            sb_printf(&g, "root ::= ([^<] | \"<\"+ [^<|])* \"<\"* (<[%d]> \"call:\" (", (int)open);
         else
             sb_str(&g, "root ::= (");
         sb_put(&g, alts.p ? alts.p : "", alts.n);
