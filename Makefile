@@ -179,6 +179,15 @@ serve-test: $(OUT)/g4
 	set -- $$(sh tests/result.sh serve-test $(OUT)/serve-test.log $$rc); \
 	echo "$(BUILD) serve-test: $$1 passed, $$2 failed, $$3 skipped (log: $(OUT)/serve-test.log)"; [ $$2 -eq 0 ]
 
+# Structured output through the four clients issue 36 names (openai parse, LangChain
+# with_structured_output, instructor, LiteLLM), pinned in tests/clients/requirements.txt and installed
+# into build/clients-venv on first use (network for pip; ~3 min). Not in `make check` (CI's time):
+# run by hand. One "client:" line per client and mode: requests, valid replies, what else and why.
+.PHONY: clients-test
+clients-test: $(OUT)/g4
+	@G4_BIN=$(OUT)/g4 tests/clients/run.sh > $(OUT)/clients-test.log 2>&1; rc=$$?; grep -E '^(client|clients-test|Traceback)' $(OUT)/clients-test.log; \
+	echo "(log: $(OUT)/clients-test.log)"; exit $$rc
+
 # The model-level tests again under each kernel level forced with G4_DISPATCH: every level must
 # give the same tokens (and, by construction, the same bits) on the fixtures. `make test` runs the
 # best level the CPU has; this runs the others too. The levels are the table's in

@@ -1019,7 +1019,8 @@ const int32_t *g4_conversation_tokens(const g4_conversation *c, size_t *n);
 
 /* A compiled grammar: immutable, shareable between threads and states. The dialect is llama.cpp's
  * GBNF (rules `name ::= ...`, the start rule `root`, "literals" with \n \r \t \\ \" \xHH \uHHHH
- * \UHHHHHHHH escapes, [classes] with ranges and ^, `.`, ( ), |, * + ? {m} {m,} {m,n}, # comments).
+ * \UHHHHHHHH escapes, [classes] with ranges and ^, `.`, ( ), |, * + ? {m} {m,} {m,n}, # comments,
+ * <[ID]> one special token by id).
  * It is matched byte by byte over UTF-8: a class or `.` matches one whole valid UTF-8 character.
  * Refused, with the line and column: syntax errors, undefined rules, left recursion (a rule that
  * can reach itself without consuming a byte, `(x?)*` included), repetition counts over 10000, more
@@ -1054,12 +1055,13 @@ int g4_grammar_is_complete(const g4_grammar_state *st);
 int g4_grammar_can_continue(const g4_grammar_state *st);
 
 /* A tokenizer's tokens as byte strings in a trie, for token masks (byte-fallback <0xNN> tokens as
- * their byte; special tokens are never allowed). Immutable; one per tokenizer. */
+ * their byte; special tokens only where a grammar names them, <[ID]>). Immutable; one per tokenizer. */
 typedef struct g4_grammar_vocab g4_grammar_vocab;
 g4_grammar_vocab *g4_grammar_vocab_new(const g4_tokenizer *tok);
 void g4_grammar_vocab_free(g4_grammar_vocab *v);
 size_t g4_grammar_vocab_size(const g4_grammar_vocab *v);
-/* The bytes a token stands for (n = 0 for special tokens). */
+/* The bytes a token stands for (a special token: 0xFF and its id in 3 bytes, the mark <[ID]>
+ * matches; n = 0 for <0xFF>, whose byte no UTF-8 text holds). */
 const unsigned char *g4_grammar_vocab_token(const g4_grammar_vocab *v, int32_t id, size_t *n);
 /* Sets bit id of mask (words of 32 bits, (vocab size + 31) / 32 of them, all rewritten) for every
  * token whose bytes the state accepts, and the bits of stop_ids[0, n_stop) when the grammar is
@@ -1100,6 +1102,20 @@ g4_grammar_state *g4_grammar_cache_start(g4_grammar_cache *c, g4_constraint_kind
 void g4_grammar_cache_done(g4_grammar_cache *c, g4_grammar_state *started, const g4_grammar_state *done);
 /* Entries held, compiles and hits so far. */
 void g4_grammar_cache_stats(const g4_grammar_cache *c, int *entries, long *compiles, long *hits);
+/* A tool call constrained (tool_choice "required" or a named function): the GBNF text of what
+ * follows "<|tool_call>call:" in Gemma 4's tool syntax, a function's name then its arguments
+ * keeping to its "parameters" JSON schema and "<tool_call|>", for any function of tools_json (an
+ * OpenAI "tools" array), or, name given, of what follows "<|tool_call>call:NAME" for that function
+ * only. Its strings are <[ID]> token references to the tokenizer's <|"|> (the GBNF dialect's
+ * extension: a special token by id, reachable by no text); keys bare in the template's order; no
+ * whitespace; only the declared properties; no '<' inside strings. malloc'd; NULL on error
+ * (g4_last_error()), *bad_tool the index of the tool whose schema the compiler refused, or -1. */
+char *g4_tool_call_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, const char *name, int *bad_tool);
+/* tool_choice "auto" with functions marked "strict": true: the GBNF text of a whole reply, any
+ * text, then calls (each "<|tool_call>call:NAME{...}<tool_call|>", one after another) of declared
+ * functions only, a strict function's arguments keeping to its schema (as above), another's any
+ * arguments. NULL on error, or when no function is strict. */
+char *g4_tool_reply_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, int *bad_tool);
 
 /* ---- media: image input (issue 35) ----------------------------------------------------------- */
 /* An image's soft tokens: `bytes` of a PNG or JPEG file through the Gemma 4 image processor

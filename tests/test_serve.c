@@ -250,10 +250,38 @@ static void check_prompts(void) {
     rc = serve_prompt(&r, tok, G4_CHAT_FORM_E2B, (int)g4_tokenizer_vocab_size(tok), &LIM, &ids, &n, &opens, &prefill, &budget, &e);
     char *text = NULL;
     size_t len = 0;
-    CHECK(rc == 0 && prefill && !strcmp(prefill, "<|tool_call>call:get_w{") && g4_tokenizer_decode(tok, ids, (size_t)n, &text, &len) == 0 &&
+    CHECK(rc == 0 && prefill && !strcmp(prefill, "<|tool_call>call:get_w") && g4_tokenizer_decode(tok, ids, (size_t)n, &text, &len) == 0 &&
               len > strlen(prefill) && !strcmp(text + len - strlen(prefill), prefill) && strstr(text, "<|turn>model\n<|tool_call>"),
           "tool_choice names a function: the prompt ends with its call opened: %s", text ? text : e.message);
+    /* the rest of the call constrained: its arguments (no parameters: "{}") and the close */
+    CHECK(serve_tool_constraint(&r, tok, 1, &e) == 0 && r.constraint_kind == G4_CONSTRAINT_GBNF && !strcmp(r.constraint_param, "tool_choice") &&
+              strstr(r.constraint_text, "root ::= (\"{}\") <["),
+          "tool_choice names a function: the call's grammar: %s", r.constraint_text ? r.constraint_text : e.message);
     free(text), free(ids), free(prefill), ids = NULL, prefill = NULL;
+    serve_request_free(&r);
+    /* tool_choice auto: a strict function constrains the whole reply (text, then calls); without one, nothing */
+    for (int strict = 0; strict < 2; strict++) {
+        char body[400];
+        snprintf(body, sizeof body,
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"w\"}],\"tools\":[{\"type\":\"function\","
+                 "\"function\":{\"name\":\"get_w\",\"strict\":%s,\"parameters\":{\"type\":\"object\",\"properties\":{\"c\":"
+                 "{\"type\":\"string\"}}}}}]}", strict ? "true" : "false");
+        CHECK(parse(body, SERVE_CHAT, &r, &e) == 0, "%s", e.message);
+        CHECK(serve_tool_constraint(&r, tok, 0, &e) == 0 &&
+                  (strict ? r.constraint_kind == G4_CONSTRAINT_GBNF && !strcmp(r.constraint_param, "tools") &&
+                                strstr(r.constraint_text, "\"<\"* (<[")
+                          : r.constraint_kind < 0 && !r.constraint_text),
+              "tool_choice auto, strict %d: the constraint %s", strict, r.constraint_text ? r.constraint_text : e.message);
+        serve_request_free(&r);
+    }
+    /* a parameters schema the compiler refuses: 400 naming that tool's parameters */
+    CHECK(parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"w\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+                "\"a\"}},{\"type\":\"function\",\"function\":{\"name\":\"b\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"if\":{}}}}}}],"
+                "\"tool_choice\":\"required\"}",
+                SERVE_CHAT, &r, &e) == 0,
+          "%s", e.message);
+    CHECK(serve_tool_constraint(&r, tok, 1, &e) != 0 && e.status == 400 && !strcmp(e.param, "tools[1].function.parameters") && strstr(e.message, "'if'"),
+          "tool_choice required over a schema with 'if': %d %s %s", e.status, e.param, e.message);
     serve_request_free(&r);
     /* raw: the text's own control tokens, no BOS added */
     CHECK(parse("{\"model\":\"m\",\"prompt\":\"<|turn>user\\nhi\",\"max_tokens\":5}", SERVE_COMPLETION, &r, &e) == 0, "%s", e.message);

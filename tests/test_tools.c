@@ -178,7 +178,237 @@ static void check_rendered_prompt(void) {
     free(decl[0]), free(decl[1]), free(got), free(want);
 }
 
+
+/* ---- the tool-call grammar (g4_tool_call_gbnf): the template's own calls pass, wrong ones fail */
+
+/* The functions of the fixture's calls (tool_cases.jsonl "call" rows) with schemas their
+ * arguments keep to: every argument type the template writes, keys in dictsort order. */
+static const char CALL_TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"city\":{\"type\":\"string\",\"maxLength\":40}},\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},\"required\":[\"a\",\"b\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"now\"}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"u\":{\"type\":\"number\"},\"v\":{\"type\":\"number\"},\"w\":{\"type\":\"number\"},\"x\":{\"type\":\"number\"},"
+    "\"y\":{\"type\":\"number\"},\"z\":{\"type\":\"number\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"on\":{\"type\":\"boolean\"},\"off\":{\"type\":\"boolean\"},\"none\":{\"type\":[\"null\",\"string\"]}},\"required\":[\"on\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"trip\":{\"type\":\"object\",\"properties\":{\"to\":{\"enum\":[\"Rome\",\"Oslo\"]},\"From\":{\"type\":\"string\"},"
+    "\"when\":{\"$ref\":\"#/$defs/when\"}},\"required\":[\"to\"]},"
+    "\"seats\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":8},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"object\",\"properties\":"
+    "{\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}}]}},"
+    "\"empty\":{\"type\":\"array\",\"maxItems\":0},\"obj\":{\"type\":\"object\"}},"
+    "\"$defs\":{\"when\":{\"type\":\"object\",\"properties\":{\"day\":{\"type\":\"integer\"}}}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"order\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"b\":{\"type\":\"integer\"},\"A\":{\"type\":\"integer\"},\"a_z\":{\"type\":\"integer\"},\"Zed\":{\"type\":\"integer\"},"
+    "\"c\":{\"type\":\"integer\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"say\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"text\":{\"type\":\"string\"},\"emoji\":{\"type\":\"string\",\"maxLength\":1}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"write\",\"parameters\":{\"type\":\"object\",\"properties\":"
+    "{\"body\":{\"type\":\"string\",\"pattern\":\"^line\"}}}}}]";
+
+/* Whether the grammar takes text token by token (special tokens parsed, as the model writes them),
+ * each token also in the state's mask, and ends complete there. */
+static int grammar_takes(const g4_tokenizer *tok, const g4_grammar_vocab *v, const g4_grammar *g, const char *text, int parse_special) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (g4_tokenizer_encode(tok, text, strlen(text), parse_special, &ids, &n)) return 0;
+    g4_grammar_state *st = g4_grammar_start(g);
+    size_t V = g4_grammar_vocab_size(v);
+    uint32_t *mask = calloc((V + 31) / 32, sizeof *mask);
+    int ok = st && mask;
+    for (size_t i = 0; i < n && ok; i++) {
+        ok = g4_grammar_mask(v, st, NULL, 0, mask) > 0 && ((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1);
+        ok = ok && g4_grammar_accept_token(v, st, ids[i]) == 0;
+    }
+    ok = ok && g4_grammar_is_complete(st);
+    free(mask);
+    free(ids);
+    g4_grammar_state_free(st);
+    return ok;
+}
+
+static g4_grammar *call_grammar(const g4_tokenizer *tok, const char *tools, const char *name) {
+    int bad;
+    char *gbnf = g4_tool_call_gbnf(tok, tools, strlen(tools), name, &bad);
+    CHECK(gbnf != NULL, "g4_tool_call_gbnf(%s): %s", name ? name : "any", g4_last_error());
+    g4_grammar *g = gbnf ? g4_grammar_compile(gbnf, strlen(gbnf)) : NULL;
+    CHECK(!gbnf || g, "the tool call grammar does not compile: %s", g4_last_error());
+    free(gbnf);
+    return g;
+}
+
+static void check_call_grammar_with(const char *tokenizer_path) {
+    g4_tokenizer *tok = g4_tokenizer_load(tokenizer_path);
+    CHECK(tok != NULL, "%s: %s", tokenizer_path, g4_last_error());
+    g4_grammar_vocab *v = tok ? g4_grammar_vocab_new(tok) : NULL;
+    g4_grammar *any = v ? call_grammar(tok, CALL_TOOLS, NULL) : NULL;
+    char *text;
+    if (!any || g4_read_file(CASES, &text, NULL)) {
+        g4_grammar_free(any), g4_grammar_vocab_free(v), g4_tokenizer_free(tok);
+        return;
+    }
+    static const char open[] = "<|tool_call>call:";
+    int n_calls = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *row = cJSON_Parse(line);
+        if (row && !strcmp(cJSON_GetObjectItem(row, "kind")->valuestring, "call")) {
+            const char *call = cJSON_GetObjectItem(row, "text")->valuestring, *fn = cJSON_GetObjectItem(row, "function")->valuestring;
+            /* tool_choice "required": the prompt ends with "<|tool_call>call:" */
+            CHECK(!strncmp(call, open, strlen(open)) && grammar_takes(tok, v, any, call + strlen(open), 1),
+                  "%s: the template's call %s is refused by the grammar of any function", tokenizer_path, call);
+            /* a named function: the prompt ends with "<|tool_call>call:NAME" */
+            g4_grammar *named = call_grammar(tok, CALL_TOOLS, fn);
+            CHECK(named && grammar_takes(tok, v, named, call + strlen(open) + strlen(fn), 1),
+                  "%s: the template's call %s is refused by the grammar of %s", tokenizer_path, call, fn);
+            g4_grammar_free(named);
+            n_calls++;
+        }
+        cJSON_Delete(row);
+    }
+    free(text);
+    CHECK(n_calls >= 8, "%d template calls checked", n_calls);
+    static const struct {
+        const char *text, *why;
+    } wrong[] = {
+        {"get_weather{city:\"Paris\"}<tool_call|>", "a JSON string, not <|\"|>"},
+        {"get_weather{}<tool_call|>", "a required argument left out"},
+        {"get_weather{city:<|\"|>Par<is<|\"|>}<tool_call|>", "'<' inside a string"},
+        {"get_weather{city:<|\"|>Paris<|\"|>}", "no <tool_call|>"},
+        {"get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>x", "text after the call"},
+        {"get_weather{city:<|\"|>aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa<|\"|>}<tool_call|>", "41 characters, maxLength 40"},
+        {"add{a:2.5,b:5}<tool_call|>", "a float for an integer"},
+        {"add{a:2,b:10}<tool_call|>", "b above its maximum"},
+        {"add{b:5,a:2}<tool_call|>", "keys out of the template's order"},
+        {"add{a:2,b:5,c:1}<tool_call|>", "an undeclared argument"},
+        {"add{a: 2,b:5}<tool_call|>", "whitespace the template never writes"},
+        {"add{a:<|\"|>2<|\"|>,b:5}<tool_call|>", "a string for an integer"},
+        {"g{on:1}<tool_call|>", "a number for a boolean"},
+        {"f{u:1e400}<tool_call|>", "an exponent past a double's range (the reader takes it for a string)"},
+        {"book{trip:{to:<|\"|>Paris<|\"|>}}<tool_call|>", "a value outside the enum"},
+        {"book{empty:[1]}<tool_call|>", "an item past maxItems 0"},
+        {"write{body:<|\"|>no line<|\"|>}<tool_call|>", "a string the pattern refuses"},
+        {"unknown{}<tool_call|>", "an undeclared function"},
+    };
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++)
+        CHECK(!grammar_takes(tok, v, any, wrong[i].text, 1), "%s: the grammar took %s (%s)", tokenizer_path, wrong[i].text, wrong[i].why);
+    /* <[ID]> is that token alone: the only token a mask allows, and no byte-fallback spelling of its mark (0xFF first) */
+    int32_t quote = g4_tokenizer_piece_to_id(tok, "<|\"|>"), ff = g4_tokenizer_piece_to_id(tok, "<0xFF>");
+    char one[64];
+    snprintf(one, sizeof one, "root ::= <[%d]>", (int)quote);
+    g4_grammar *g1 = g4_grammar_compile(one, strlen(one));
+    g4_grammar_state *s1 = g1 ? g4_grammar_start(g1) : NULL;
+    size_t V = g4_grammar_vocab_size(v);
+    uint32_t *mask = calloc((V + 31) / 32, sizeof *mask);
+    CHECK(s1 && mask && g4_grammar_mask(v, s1, NULL, 0, mask) == 1 && ((mask[quote >> 5] >> (quote & 31)) & 1),
+          "%s: %s allows more than the one token %d", tokenizer_path, one, (int)quote);
+    CHECK(ff >= 0 && s1 && g4_grammar_accept_token(v, s1, ff) != 0, "%s: <0xFF> (id %d) begins the mark of %s", tokenizer_path, (int)ff, one);
+    free(mask);
+    g4_grammar_state_free(s1);
+    g4_grammar_free(g1);
+    /* the delimiter written as text (its characters' tokens, not the special token) is not it */
+    CHECK(!grammar_takes(tok, v, any, "get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>", 0),
+          "%s: <|\"|> spelled by text tokens passed for the token", tokenizer_path);
+    g4_grammar_free(any);
+    g4_grammar_vocab_free(v);
+    g4_tokenizer_free(tok);
+    printf("ok tool call grammar (%s): %d template calls taken (any function and named), %zu wrong ones refused\n", tokenizer_path, n_calls,
+           sizeof wrong / sizeof *wrong + 1);
+}
+
+/* tool_choice auto with a strict function (g4_tool_reply_gbnf): text, then calls; the strict
+ * function's arguments by its schema, the other's any arguments; no undeclared function. */
+static void check_reply_grammar(const char *tokenizer_path) {
+    static const char tools[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"strict\":true,\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":40}},\"required\":[\"city\"],\"additionalProperties\":false}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"a\":{\"type\":\"integer\"}}}}}]";
+    g4_tokenizer *tok = g4_tokenizer_load(tokenizer_path);
+    g4_grammar_vocab *v = tok ? g4_grammar_vocab_new(tok) : NULL;
+    int bad;
+    char *gbnf = v ? g4_tool_reply_gbnf(tok, tools, strlen(tools), &bad) : NULL;
+    g4_grammar *g = gbnf ? g4_grammar_compile(gbnf, strlen(gbnf)) : NULL;
+    CHECK(g != NULL, "%s: the reply grammar of a strict tool: %s", tokenizer_path, g4_last_error());
+    static const char *const take[] = {
+        "It is sunny.",
+        "3 < 5, 2 <<= 4 <",
+        "Let me check. <|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|><|tool_call>call:get_weather{city:<|\"|>Rome<|\"|>}<tool_call|>",
+        "<|tool_call>call:add{a:2}<tool_call|>",
+        "<|tool_call>call:add{x:<|\"|>any<|\"|>,y:[1,2]}<tool_call|>",
+    };
+    static const char *const refuse[] = {
+        "<|tool_call>call:get_weather{city:\"Paris\"}<tool_call|>",
+        "<|tool_call>call:get_weather{}<tool_call|>",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>",
+        "<|tool_call>call:other{}<tool_call|>",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|> and then text",
+        "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}",
+    };
+    for (size_t i = 0; g && i < sizeof take / sizeof *take; i++)
+        CHECK(grammar_takes(tok, v, g, take[i], 1), "%s: the reply grammar refused %s", tokenizer_path, take[i]);
+    for (size_t i = 0; g && i < sizeof refuse / sizeof *refuse; i++)
+        CHECK(!grammar_takes(tok, v, g, refuse[i], 1), "%s: the reply grammar took %s", tokenizer_path, refuse[i]);
+    /* a call written in text (its markers' characters, not the tokens) would pass the reader unconstrained */
+    CHECK(g && !grammar_takes(tok, v, g, "Sure. <|tool_call>call:get_weather{}<tool_call|>", 0), "%s: the reply grammar took a call spelled in text",
+          tokenizer_path);
+    /* no strict function: nothing to enforce, said so */
+    static const char loose[] = "[{\"type\":\"function\",\"function\":{\"name\":\"add\"}}]";
+    char *none = tok ? g4_tool_reply_gbnf(tok, loose, strlen(loose), &bad) : NULL;
+    CHECK(!none && strstr(g4_last_error(), "no strict tools"), "a reply grammar without strict tools: %s", none ? none : g4_last_error());
+    free(none);
+    free(gbnf);
+    g4_grammar_free(g);
+    g4_grammar_vocab_free(v);
+    g4_tokenizer_free(tok);
+    printf("ok reply grammar (%s): %zu replies taken, %zu refused\n", tokenizer_path, sizeof take / sizeof *take, sizeof refuse / sizeof *refuse + 1);
+}
+
+/* What the grammar cannot enforce is refused, naming the tool. */
+static void check_call_grammar_refusals(const char *tokenizer_path) {
+    g4_tokenizer *tok = g4_tokenizer_load(tokenizer_path);
+    if (!tok) return;
+    static const struct {
+        const char *tools, *want;
+        int bad;
+    } cases[] = {
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\",\"function\":{\"name\":\"b\",\"parameters\":"
+         "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\",\"multipleOf\":2}}}}}]", "multipleOf", 1},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"string\"}}}]", "type", 0},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x y\":{}}}}}]",
+         "bare", 0},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"const\":\"<b>\"}}}}}]",
+         "const", 0},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","
+         "\"pattern\":\"<[a-z]+>\"}}}}}]", "'<'", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int bad = 7;
+        char *g = g4_tool_call_gbnf(tok, cases[i].tools, strlen(cases[i].tools), NULL, &bad);
+        CHECK(!g && bad == cases[i].bad && strstr(g4_last_error(), cases[i].want) && one_line(g4_last_error()),
+              "tools %zu: %s (tool %d): want a refusal naming %s at tool %d", i, g ? "compiled" : g4_last_error(), bad, cases[i].want, cases[i].bad);
+        free(g);
+    }
+    int bad;
+    char *g = g4_tool_call_gbnf(tok, CALL_TOOLS, strlen(CALL_TOOLS), "nope", &bad);
+    CHECK(!g && strstr(g4_last_error(), "no tool has that name"), "a name no tool has: %s", g ? "compiled" : g4_last_error());
+    free(g);
+    g4_tokenizer_free(tok);
+    printf("ok tool call grammar refusals\n");
+}
+
 int main(void) {
+    char real[1024];
+    snprintf(real, sizeof real, "%s/data/tokenizers/gemma4/tokenizer.json", check_shared_dir());
+    check_call_grammar_with("models/gemma4-tiny-math/tokenizer.json"); /* the built-in model's, 757 tokens */
+    check_call_grammar_with(real);                                     /* Gemma 4's, 262,144 tokens */
+    check_call_grammar_refusals("models/gemma4-tiny-math/tokenizer.json");
+    check_reply_grammar("models/gemma4-tiny-math/tokenizer.json");
+    check_reply_grammar(real);
     check_fixture();
     check_parser();
     check_rendered_prompt();

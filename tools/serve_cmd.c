@@ -415,7 +415,12 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         return send_error(rc, c, &e);
     }
     g4_grammar_state *start = NULL;
-    if (r.constraint_text && constrain(sv, &r, &start, &e)) {
+    /* a call the prompt opened (tool_choice required or named) keeps to the tools' schemas, and so
+     * does any call of a strict function under tool_choice auto (not after tool responses with
+     * thinking on: the prompt ends inside a thought); under --test-replies the text is the
+     * script's, not the model's, so nothing is constrained */
+    int in_call = prefill != NULL;
+    if ((!opens && !sv->a.test_replies && serve_tool_constraint(&r, sv->tok, in_call, &e)) || (r.constraint_text && constrain(sv, &r, &start, &e))) {
         serve_request_free(&r);
         free(ids), free(prefill);
         return send_error(rc, c, &e);
@@ -431,7 +436,7 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         return send_error(rc, c, &e);
     }
     int32_t open = 0, close = 0;
-    if (start && r.kind == SERVE_CHAT && r.thinking) {
+    if (start && r.kind == SERVE_CHAT && r.thinking && !in_call) {
         open = g4_tokenizer_piece_to_id(sv->tok, "<|channel>"), close = g4_tokenizer_piece_to_id(sv->tok, "<channel|>");
         if (open <= 0 || close <= 0) open = close = 0;
     }

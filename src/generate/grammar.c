@@ -391,6 +391,28 @@ static int parse_count(compiler *c, const char **pp, long *v) {
     return 0;
 }
 
+/* A special token's bytes in a grammar and in the vocabulary's trie: 0xFF, which no UTF-8 text
+ * holds (every literal and class here is UTF-8, and the trie leaves the byte-fallback <0xFF> token
+ * out), then the id in 3 bytes. So text can never spell a special token, and a grammar reaches one
+ * only through <[ID]>. */
+#define G4_TOKEN_MARK_LEN 4
+#define MAX_TOKEN_ID 0xFFFFFF
+static void token_mark(int32_t id, unsigned char b[G4_TOKEN_MARK_LEN]) {
+    b[0] = 0xFF, b[1] = (unsigned char)(id >> 16), b[2] = (unsigned char)(id >> 8), b[3] = (unsigned char)id;
+}
+
+static int parse_token_id(compiler *c, const char **pp, long *v) {
+    const char *p = *pp;
+    if (p >= c->end || *p < '0' || *p > '9') return at_err(c, p, "expected a token id in <[...]>", NULL);
+    long x = 0;
+    while (p < c->end && *p >= '0' && *p <= '9') {
+        x = x * 10 + (*p++ - '0');
+        if (x > MAX_TOKEN_ID) return at_err(c, *pp, "token id over 16777215", NULL);
+    }
+    *v = x, *pp = p;
+    return 0;
+}
+
 static int parse_sequence(compiler *c, const char **pp, u32vec *out, int nested, int depth) {
     const char *p = *pp;
     size_t last_sym = out->n;
@@ -433,6 +455,19 @@ static int parse_sequence(compiler *c, const char **pp, u32vec *out, int nested,
             if (p >= c->end) return at_err(c, at, "unterminated character class", NULL);
             p++;
             if (emit_class(c, out, r, n, negate)) return -1;
+        } else if (ch == '<') { /* <[ID]>: one token by id (llama.cpp's token reference), as its marker bytes */
+            last_sym = out->n, have_sym = 1;
+            long id = 0;
+            p++;
+            if (p >= c->end || *p != '[') return at_err(c, at, "expected '<[' and a token id", NULL);
+            p++;
+            if (parse_token_id(c, &p, &id)) return -1;
+            if (p + 1 >= c->end || p[0] != ']' || p[1] != '>') return at_err(c, at, "expected ']>' after the token id", NULL);
+            p += 2;
+            unsigned char b[G4_TOKEN_MARK_LEN];
+            token_mark((int32_t)id, b);
+            for (int i = 0; i < G4_TOKEN_MARK_LEN; i++)
+                if (emit_byte(c, out, b[i])) return -1;
         } else if (ch == '.') {
             last_sym = out->n, have_sym = 1;
             p++;
@@ -1003,14 +1038,20 @@ const unsigned char *g4_grammar_vocab_token(const g4_grammar_vocab *v, int32_t i
 }
 
 /* A token's bytes as the detokenizer renders them: "<0xNN>" byte-fallback pieces as the byte,
- * U+2581 as a space, nothing for special tokens. */
+ * U+2581 as a space; a special token as its mark (token_mark: only <[ID]> in a grammar reaches
+ * it); nothing for <0xFF>, whose byte begins the marks (no UTF-8 text needs it). */
 static size_t token_bytes(const g4_tokenizer *tok, int32_t id, unsigned char *out, size_t cap) {
     const char *p = g4_tokenizer_id_to_piece(tok, id);
-    if (!p || g4_tokenizer_is_special(tok, id)) return 0;
+    if (!p) return 0;
+    if (g4_tokenizer_is_special(tok, id)) {
+        if (id > MAX_TOKEN_ID || cap < G4_TOKEN_MARK_LEN) return 0;
+        token_mark(id, out);
+        return G4_TOKEN_MARK_LEN;
+    }
     size_t n = strlen(p), k = 0;
     if (n == 6 && memcmp(p, "<0x", 3) == 0 && p[5] == '>' && hexval(p[3]) >= 0 && hexval(p[4]) >= 0) {
         out[0] = (unsigned char)(hexval(p[3]) * 16 + hexval(p[4]));
-        return 1;
+        return out[0] == 0xFF ? 0 : 1;
     }
     if (n > cap) return 0; /* longer than any real token: never allowed */
     for (size_t i = 0; i < n;) {

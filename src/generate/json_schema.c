@@ -12,26 +12,48 @@
 #include "g4.h"
 #include "util/err.h"
 #include "text/tokenizer.h"
+#include "text/chat.h"
 
 #define MAX_SCHEMA_BYTES (1u << 20)
 #define MAX_COUNT 4096   /* minItems, maxItems, minLength, maxLength */
 #define MAX_DEPTH 64     /* nested subschemas */
 #define MAX_INT 1e15     /* integer bounds */
 
-/* The rules every JSON grammar shares. A number has at most 16 integer digits, 16 fraction
- * digits and a 3-digit exponent; whitespace between tokens is at most one run of a space, tab or
- * newline followed by 20 spaces or tabs (enough for pretty-printed documents). */
-static const char JSON_BASE[] =
-    "ws ::= | [ \\t\\n] [ \\t]{0,20}\n"
-    "json-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
-    "json-string ::= \"\\\"\" json-char* \"\\\"\"\n"
+/* The value rules both syntaxes below share. A number has at most 16 integer digits and 16
+ * fraction digits (its exponent: each syntax's json-number). */
+static const char VALUE_RULES[] =
     "json-int ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
-    "json-number ::= json-int (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
     "json-bool ::= \"true\" | \"false\"\n"
     "json-null ::= \"null\"\n"
-    "json-value ::= json-object | json-array | json-string | json-number | json-bool | json-null\n"
+    "json-value ::= json-object | json-array | json-string | json-number | json-bool | json-null\n";
+
+/* JSON: whitespace between tokens is one space, or a newline and up to 20 spaces or tabs (llama.cpp's
+ * json.gbnf rule: compact and pretty-printed documents pass). Not a run of spaces without a newline:
+ * a small model pads every gap with as much as it may (the built-in model, whose spaces are a token
+ * each, spent 21 tokens a gap and ran out of max_tokens before closing a 4-field object). */
+static const char JSON_SYNTAX[] =
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
+    "json-number ::= json-int (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
+    "json-quote ::= \"\\\"\"\n"
+    "json-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
+    "json-string ::= json-quote json-char* json-quote\n"
     "json-object ::= \"{\" ws (json-string ws \":\" ws json-value ws (\",\" ws json-string ws \":\" ws json-value ws)*)? \"}\"\n"
     "json-array ::= \"[\" ws (json-value ws (\",\" ws json-value ws)*)? \"]\"\n";
+
+/* Gemma 4's tool-call syntax (src/text/tools.c, the template's format_argument) under the same
+ * rule names, so that a schema's rules read either: no whitespace (the template writes none),
+ * strings between <|"|> tokens (json-quote, written with the tokenizer's id) holding their
+ * characters as they are but '<' (the call's reader would take a "<|"|>" or "<tool_call|>"
+ * written as text for the token), object keys bare, exponents of 2 digits (the reader takes a
+ * number past a double's range, 1e400, for a string). */
+static const char GEMMA_SYNTAX[] =
+    "ws ::= \"\"\n"
+    "json-number ::= json-int (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?\n"
+    "json-char ::= [^<]\n"
+    "json-string ::= json-quote json-char* json-quote\n"
+    "gemma-key ::= [^:,{}<\\x5B\\x5D\" \\t\\n\\r]+\n"
+    "json-object ::= \"{\" (gemma-key \":\" json-value (\",\" gemma-key \":\" json-value)*)? \"}\"\n"
+    "json-array ::= \"[\" (json-value (\",\" json-value)*)? \"]\"\n";
 
 /* regular string formats (the common forms; RFC 3339 date/time, RFC 4122 uuid) */
 static const char FORMAT_RULES[] =
@@ -129,6 +151,7 @@ typedef struct {
     int depth;
     int failed;
     cJSON *temps; /* merged allOf schemas: kept to the end, their nodes' addresses are memo keys */
+    int gemma;    /* rules for GEMMA_SYNTAX (a tool call's arguments), not JSON_SYNTAX */
 } schema_c;
 
 static int sc_fail(schema_c *c, const char *ptr, const char *fmt, ...) G4_PRINTF(3, 4);
@@ -180,30 +203,44 @@ static int add_rule(schema_c *c, int id, const sbuf *body) {
     return 0;
 }
 
-/* A JSON value's own serialization as a grammar: tokens in order, ws between them. */
-static void const_value(sbuf *b, const cJSON *v) {
+/* Whether a tool call can hold key bare (format_argument writes keys bare: its reader ends one at
+ * the first of :,{}[] and trims it) or string s (its reader ends one at "<|\"|>"). */
+static int gemma_bare_key(const char *key) {
+    return key[0] && !strpbrk(key, ":,{}[]<\" \t\n\r");
+}
+static int gemma_string_ok(const char *s) { return !strchr(s, '<'); }
+
+/* A JSON value's own serialization as a grammar: tokens in order, ws between them (gemma: as a
+ * tool call writes it; 0, or -1 for a string or key it cannot hold). */
+static int const_value(sbuf *b, const cJSON *v, int gemma) {
+    int rc = 0;
     if (cJSON_IsArray(v)) {
         sb_str(b, "\"[\" ws ");
         int first = 1;
-        for (const cJSON *e = v->child; e; e = e->next, first = 0) {
+        for (const cJSON *e = v->child; e && !rc; e = e->next, first = 0) {
             if (!first) sb_str(b, "\",\" ws ");
-            const_value(b, e);
+            rc = const_value(b, e, gemma);
             sb_str(b, " ws ");
         }
         sb_str(b, "\"]\"");
     } else if (cJSON_IsObject(v)) {
         sb_str(b, "\"{\" ws ");
         int first = 1;
-        for (const cJSON *e = v->child; e; e = e->next, first = 0) {
+        for (const cJSON *e = v->child; e && !rc; e = e->next, first = 0) {
             if (!first) sb_str(b, "\",\" ws ");
-            cJSON *k = cJSON_CreateString(e->string);
-            char *ks = k ? cJSON_PrintUnformatted(k) : NULL;
-            if (ks) sb_lit(b, ks, strlen(ks));
-            else b->oom = 1;
-            free(ks);
-            cJSON_Delete(k);
+            if (gemma) {
+                if (!gemma_bare_key(e->string)) return -1;
+                sb_lit(b, e->string, strlen(e->string));
+            } else {
+                cJSON *k = cJSON_CreateString(e->string);
+                char *ks = k ? cJSON_PrintUnformatted(k) : NULL;
+                if (ks) sb_lit(b, ks, strlen(ks));
+                else b->oom = 1;
+                free(ks);
+                cJSON_Delete(k);
+            }
             sb_str(b, " ws \":\" ws ");
-            const_value(b, e);
+            rc = const_value(b, e, gemma);
             sb_str(b, " ws ");
         }
         sb_str(b, "\"}\"");
@@ -213,12 +250,18 @@ static void const_value(sbuf *b, const cJSON *v) {
         if (x == floor(x) && fabs(x) < 1e17) snprintf(t, sizeof t, "%.0f", x);
         else snprintf(t, sizeof t, "%.17g", x);
         sb_lit(b, t, strlen(t));
+    } else if (gemma && cJSON_IsString(v)) {
+        if (!gemma_string_ok(v->valuestring)) return -1;
+        sb_str(b, "json-quote ");
+        sb_lit(b, v->valuestring, strlen(v->valuestring));
+        sb_str(b, " json-quote");
     } else {
         char *t = cJSON_PrintUnformatted(v);
         if (t) sb_lit(b, t, strlen(t));
         else b->oom = 1;
         free(t);
     }
+    return rc;
 }
 
 enum { T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_NUM = 32, T_INT = 64, T_ALL = 127 };
@@ -343,7 +386,10 @@ static int number_bound(schema_c *c, const cJSON *s, const char *ptr, const char
 
 /* ---- strings ---------------------------------------------------------------------------------- */
 
-static int regex_to_gbnf(sbuf *out, const char *re, size_t n, int json_string, char *err, size_t errlen);
+/* Where a regex's text goes: plain (a whole regex constraint), a JSON string's inside (pattern:
+ * `"`, `\` and controls escaped), a tool call's string (pattern: no '<', GEMMA_SYNTAX). */
+enum { RX_PLAIN = 0, RX_JSON = 1, RX_GEMMA = 2 };
+static int regex_to_gbnf(sbuf *out, const char *re, size_t n, int mode, char *err, size_t errlen);
 
 /* A JSON string key that is none of keys[0, n): a trie over their characters, leaving it with a
  * plain character no key has there (no escapes before that, so an escaped spelling of a declared
@@ -413,18 +459,18 @@ static int string_rule(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
         int i = 0;
         while (i < 5 && strcmp(f, ok[i]) != 0) i++;
         if (i == 5) return sc_fail(c, ptr, "format: '%s' is not supported (date, time, date-time, uuid, email)", f);
-        sb_str(b, "\"\\\"\" ");
+        sb_str(b, "json-quote ");
         sb_str(b, i == 2 ? "fmt-date [tT] fmt-time" : i == 0 ? "fmt-date" : i == 1 ? "fmt-time" : i == 3 ? "fmt-uuid" : "fmt-email");
-        sb_str(b, " \"\\\"\"");
+        sb_str(b, " json-quote");
         return 0;
     }
     if (pat) {
         if (!cJSON_IsString(pat)) return sc_fail(c, ptr, "pattern: not a string");
         char err[200];
-        sb_str(b, "\"\\\"\" ");
-        if (regex_to_gbnf(b, pat->valuestring, strlen(pat->valuestring), 1, err, sizeof err))
+        sb_str(b, "json-quote ");
+        if (regex_to_gbnf(b, pat->valuestring, strlen(pat->valuestring), c->gemma ? RX_GEMMA : RX_JSON, err, sizeof err))
             return sc_fail(c, ptr, "pattern: %s", err);
-        sb_str(b, " \"\\\"\"");
+        sb_str(b, " json-quote");
         return 0;
     }
     long long lo = 0, hi = -1;
@@ -436,8 +482,8 @@ static int string_rule(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
     if (mx) hi = (long long)floor(mx->valuedouble);
     if (hi >= 0 && hi < lo) return sc_fail(c, ptr, "maxLength: below minLength (no string fits)");
     if (!mn && !mx) sb_str(b, "json-string");
-    else if (hi < 0) sb_printf(b, "\"\\\"\" json-char{%lld,} \"\\\"\"", lo);
-    else sb_printf(b, "\"\\\"\" json-char{%lld,%lld} \"\\\"\"", lo, hi);
+    else if (hi < 0) sb_printf(b, "json-quote json-char{%lld,} json-quote", lo);
+    else sb_printf(b, "json-quote json-char{%lld,%lld} json-quote", lo, hi);
     return 0;
 }
 
@@ -477,6 +523,18 @@ static int object_rule(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
         if (i == n) keys[n] = r->valuestring, vals[n] = NULL, ptrs[n] = ptr_join(ptr, "required"), n++;
         required[i] = 1;
     }
+    if (c->gemma) { /* a call's keys: bare, in the template's dictsort order (what the model saw) */
+        for (size_t i = 0; i < n && !rc; i++)
+            if (!gemma_bare_key(keys[i]))
+                rc = sc_fail(c, ptrs[i] ? ptrs[i] : ptr, "property name '%.80s' cannot be written bare in a tool call (:,{}[]<\" or spaces)", keys[i]);
+        for (size_t i = 1; i < n; i++)
+            for (size_t j = i; j > 0 && g4_chat_key_before(keys[j], keys[j - 1]); j--) {
+                const char *k = keys[j]; keys[j] = keys[j - 1], keys[j - 1] = k;
+                const cJSON *v = vals[j]; vals[j] = vals[j - 1], vals[j - 1] = v;
+                char *q = ptrs[j]; ptrs[j] = ptrs[j - 1], ptrs[j - 1] = q;
+                int r = required[j]; required[j] = required[j - 1], required[j - 1] = r;
+            }
+    }
     for (size_t i = 0; i < n && !rc; i++) {
         int v;
         if (vals[i] && is_false(vals[i])) {
@@ -494,9 +552,10 @@ static int object_rule(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
         }
         kv[i] = c->n_rules++;
         sbuf kb = {0};
-        cJSON *k = cJSON_CreateString(keys[i]);
+        cJSON *k = c->gemma ? NULL : cJSON_CreateString(keys[i]);
         char *ks = k ? cJSON_PrintUnformatted(k) : NULL;
-        if (ks) sb_lit(&kb, ks, strlen(ks));
+        if (c->gemma) sb_lit(&kb, keys[i], strlen(keys[i]));
+        else if (ks) sb_lit(&kb, ks, strlen(ks));
         else kb.oom = 1;
         free(ks);
         cJSON_Delete(k);
@@ -509,7 +568,10 @@ static int object_rule(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
     /* additional properties: after the declared ones, with a name none of them has */
     int addv = -3; /* -3 none, -2 any value, else a rule */
     char *ap = ptr_join(ptr, "additionalProperties");
-    if (!add || cJSON_IsTrue(add)) addv = -2;
+    /* a tool call holds the declared properties only: a subset of what the schema allows (its
+     * reader would need other keys bare and apart from the declared ones) */
+    if (c->gemma) addv = -3;
+    else if (!add || cJSON_IsTrue(add)) addv = -2;
     else if (!is_false(add)) addv = compile_schema(c, add, ap ? ap : ptr);
     free(ap);
     if (addv == -1) {
@@ -924,7 +986,9 @@ static int schema_body(schema_c *c, const cJSON *s, const char *ptr, sbuf *b) {
         for (const cJSON *v = cst ? cst : en->child; v; v = cst ? NULL : v->next) {
             if (!(value_type(v) & types)) continue;
             if (n++) sb_str(b, " | ");
-            const_value(b, v);
+            if (const_value(b, v, c->gemma))
+                return sc_fail(c, ptr, "%s: a value a tool call cannot hold (a '<' in a string, a key with :,{}[]<\" or spaces)",
+                               cst ? "const" : "enum");
         }
         sb_str(b, ")");
         if (!n) return sc_fail(c, ptr, "%s: no value of the allowed types", cst ? "const" : "enum");
@@ -1011,7 +1075,8 @@ char *g4_grammar_json_schema_to_gbnf(const char *text, size_t len) {
     if (r >= 0) {
         sbuf g = {0};
         sb_printf(&g, "root ::= r%d\n", r);
-        sb_str(&g, JSON_BASE);
+        sb_str(&g, JSON_SYNTAX);
+        sb_str(&g, VALUE_RULES);
         sb_str(&g, FORMAT_RULES);
         sb_put(&g, c.rules.p ? c.rules.p : "", c.rules.n);
         if (g.oom || c.rules.oom) {
@@ -1028,6 +1093,109 @@ char *g4_grammar_json_schema_to_gbnf(const char *text, size_t len) {
     return out;
 }
 
+/* ---- tool calls -------------------------------------------------------------------------------- */
+
+/* One tool's call after "call:": its name (unless named, where the prompt holds it) and its
+ * arguments, the parameters schema compiled into c's rules for GEMMA_SYNTAX. */
+static int tool_call_alt(schema_c *c, const cJSON *fn, int with_name, sbuf *alts) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    if (!cJSON_IsString(name) || !name->valuestring[0] || strpbrk(name->valuestring, "{<"))
+        return sc_fail(c, "", "the function needs a name without '{' or '<'");
+    cJSON *none = NULL;
+    if (!params || cJSON_IsNull(params)) params = none = cJSON_CreateObject(); /* no arguments: {} */
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(params, "type");
+    int rc = 0, r = -1;
+    if (!params) rc = sc_fail(c, "", "out of memory");
+    else if (!none && !(cJSON_IsString(type) && !strcmp(type->valuestring, "object")))
+        rc = sc_fail(c, "", "a call's arguments are an object: the schema needs \"type\": \"object\"");
+    if (!rc) {
+        c->root = params, c->n_refs = 0; /* $ref "#..." is the function's parameters' */
+        r = none ? -2 : compile_schema(c, params, "");
+    }
+    if (r != -1) {
+        if (alts->n) sb_str(alts, " | ");
+        if (with_name) sb_lit(alts, name->valuestring, strlen(name->valuestring)), sb_str(alts, " ");
+        if (r >= 0) sb_printf(alts, "r%d", r);
+        else sb_str(alts, "\"{}\"");
+    }
+    cJSON_Delete(none);
+    return rc || r == -1 ? -1 : 0;
+}
+
+static int is_strict(const cJSON *fn) { return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict")); }
+
+/* The calls' grammar: after "call:" [NAME] (reply 0: g4_tool_call_gbnf), or a whole reply, text
+ * then calls, strict functions' arguments by their schemas (reply 1: g4_tool_reply_gbnf). */
+static char *tool_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, const char *name, int reply, int *bad_tool) {
+    *bad_tool = -1;
+    int32_t quote = tok ? g4_tokenizer_piece_to_id(tok, "<|\"|>") : -1, close = tok ? g4_tokenizer_piece_to_id(tok, "<tool_call|>") : -1;
+    int32_t open = tok ? g4_tokenizer_piece_to_id(tok, "<|tool_call>") : -1;
+    if (quote < 0 || close < 0 || open < 0 || !g4_tokenizer_is_special(tok, quote) || !g4_tokenizer_is_special(tok, close) ||
+        !g4_tokenizer_is_special(tok, open)) {
+        g4_fail("tool call grammar: the tokenizer has no special <|\"|>, <|tool_call> and <tool_call|> tokens");
+        return NULL;
+    }
+    cJSON *tools = tools_json && len <= MAX_SCHEMA_BYTES ? cJSON_ParseWithLength(tools_json, len) : NULL;
+    if (!cJSON_IsArray(tools)) {
+        cJSON_Delete(tools);
+        g4_fail("tool call grammar: the tools are not a JSON array");
+        return NULL;
+    }
+    schema_c c = {.gemma = 1, .temps = cJSON_CreateArray()};
+    sbuf alts = {0};
+    int i = 0, n = 0, n_strict = 0, rc = 0;
+    for (const cJSON *t = tools->child; t && !rc; t = t->next, i++) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *fname = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (name && !(cJSON_IsString(fname) && !strcmp(fname->valuestring, name))) continue;
+        n++;
+        if (reply && !is_strict(fn)) { /* not strict: a call of it with any arguments */
+            if (!cJSON_IsString(fname) || !fname->valuestring[0] || strpbrk(fname->valuestring, "{<")) {
+                rc = sc_fail(&c, "", "the function needs a name without '{' or '<'");
+                *bad_tool = i;
+                break;
+            }
+            if (alts.n) sb_str(&alts, " | ");
+            sb_lit(&alts, fname->valuestring, strlen(fname->valuestring));
+            sb_str(&alts, " json-object");
+            continue;
+        }
+        n_strict++;
+        if ((rc = tool_call_alt(&c, fn, !name, &alts))) *bad_tool = i;
+    }
+    char *out = NULL;
+    if (!rc && (!n || (reply && !n_strict))) g4_fail("tool call grammar: %s", name ? "no tool has that name" : reply ? "no strict tools" : "no tools");
+    else if (!rc) {
+        sbuf g = {0};
+        if (reply) /* text (UTF-8: never a token's mark; no "<|", which the reply's reader would take for a written
+                    * <|tool_call>, an unconstrained call), then calls, one after another */
+            sb_printf(&g, "root ::= ([^<] | \"<\"+ [^<|])* \"<\"* (<[%d]> \"call:\" (", (int)open);
+        else
+            sb_str(&g, "root ::= (");
+        sb_put(&g, alts.p ? alts.p : "", alts.n);
+        sb_printf(&g, ") <[%d]>%s\njson-quote ::= <[%d]>\n", (int)close, reply ? ")*" : "", (int)quote);
+        sb_str(&g, GEMMA_SYNTAX);
+        sb_str(&g, VALUE_RULES);
+        sb_str(&g, FORMAT_RULES);
+        sb_put(&g, c.rules.p ? c.rules.p : "", c.rules.n);
+        if (g.oom || c.rules.oom || alts.oom) free(g.p), g4_fail("tool call grammar: out of memory");
+        else out = g.p;
+    }
+    free(alts.p), free(c.rules.p), free(c.refs);
+    cJSON_Delete(c.temps);
+    cJSON_Delete(tools);
+    return out;
+}
+
+char *g4_tool_call_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, const char *name, int *bad_tool) {
+    return tool_gbnf(tok, tools_json, len, name, 0, bad_tool);
+}
+
+char *g4_tool_reply_gbnf(const g4_tokenizer *tok, const char *tools_json, size_t len, int *bad_tool) {
+    return tool_gbnf(tok, tools_json, len, NULL, 1, bad_tool);
+}
+
 g4_grammar *g4_grammar_from_json_schema(const char *text, size_t len) {
     char *gbnf = g4_grammar_json_schema_to_gbnf(text, len);
     if (!gbnf) return NULL;
@@ -1040,7 +1208,8 @@ g4_grammar *g4_grammar_from_json_schema(const char *text, size_t len) {
 g4_grammar *g4_grammar_json(int objects_only) {
     sbuf g = {0};
     sb_str(&g, objects_only ? "root ::= json-object\n" : "root ::= json-value\n");
-    sb_str(&g, JSON_BASE);
+    sb_str(&g, JSON_SYNTAX);
+    sb_str(&g, VALUE_RULES);
     g4_grammar *gr = g.oom ? NULL : g4_grammar_compile(g.p, g.n);
     free(g.p);
     return gr;
@@ -1094,9 +1263,10 @@ typedef struct {
     unsigned lo, hi;
 } rrange;
 
-/* one literal code point (JSON: in its serialized form) */
-static void rx_lit(rx *r, unsigned cp) {
-    if (r->json && (cp == '"' || cp == '\\' || cp < 0x20)) {
+/* one literal code point (JSON: in its serialized form; a tool call's string has no '<') */
+static int rx_lit(rx *r, unsigned cp) {
+    if (r->json == RX_GEMMA && cp == '<') return rx_err(r, "'<' cannot be written in a tool call's string");
+    if (r->json == RX_JSON && (cp == '"' || cp == '\\' || cp < 0x20)) {
         static const char *named = "\b\f\n\r\t";
         const char *sh = "bfnrt";
         const char *p = cp ? strchr(named, (int)cp) : NULL;
@@ -1105,11 +1275,12 @@ static void rx_lit(rx *r, unsigned cp) {
         else if (p) sb_cp(r->out, (unsigned char)sh[p - named]);
         else sb_printf(r->out, "u00%c%c", "0123456789abcdef"[cp >> 4], "0123456789abcdef"[cp & 15]);
         sb_str(r->out, "\"");
-        return;
+        return 0;
     }
     sb_str(r->out, "\"");
     sb_cp(r->out, cp);
     sb_str(r->out, "\"");
+    return 0;
 }
 
 static int rx_class_escape(unsigned e, rrange *rg, size_t *n, int *neg) {
@@ -1162,8 +1333,9 @@ static void rx_class_out(rx *r, const rrange *rg, size_t n, int neg) {
     sb_str(r->out, neg ? "[^" : "[");
     for (size_t i = 0; i < n; i++) {
         unsigned lo = rg[i].lo, hi = rg[i].hi;
-        if (r->json && !neg) { /* leave the escaped ones out by splitting around them */
+        if (r->json && !neg) { /* leave the escaped ones out (a tool call's '<') by splitting around them */
             unsigned cuts[3][2] = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+            if (r->json == RX_GEMMA) cuts[0][0] = cuts[0][1] = cuts[1][0] = cuts[1][1] = cuts[2][0] = cuts[2][1] = '<';
             unsigned a = lo;
             while (a <= hi) {
                 int moved = 0;
@@ -1182,7 +1354,7 @@ static void rx_class_out(rx *r, const rrange *rg, size_t n, int neg) {
         sb_cp(r->out, lo);
         if (hi > lo) sb_str(r->out, "-"), sb_cp(r->out, hi);
     }
-    if (r->json && neg) sb_str(r->out, "\"\\\\\\x00-\\x1F");
+    if (r->json && neg) sb_str(r->out, r->json == RX_GEMMA ? "<" : "\"\\\\\\x00-\\x1F");
     sb_str(r->out, "]");
 }
 
@@ -1243,7 +1415,7 @@ static int rx_atom(rx *r) {
         return 0;
     }
     if (ch == '.') {
-        sb_str(r->out, r->json ? "[^\"\\\\\\x00-\\x1F]" : "[^\\n]");
+        sb_str(r->out, r->json == RX_JSON ? "[^\"\\\\\\x00-\\x1F]" : r->json == RX_GEMMA ? "[^<\\n]" : "[^\\n]");
         return 0;
     }
     if (ch == '\\') {
@@ -1258,13 +1430,11 @@ static int rx_atom(rx *r) {
         }
         unsigned cp;
         if (rx_escape_char(r, e, &cp)) return -1;
-        rx_lit(r, cp);
-        return 0;
+        return rx_lit(r, cp);
     }
     if (ch == '^' || ch == '$') return rx_err(r, "^ and $ are supported only at the very start and end");
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{' || ch == ')' || ch == '|') return rx_err(r, "misplaced operator");
-    rx_lit(r, ch);
-    return 0;
+    return rx_lit(r, ch);
 }
 
 static int rx_count(rx *r, long *v) {
@@ -1328,8 +1498,9 @@ static int rx_alt(rx *r) {
 }
 
 /* A regex as one GBNF expression. JSON (pattern): unanchored sides match any characters. */
-static int regex_to_gbnf(sbuf *out, const char *re, size_t n, int json_string, char *err, size_t errlen) {
-    rx r = {(const unsigned char *)re, n, 0, json_string, out, err, errlen, 0};
+static int regex_to_gbnf(sbuf *out, const char *re, size_t n, int mode, char *err, size_t errlen) {
+    rx r = {(const unsigned char *)re, n, 0, mode, out, err, errlen, 0};
+    int json_string = mode != RX_PLAIN;
     size_t start = n && re[0] == '^';
     int end = n > start && re[n - 1] == '$' && (n < 2 || re[n - 2] != '\\');
     if (start) r.i = 1;

@@ -9,6 +9,10 @@
 /* Python's str.strip on s[0, n) (what the template's `trim` removes): the kept span [*start, *end). */
 void g4_chat_trim(const char *s, size_t n, size_t *start, size_t *end);
 
+/* Jinja's dictsort order (the template's order of a mapping's keys): key a before key b, compared
+ * case-insensitively (src/text/tools.c; the tool-call grammar writes keys in it too). */
+int g4_chat_key_before(const char *a, const char *b);
+
 /* What g4_chat_render refuses, without rendering: bad options, an invalid role, a tool message
  * that answers no call. */
 int g4_chat_check(const g4_chat_message *msgs, size_t n, const g4_chat_options *opt);

@@ -147,7 +147,7 @@ static int upper_of(const cJSON *v, g4_textbuf *out) {
 static int ascii_lower(int c) { return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c; }
 
 /* dictsort's order: keys compared case-insensitively, equal ones kept in their order. */
-static int key_before(const char *a, const char *b) {
+int g4_chat_key_before(const char *a, const char *b) {
     for (;; a++, b++) {
         int x = ascii_lower((unsigned char)*a), y = ascii_lower((unsigned char)*b);
         if (x != y) return x < y;
@@ -164,7 +164,7 @@ static int dictsort(const cJSON *obj, const cJSON ***out, int *n) {
     int k = 0;
     for (const cJSON *c = obj->child; c; c = c->next) {
         int at = k++;
-        for (; at > 0 && key_before(c->string, items[at - 1]->string); at--) items[at] = items[at - 1];
+        for (; at > 0 && g4_chat_key_before(c->string, items[at - 1]->string); at--) items[at] = items[at - 1];
         items[at] = c;
     }
     *out = items;

@@ -356,7 +356,7 @@ def test_tools_scripted():
         '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
         '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|><|tool_call>call:get_weather{city:<|"|>Rome<|"|>}<tool_call|>',
         "<|channel>thought\nThe user wants 2+2.<channel|>It is 4.",
-        'city:<|"|>Oslo<|"|>}<tool_call|>',
+        '{city:<|"|>Oslo<|"|>}<tool_call|>',
         "Let me check. <|tool_call>call:get_weather{city:<|\"|>Par",
     ]
     path = os.path.join(tempfile.mkdtemp(), "replies.json")

@@ -5,13 +5,14 @@ text that Python's jsonschema validates (or the grammar's exact words), streamed
 over several seeds; a schema the compiler refuses is a 400 naming the field; thinking on: the
 answer after the thought follows the schema. test_serve.py's main() calls run()."""
 import json
+import os
 from typing import List, Literal
 
 import jsonschema
 import openai
 import pydantic
 
-from serve_util import MODEL_ID, Server, check, sse_events, raw_stream
+from serve_util import MODEL, MODEL_ID, Server, check, sse_events, raw_stream
 
 PERSON = {
     "type": "object",
@@ -132,6 +133,102 @@ def test_thinking(sv):
         check(status == 200 and (finish != "stop" or valid(PERSON, text)), "thinking seed %d" % seed, text)
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                     "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {"name": "add", "description": "Adds numbers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": -99, "maximum": 99}, "b": {"type": "number"},
+                                     "more": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+                                     "note": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 6}]}},
+    "required": ["a", "b"], "additionalProperties": False}}}
+
+
+def test_tool_calls(sv):
+    """tool_choice required or a named function, sampled at temperature 1 (streamed and not): every reply is a call of a
+    declared function (the named one) whose arguments parse and validate by jsonschema against its parameters."""
+    tools = [WEATHER, ADD]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    choices = ["required", {"type": "function", "function": {"name": "add"}}, {"type": "function", "function": {"name": "get_weather"}}]
+    calls = valid_calls = 0
+    for k, choice in enumerate(choices):
+        for seed in range(1, 11):
+            body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Weather in Paris, or 2+3?"}], "tools": tools,
+                    "tool_choice": choice, "temperature": 1, "seed": seed, "max_tokens": 300}
+            stream = seed % 3 == 0
+            if stream:
+                body["stream"] = True
+                c, resp, status = raw_stream(sv.port, body)
+                events = [json.loads(d) for d in sse_events(resp) if d != "[DONE]"]
+                c.close()
+                deltas = [tc for e in events if e.get("choices") for tc in (e["choices"][0]["delta"].get("tool_calls") or [])]
+                got = {}
+                for d in deltas:
+                    g = got.setdefault(d["index"], {"name": "", "arguments": ""})
+                    g["name"] += (d.get("function") or {}).get("name") or ""
+                    g["arguments"] += (d.get("function") or {}).get("arguments") or ""
+                tcs = [got[i] for i in sorted(got)]
+                finish = [e["choices"][0]["finish_reason"] for e in events if e.get("choices") and e["choices"][0]["finish_reason"]]
+                finish = finish[-1] if finish else None
+            else:
+                status, r = sv.http("POST", "/v1/chat/completions", body)
+                finish = r["choices"][0]["finish_reason"] if status == 200 else None
+                tcs = [tc["function"] for tc in (r["choices"][0]["message"].get("tool_calls") or [])] if status == 200 else []
+            calls += 1
+            want = choice["function"]["name"] if isinstance(choice, dict) else None
+            ok = status == 200 and finish == "tool_calls" and len(tcs) == 1 and tcs[0]["name"] in schemas and want in (None, tcs[0]["name"])
+            if ok:
+                try:
+                    jsonschema.Draft202012Validator(schemas[tcs[0]["name"]]).validate(json.loads(tcs[0]["arguments"]))
+                except (ValueError, jsonschema.ValidationError) as e:
+                    ok = False
+                    tcs.append(str(e))
+            valid_calls += ok
+            check(ok, "tool_choice %d seed %d%s: one call of a declared function, its arguments valid" % (k, seed, " (streamed)" if stream else ""),
+                  (status, finish, tcs))
+    print("info tool calls: %d of %d sampled calls valid" % (valid_calls, calls))
+    # what the compiler cannot enforce is refused, naming the tool; a name tools lack, naming tool_choice
+    bad = {"type": "function", "function": {"name": "odd", "parameters": {"type": "object", "properties": {"x": {"type": "integer", "multipleOf": 2}}}}}
+    for extra, param in (({"tools": [WEATHER, bad], "tool_choice": "required"}, "tools[1].function.parameters"),
+                         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice")):
+        status, r = sv.http("POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], **extra})
+        check(status == 400 and r.get("error", {}).get("param") == param, "a tool_choice the grammar cannot take: 400 naming %s" % param, r)
+    # tool_choice auto is not constrained: the same schema that is refused above is fine there
+    status, r = sv.http("POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "tools": [bad],
+                                                         "max_tokens": 5})
+    check(status == 200, "tool_choice auto with a schema the compiler refuses: 200 (nothing to enforce)", r)
+
+
+def test_strict_tools_auto(sv):
+    """tool_choice auto with a function marked strict: every call the model writes keeps to its schema. The built-in model
+    answers in arithmetic unless pushed, so a logit_bias on <|tool_call> makes it call (again and again, until max_tokens):
+    each complete call is a declared function with arguments jsonschema validates."""
+    strict = {"type": "function", "function": dict(WEATHER["function"], strict=True,
+                                                   parameters=dict(WEATHER["function"]["parameters"], additionalProperties=False))}
+    with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+        open_id = [t["id"] for t in json.load(f)["added_tokens"] if t["content"] == "<|tool_call>"][0]
+    schema = strict["function"]["parameters"]
+    n_calls = 0
+    for seed in range(1, 6):
+        body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [strict], "temperature": 1,
+                "seed": seed, "max_tokens": 120, "logit_bias": {str(open_id): 100}}
+        status, r = sv.http("POST", "/v1/chat/completions", body)
+        tcs = r["choices"][0]["message"].get("tool_calls") or [] if status == 200 else []
+        ok = status == 200 and len(tcs) >= 1
+        for tc in tcs:
+            try:
+                ok = ok and tc["function"]["name"] == "get_weather"
+                jsonschema.Draft202012Validator(schema).validate(json.loads(tc["function"]["arguments"]))
+            except (ValueError, jsonschema.ValidationError):
+                ok = False
+        n_calls += len(tcs)
+        check(ok, "strict tool, tool_choice auto, seed %d: %d calls, each valid" % (seed, len(tcs)), r)
+    print("info strict tools under tool_choice auto: %d calls over 5 replies" % n_calls)
+    # unpushed, the model answers in text: still a 200
+    status, r = sv.http("POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": [{"role": "user", "content": "2+2?"}], "tools": [strict],
+                                                         "max_tokens": 30})
+    check(status == 200 and r["choices"][0]["message"]["content"], "strict tool, tool_choice auto: a text answer", r)
+
+
 def run():
     sv = Server("--parallel", "2")
     try:
@@ -140,6 +237,8 @@ def run():
         test_refusals(sv)
         test_openai_parse(sv)
         test_thinking(sv)
+        test_tool_calls(sv)
+        test_strict_tools_auto(sv)
     finally:
         sv.stop()
-    print("ok structured output: schema fields, json_object, grammars, refusals, openai parse(), thinking")
+    print("ok structured output: schema fields, json_object, grammars, refusals, openai parse(), thinking, tool calls")

@@ -672,8 +672,10 @@ static int read_tools(const fields *f, serve_request *r, const serve_limits *lim
             int rc = json ? g4_tool_declaration(json, strlen(json), &r->tools[i]) : -1;
             free(json);
             if (rc) return serve_fail(f->e, 400, INVALID, NULL, p, "'%s': %s", p, g4_last_error());
+            r->strict_tools |= cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "strict"));
             r->n_tools++;
         }
+        if (!(r->tools_json = cJSON_PrintUnformatted(tools))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
     }
     const cJSON *choice = field(f, "tool_choice");
     if (!choice) return 0;
@@ -788,6 +790,7 @@ void serve_request_free(serve_request *r) {
     for (size_t i = 0; i < r->n_tools; i++) free(r->tools[i]);
     free(r->tools);
     free(r->tool_name);
+    free(r->tools_json);
     free(r->prompt);
     free(r->prompt_ids);
     free(r->cache_salt);
@@ -801,12 +804,12 @@ void serve_request_free(serve_request *r) {
 
 /* ---------------------------------------------------------------- the prompt's tokens */
 
-/* The opening of the call tool_choice asks for, or NULL for none. */
+/* The opening of the call tool_choice asks for, or NULL for none (the rest of the call is
+ * serve_tool_constraint's). */
 static char *call_prefill(const serve_request *r) {
     if (r->tool_choice != SERVE_TOOLS_REQUIRED && r->tool_choice != SERVE_TOOLS_NAMED) return NULL;
     g4_textbuf t = {0};
-    if (g4_textbuf_appends(&t, "<|tool_call>call:") ||
-        (r->tool_choice == SERVE_TOOLS_NAMED && (g4_textbuf_appends(&t, r->tool_name) || g4_textbuf_appends(&t, "{")))) {
+    if (g4_textbuf_appends(&t, "<|tool_call>call:") || (r->tool_choice == SERVE_TOOLS_NAMED && g4_textbuf_appends(&t, r->tool_name))) {
         free(t.p);
         return NULL;
     }
@@ -900,6 +903,24 @@ int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form f
     *ids = p;
     *n_ids = (int)n;
     *max_tokens = budget;
+    return 0;
+}
+
+int serve_tool_constraint(serve_request *r, const g4_tokenizer *tok, int in_call, serve_error *e) {
+    int bad;
+    size_t len = r->tools_json ? strlen(r->tools_json) : 0;
+    if (!in_call && !(r->tool_choice == SERVE_TOOLS_AUTO && r->strict_tools && r->n_tools)) return 0;
+    char *gbnf = in_call ? g4_tool_call_gbnf(tok, r->tools_json, len, r->tool_choice == SERVE_TOOLS_NAMED ? r->tool_name : NULL, &bad)
+                         : g4_tool_reply_gbnf(tok, r->tools_json, len, &bad);
+    if (!gbnf) {
+        char param[64];
+        snprintf(param, sizeof param, "%s", in_call ? "tool_choice" : "tools");
+        if (bad >= 0) snprintf(param, sizeof param, "tools[%d].function.parameters", bad);
+        return serve_fail(e, 400, INVALID, NULL, param, "'%s': %s", param, g4_last_error());
+    }
+    free(r->constraint_text);
+    r->constraint_kind = G4_CONSTRAINT_GBNF, r->constraint_text = gbnf;
+    snprintf(r->constraint_param, sizeof r->constraint_param, "%s", in_call ? "tool_choice" : "tools");
     return 0;
 }
 

@@ -84,6 +84,8 @@ typedef struct {
     size_t n_tools;
     serve_tool_choice tool_choice;
     char *tool_name;     /* SERVE_TOOLS_NAMED */
+    char *tools_json;    /* the tools array as JSON (malloc'd), for the call's grammar (serve_tool_constraint) */
+    int strict_tools;    /* some function says "strict": true */
     /* completions */
     char *prompt;        /* a text prompt, or NULL for one of token ids */
     int32_t *prompt_ids;
@@ -120,13 +122,22 @@ int serve_check_model(const char *model, const serve_limits *lim, serve_error *e
 
 /* The prompt's tokens (malloc'd), what the engine feeds: the chat template's rendering (form as the
  * checkpoint asks, BOS and generation prompt on), followed, for tool_choice required or a named
- * tool, by the opening of a call ("<|tool_call>call:" [NAME "{"]), whose text goes to *prefill
+ * tool, by the opening of a call ("<|tool_call>call:" [NAME]), whose text goes to *prefill
  * (malloc'd, or NULL) for the reply to start from; or the completion's prompt as it is (text
  * encoded with its control tokens, no BOS added, like `g4 run --raw`). *opens_thought: the prompt
  * ends inside a thought. Sets r->max_tokens to the budget. Fails when the prompt, with max_tokens,
  * does not fit the context (400 context_length_exceeded) or has a token the model lacks. */
 int serve_prompt(const serve_request *r, const g4_tokenizer *tok, g4_chat_form form, int vocab, const serve_limits *lim,
                  int32_t **ids, int *n_ids, int *opens_thought, char **prefill, int *max_tokens, serve_error *e);
+
+/* The calls' constraint. in_call (serve_prompt's *prefill: tool_choice required or a named
+ * function opened a call): r's constraint becomes the grammar of the rest of the call, a declared
+ * function's name (unless named) and arguments keeping to its parameters schema
+ * (g4_tool_call_gbnf), from the field "tool_choice". Else, tool_choice auto with a function marked
+ * "strict": the whole reply's (g4_tool_reply_gbnf: text, then calls of declared functions, the
+ * strict ones' arguments by their schemas), from "tools". Otherwise nothing. A schema the compiler
+ * refuses is a 400 naming "tools[i].function.parameters". */
+int serve_tool_constraint(serve_request *r, const g4_tokenizer *tok, int in_call, serve_error *e);
 
 /* The embedding spans of a chat prompt's media parts (serve_prompt's ids, every part's embd set):
  * each part's placeholders, found after its begin marker in order. *spans malloc'd (n_media). */
