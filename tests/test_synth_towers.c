@@ -8,10 +8,14 @@
  *   g4_image_soft_tokens / g4_audio_soft_tokens give the processor's token counts (multimodal.md
  *   §2, §4 formulas), text-width rows, all finite and not all equal, the same bits on every kernel
  *   level in int and fake modes; the towers' bytes are a function of the seed.
+ * - g4 bench --image WxH --audio SECONDS --json on it, levels alternated: the soft-token counts,
+ *   the tower linears' multiply-adds worked out from the shapes (all int8 under --act int, the
+ *   float ones apart), one entry per level, times consistent with x real time.
  * - refusals: --towers on a non-mobile preset, and an image on a synth without towers, fail with one
- *   line. */
+ *   line; bench's --image / --audio values that are neither a file nor a size. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "audio/audio.h"
@@ -176,6 +180,95 @@ static void test_end_to_end(const char *dir) {
     g4_model_free(m);
 }
 
+/* ---- g4 bench --image / --audio ---- */
+
+/* Runs `$G4_BIN args` and returns its stdout (malloc'd) and exit status; stderr into *err_out. */
+static char *run_g4(const char *args, int *rc, char **err_out) {
+    const char *bin = check_bin();
+    if (!bin) return NULL;
+    char cmd[2048], errp[600];
+    snprintf(errp, sizeof errp, "%s/stderr.txt", base_tmp);
+    snprintf(cmd, sizeof cmd, "%s %s 2>%s", bin, args, errp);
+    FILE *f = popen(cmd, "r");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    size_t got;
+    while (out && (got = fread(out + n, 1, cap - n - 1, f)) > 0) n += got;
+    if (out) out[n] = 0;
+    int st = pclose(f);
+    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (err_out && g4_read_file(errp, err_out, NULL)) *err_out = NULL;
+    return out;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static void test_bench(const char *dir) {
+    /* the first two levels this CPU has, alternated */
+    const char *lv[2] = {NULL, NULL};
+    int nl = 0;
+    for (int k = 0; k < g4_kernels_count() && nl < 2; k++)
+        if (g4_kernels_available(g4_kernels_at(k))) lv[nl++] = g4_kernels_at(k)->name;
+    char args[1024];
+    snprintf(args, sizeof args, "bench -m %s --image 160x120 --audio 2 -r 2 -t 2 --act int --json --kernels %s%s%s", dir, lv[0],
+             nl > 1 ? "," : "", nl > 1 ? lv[1] : "");
+    int rc = -1;
+    char *out = run_g4(args, &rc, NULL);
+    cJSON *j = out ? cJSON_Parse(out) : NULL;
+    CHECK(rc == 0 && j, "bench --image --audio --json: exit %d, output %s", rc, out ? out : "");
+    if (j) {
+        const cJSON *img = cJSON_GetObjectItemCaseSensitive(j, "image"), *aud = cJSON_GetObjectItemCaseSensitive(j, "audio");
+        const cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "by_kernels");
+        double patches = num(img, "patches"), frames = num(aud, "mel_frames");
+        CHECK(num(img, "soft_tokens") == image_tokens(120, 160, 4, 3, 280), "bench image: %g soft tokens", num(img, "soft_tokens"));
+        CHECK(num(aud, "soft_tokens") == audio_tokens(32000) && num(aud, "seconds") == 2.0, "bench audio: %g soft tokens", num(aud, "soft_tokens"));
+        CHECK(cJSON_GetArraySize(by) == nl && num(j, "peak_rss_mb") > 1, "bench: %d level entries, peak RSS %g MB", cJSON_GetArraySize(by),
+              num(j, "peak_rss_mb"));
+        /* the audio tower runs on every subsampled frame: n = sub(sub(frames)) */
+        int n = ((int)frames + 2 - 3) / 2 + 1;
+        n = (n + 2 - 3) / 2 + 1;
+        for (int l = 0; l < cJSON_GetArraySize(by); l++) {
+            const cJSON *e = cJSON_GetArrayItem(by, l), *v = cJSON_GetObjectItemCaseSensitive(e, "vision"),
+                        *a = cJSON_GetObjectItemCaseSensitive(e, "audio"), *k = cJSON_GetObjectItemCaseSensitive(e, "kernels");
+            CHECK(cJSON_IsString(k) && strcmp(k->valuestring, lv[l]) == 0, "bench: entry %d is not level %s", l, lv[l]);
+            /* vision: 2 layers x (4 x 32 x 32 + 3 x 32 x 64) per patch in int8; the float patch embedder 48 x 32 */
+            CHECK(num(v, "int_macs") == patches * 2 * (4 * 32 * 32 + 3 * 32 * 64) && num(v, "float_macs") == patches * 48 * 32,
+                  "bench vision MACs: int %.0f, float %.0f", num(v, "int_macs"), num(v, "float_macs"));
+            /* audio: 2 layers x (two FFNs 2 x 2 x 32 x 128, q k v post 4 x 32 x 32, lconv 32 x 64 + 32 x 32) per frame in int8;
+             * float: input_proj 128 x 32 and output_proj 32 x 64 per frame, embed 64 x 64 per token, relative_k_proj 32 x 32 on
+             * 5 positions per layer */
+            double nt = num(aud, "soft_tokens");
+            CHECK(num(a, "int_macs") == n * 2.0 * (2 * 2 * 32 * 128 + 4 * 32 * 32 + 32 * 64 + 32 * 32) &&
+                      num(a, "float_macs") == n * (128.0 * 32 + 32 * 64) + nt * 64 * 64 + 2 * 5 * 32 * 32,
+                  "bench audio MACs: int %.0f, float %.0f (%d frames)", num(a, "int_macs"), num(a, "float_macs"), n);
+            double enc = num(a, "encode_s");
+            CHECK(enc > 0 && fabs(num(a, "x_realtime") - 2.0 / enc) <= 1e-3 * (2.0 / enc) + 1e-3 && num(v, "encode_s") >= num(v, "linear_s") &&
+                      num(v, "linear_gmacs") > 0 && num(e, "text_gate_first_gmacs") > 0,
+                  "bench: times inconsistent (audio encode %g s, x real time %g)", enc, num(a, "x_realtime"));
+        }
+        printf("ok bench --image 160x120 --audio 2 --json on %d level(s): token counts and tower MACs as worked out\n", nl);
+    }
+    cJSON_Delete(j);
+    free(out);
+    static const struct {
+        const char *flag, *needle;
+    } bad[] = {{"--image 10y10", "--image 10y10: no such file, and not WxH"}, {"--audio 31", "--audio 31: no such file, and not a length"},
+               {"--audio 0", "--audio 0: no such file"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "bench -m %s %s -r 1", dir, bad[i].flag);
+        char *err = NULL;
+        out = run_g4(args, &rc, &err);
+        CHECK(rc == 1 && err && strstr(err, bad[i].needle) && strchr(err, '\n') == err + strlen(err) - 1, "bench %s: exit %d, stderr %s",
+              bad[i].flag, rc, err ? err : "");
+        free(out);
+        free(err);
+    }
+}
+
 /* ---- refusals and determinism ---- */
 
 static void test_refusals(void) {
@@ -236,6 +329,7 @@ int main(void) {
     if (check_dispatch_level()) {
         test_layout(d1);
         test_end_to_end(d1);
+        test_bench(d1);
     }
     test_refusals();
     char cmd[600];

@@ -832,13 +832,13 @@ static int tower_bench(const g4_model *m, const bench_args *b) {
         if (b->json) {
             printf("%s{\"kernels\": \"%s\", \"text_gate_first_gmacs\": %.3f, \"text_gate_last_gmacs\": %.3f", l ? ", " : "", level, text4, text2);
             if (vt)
-                printf(", \"vision\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"int_gmac\": %.4f, \"float_gmac\": %.4f, "
+                printf(", \"vision\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"int_macs\": %.0f, \"float_macs\": %.0f, "
                        "\"linear_gmacs\": %.3f}",
-                       v_enc, v_lin, v_att, v[0].int_macs / 1e9, v[0].float_macs / 1e9, v_rate);
+                       v_enc, v_lin, v_att, v[0].int_macs, v[0].float_macs, v_rate);
             if (at)
-                printf(", \"audio\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"subsample_s\": %.6f, \"int_gmac\": %.4f, "
-                       "\"float_gmac\": %.4f, \"linear_gmacs\": %.3f, \"x_realtime\": %.2f}",
-                       a_enc, a_lin, a_att, a_sub, a[0].int_macs / 1e9, a[0].float_macs / 1e9, a_rate, a_enc > 0 ? clip_s / a_enc : 0);
+                printf(", \"audio\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"subsample_s\": %.6f, \"int_macs\": %.0f, "
+                       "\"float_macs\": %.0f, \"linear_gmacs\": %.3f, \"x_realtime\": %.3f}",
+                       a_enc, a_lin, a_att, a_sub, a[0].int_macs, a[0].float_macs, a_rate, a_enc > 0 ? clip_s / a_enc : 0);
             printf("}");
             continue;
         }

@@ -360,6 +360,7 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
         memset(stats, 0, sizeof *stats);
         stats->attention_seconds = b.attention_seconds;
         stats->linear_seconds = s->prof[G4_PROF_LINEAR];
+        g4_tower_count_macs(s, &vt->patch_proj, &stats->int_macs, &stats->float_macs);
         for (int l = 0; l < vt->n_layers; l++) {
             const g4_clip_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
                                       &vt->layers[l].gate, &vt->layers[l].up, &vt->layers[l].down};
