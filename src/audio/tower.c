@@ -335,8 +335,9 @@ int g4_audio_encode(const g4_model *m, const g4_audio_tower *at, const g4_option
     }
     if (stats) g4_session_set_profiling(s, 1);
     double t_sub = g4_prof_clock();
-    g4_audio_subsample_layer(mel, mask, T, G4_AUDIO_MEL_BINS, 1, at->conv0_w, at->conv0_norm, at->ch0, at->eps, h0, m1);
-    g4_audio_subsample_layer(h0, m1, T1, F1, at->ch0, at->conv1_w, at->conv1_norm, at->ch1, at->eps, h1, valid);
+    if (g4_audio_subsample_layer(mel, mask, T, G4_AUDIO_MEL_BINS, 1, at->conv0_w, at->conv0_norm, at->ch0, at->eps, h0, m1) ||
+        g4_audio_subsample_layer(h0, m1, T1, F1, at->ch0, at->conv1_w, at->conv1_norm, at->ch1, at->eps, h1, valid))
+        goto done;
     t_sub = g4_prof_clock() - t_sub;
     g4_tower_linear_rows(s, &at->input_proj, h1, n, b.x);
     g4_audio_rel_pos_sinusoids(H, n_pos, b.pos);
