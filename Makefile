@@ -31,6 +31,8 @@ TESTS = test_config test_draft test_bf16 test_quantize test_int8 test_unit_linea
 TESTS += test_checkpoint
 # the one reply reader (issue 34 item 1)
 TESTS += test_reply
+# the synthesized towers and the BF16 clipped-linear tower goldens (issue 35)
+TESTS += test_synth_towers test_bf16_towers
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o) $(MEDIA_SRC:%.c=$(OUT)/%.o)
 DEV_OBJ = $(DEV_SRC:%.c=$(OUT)/%.o)

@@ -504,6 +504,7 @@ static void check_softcap(const g4_kernels *k) {
 
 typedef struct {
     int n, nh, hd, group, ctx, int8_k, int8_v;
+    int shared; /* every row attends to the same positions [lo, ctx - 1]: the tiled schedule (vision) */
 } attn_shape;
 
 static void check_attention_shape(const attn_shape *as) {
@@ -520,9 +521,10 @@ static void check_attention_shape(const attn_shape *as) {
         vf[i] = rnd() % 50 ? ((float)(int)(rnd() % 20001) - 10000.0f) * 1e-4f : -0.0f;
     }
     for (size_t i = 0; i < (size_t)as->n * w; i++) q[i] = ((float)(int)(rnd() % 20001) - 10000.0f) * 3e-4f;
-    g4_attn_row rows[8];
+    g4_attn_row *rows = malloc(sizeof *rows * (size_t)as->n);
+    int shared_lo = rnd() % 2 ? 0 : rnd_int(0, as->ctx / 4);
     for (int t = 0; t < as->n; t++) {
-        int hi = rnd_int(0, as->ctx - 1), lo = rnd() % 3 ? 0 : rnd_int(0, hi);
+        int hi = as->shared ? as->ctx - 1 : rnd_int(0, as->ctx - 1), lo = as->shared ? shared_lo : rnd() % 3 ? 0 : rnd_int(0, hi);
         rows[t] = (g4_attn_row){.kq = as->int8_k ? kq : NULL, .vq = as->int8_v ? vq : NULL, .kf = as->int8_k ? NULL : kf,
                                 .vf = as->int8_v ? NULL : vf, .k_scale = as->int8_k ? 0.0371f : 0,
                                 .v_scale = as->int8_v ? 0.0113f : 0,
@@ -536,9 +538,11 @@ static void check_attention_shape(const attn_shape *as) {
         memset(out, 0xA5, sizeof(float) * (size_t)as->n * w);
         a.out = out;
         k->attention(&a);
-        CHECK(same_bits(oref, out, sizeof(float) * (size_t)as->n * w), "%s attention n=%d heads=%d hd=%d group=%d ctx=%d k8=%d v8=%d threads=%d",
-              k->name, as->n, as->nh, as->hd, as->group, as->ctx, as->int8_k, as->int8_v, g4_kernels_threads());
+        CHECK(same_bits(oref, out, sizeof(float) * (size_t)as->n * w),
+              "%s attention n=%d heads=%d hd=%d group=%d ctx=%d k8=%d v8=%d shared=%d threads=%d", k->name, as->n, as->nh, as->hd, as->group,
+              as->ctx, as->int8_k, as->int8_v, as->shared, g4_kernels_threads());
     }
+    free(rows);
     free(kq);
     free(vq);
     free(kf);
@@ -558,8 +562,15 @@ static void check_attention(void) {
         check_attention_shape(&as);
     }
     /* the E2B shapes: one decode row and a prefill chunk, long enough for several V blocks */
-    attn_shape big[] = {{1, 8, 256, 8, 600, 1, 1}, {1, 8, 512, 8, 300, 1, 1}, {3, 8, 512, 8, 300, 0, 0}, {8, 8, 256, 8, 200, 1, 1}};
+    attn_shape big[] = {{1, 8, 256, 8, 600, 1, 1, 0}, {1, 8, 512, 8, 300, 1, 1, 0}, {3, 8, 512, 8, 300, 0, 0, 0}, {8, 8, 256, 8, 200, 1, 1, 0}};
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_attention_shape(&big[i]);
+    /* many rows over one key range, as the vision tower's bidirectional attention (query tiles of
+     * 16 x key blocks of 64): rows and keys not multiples of the tiles, grouped heads, int8 and f32
+     * caches, a head dim with a tail (12: the row schedule), and the E2B tower's 12 x 64 heads */
+    attn_shape shared[] = {{33, 2, 16, 1, 70, 0, 0, 1},   {100, 12, 64, 1, 150, 0, 0, 1}, {47, 8, 32, 4, 129, 1, 1, 1},
+                           {40, 6, 64, 3, 64, 1, 0, 1},   {64, 2, 12, 1, 90, 0, 1, 1},    {200, 12, 64, 1, 200, 0, 0, 1},
+                           {32, 4, 256, 2, 65, 1, 1, 1}};
+    for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) check_attention_shape(&shared[i]);
 }
 
 static void elementwise_kernels(void) {

@@ -2,7 +2,9 @@
  * repeated; and the machine's read bandwidth measured in the same run, so decode speed can be
  * stated as a fraction of the bandwidth roofline. */
 #define _DEFAULT_SOURCE /* madvise, MAP_ANONYMOUS */
+#include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,8 @@
 #include "g4dev.h"
 #include "model/model.h"
 #include "model/probe.h"
+#include "audio/audio.h"
+#include "audio/tower.h"
 #include "vision/tower.h"
 
 /* --kernels: the levels compared, at most this many; and the models (-m given several times) */
@@ -43,7 +47,8 @@ typedef struct {
     draft_args draft;
     /* --draft-costs: the costs of a drafting round's parts instead (draft_costs); gen_set: -n given */
     int draft_costs, gen_set;
-    const char *image; /* --image FILE: the vision tower's encode instead of text */
+    const char *image; /* --image FILE|WxH: the vision tower's encode instead of text */
+    const char *audio; /* --audio FILE|SECONDS: the audio tower's */
 } bench_args;
 
 /* The bandwidth is measured just before and just after every repetition's decode, since this
@@ -260,7 +265,8 @@ const command_usage usage_bench = {
         {"--kernels LEVEL,LEVEL...", "alternate between these kernel levels"},
         {"--alternate reps|steps", "with --kernels: alternate whole reps or decode steps"},
         {"--draft-costs", "with --draft: time verifying K+1 rows (K = 0..8) and one draft step after a -p prompt"},
-        {"--image FILE", "time the vision tower on a PNG/JPEG at the model's default budget (-r reps) and its int8 linears' MAC rate next to a text prefill chunk's"},
+        {"--image FILE|WxH", "time the vision tower on a PNG/JPEG (or a generated W x H image) at the model's default budget (-r reps, --kernels alternating) and its linears' MAC rate next to a text prefill chunk's"},
+        {"--audio FILE|SECONDS", "time the audio tower on a WAV (or a generated clip of that many seconds, up to 30): encode time, x real time, MAC rate"},
         {NULL, NULL},
     },
     USAGE_ENGINE | USAGE_DRAFT,
@@ -300,6 +306,7 @@ static int parse_bench(args_t *a, bench_args *b) {
         } else if (flag_is(a, "--json")) b->json = 1;
         else if (flag_is(a, "--draft-costs")) b->draft_costs = 1;
         else if (flag_is(a, "--image")) b->image = flag_value(a, "--image", &bad);
+        else if (flag_is(a, "--audio")) b->audio = flag_value(a, "--audio", &bad);
         else if (!engine_flag(a, &b->o, &bad) && !draft_flag(a, &b->draft, &bad)) return unknown_flag(a);
     }
     if (bad) return 1;
@@ -315,8 +322,8 @@ static int parse_bench(args_t *a, bench_args *b) {
         return die("g4 bench: --draft compares decoding with and without the drafter on one model and level%s", "");
     if (b->draft.tokens && !b->draft.dir) return die("g4 bench: --draft-tokens needs --draft DIR%s", "");
     if (b->draft_costs && !b->draft.dir) return die("g4 bench: --draft-costs needs --draft DIR%s", "");
-    if (b->image && (b->draft.dir || b->n_levels || b->n_models > 1))
-        return die("g4 bench: --image times one model's vision tower: no --draft, --kernels or several -m%s", "");
+    if ((b->image || b->audio) && (b->draft.dir || b->n_models > 1 || b->alt_steps || b->draft_costs))
+        return die("g4 bench: --image/--audio time one model's towers: no --draft, --draft-costs, --alternate or several -m%s", "");
     if (b->draft_costs && (b->draft.tokens || b->gen_set || b->logits != LOGITS_GREEDY || b->alt_steps || b->prompt < 1))
         return die("g4 bench: --draft-costs times K = 0..%s greedy drafts after a prompt of -p (at least 1) tokens: no -n, --draft-tokens, "
                    "--logits or --alternate", G4_STR(COST_MAX_K));
@@ -603,58 +610,280 @@ static int draft_costs(const g4_model *m, const bench_args *b, double load_s) {
     return 0;
 }
 
-/* g4 bench --image: decoding + preprocessing, the tower's encode (median of -r reps) and the
- * int8 MAC rate of its linears, next to the rate of the text model's first MLP gate on a prefill
- * chunk of 64 rows through the same linear step. */
-static int image_bench(const g4_model *m, const bench_args *b) {
-    char *data;
-    size_t len;
-    if (g4_read_file_bounded(b->image, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) return die_lib();
-    const g4_vision_tower *vt = g4_vision_tower_get(m);
-    double t0 = now_s();
-    g4_rgb_image im;
-    g4_image_patches p;
-    if (!vt || g4_image_decode(data, len, &im)) return free(data), die_lib();
-    free(data);
-    int w = im.w, h = im.h, rc = g4_image_patchify(&im, g4_vision_patch_size(vt), g4_vision_pooling(vt), g4_vision_default_soft_tokens(vt), &p);
-    g4_rgb_image_free(&im);
-    if (rc) return die_lib();
-    double prep_s = now_s() - t0, *enc = calloc((size_t)b->reps, sizeof *enc), lin_s = 0, macs = 0, fmacs = 0;
-    int n = 0;
-    for (int r = 0; r < b->reps && enc; r++) {
-        float *e;
-        g4_vision_stats st;
-        if (g4_vision_encode(m, vt, &b->o, &p, &e, &n, &st)) {
-            free(enc), g4_image_patches_free(&p);
-            return die_lib();
+/* ---- g4 bench --image / --audio: the towers ----
+ * Each rep encodes the image and/or the clip once per --kernels level (levels alternating, the
+ * order reversed every other round, as the text reps), then times the text model's prefill
+ * linears at that level: layer 0's gate_proj and the last layer's (E2B: 4-bit and 2-bit MLPs) on
+ * a 64-row chunk, the calls a prefill makes, for >= 0.3 s each. The tower's MAC rate is the
+ * multiply-adds of its linears over their seconds (the session profile), so it compares with the
+ * text rate linear for linear; the rest of an encode (attention, convolutions, norms) is given
+ * apart. */
+
+/* An RGB test image of w x h: smooth gradients and a disc (edges for the resampler) plus hashed
+ * noise; the values do not matter to the timing, only the size. */
+static int synth_image(int w, int h, g4_rgb_image *im) {
+    im->w = w, im->h = h;
+    im->rgb = malloc((size_t)w * h * 3);
+    if (!im->rgb) return -1;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            int disc = (x - w / 2) * (x - w / 2) + (y - h / 2) * (y - h / 2) < (w < h ? w : h) * (w < h ? w : h) / 9;
+            for (int c = 0; c < 3; c++) {
+                unsigned hash = ((unsigned)(y * w + x) * 3u + (unsigned)c) * 2654435761u;
+                int v = (x * 255 / w + y * 255 / h * (c + 1)) / (c + 2) + (int)(hash >> 28) - 8;
+                v = disc ? 255 - v : v;
+                im->rgb[((size_t)y * w + x) * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+            }
         }
-        free(e);
-        enc[r] = st.seconds, lin_s += st.linear_seconds, macs += st.int_macs, fmacs += st.float_macs;
+    return 0;
+}
+
+/* A 16 kHz test clip of n samples: a sweeping tone with a slow envelope and hashed noise. */
+static float *synth_clip(size_t n) {
+    float *pcm = malloc(sizeof *pcm * (n ? n : 1));
+    if (!pcm) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        double t = (double)i / 16000.0, f = 200.0 + 150.0 * t;
+        unsigned hash = (unsigned)i * 2654435761u;
+        pcm[i] = (float)(0.3 * sin(2 * 3.141592653589793 * f * t) * (0.6 + 0.4 * sin(t * 1.7)) + ((double)(hash >> 16) / 65536.0 - 0.5) * 0.05);
     }
-    if (!enc) return g4_image_patches_free(&p), die("g4 bench: out of memory%s", "");
-    /* the text side: layer 0's gate_proj on 64 rows, as a prefill chunk runs it, for >= 0.3 s */
-    g4_session *s = g4_session_new(m, &b->o);
-    int H = g4_model_hidden_size(m), F = m->layers[0].mlp_dim, iters = 0, ran_int = 0;
+    return pcm;
+}
+
+/* "WxH" (both 1..16384), else 0. */
+static int parse_wxh(const char *v, int *w, int *h) {
+    char tail;
+    return sscanf(v, "%dx%d%c", w, h, &tail) == 2 && *w >= 1 && *h >= 1 && *w <= G4_IMAGE_MAX_SIDE && *h <= G4_IMAGE_MAX_SIDE;
+}
+
+typedef struct {
+    double enc, lin, att, sub, int_macs, float_macs;
+} tower_rep;
+
+typedef struct {
+    double macs, seconds;
+    int int_path;
+} text_rate;
+
+/* The text model's `module` on a 64-row chunk for >= 0.3 s in a session of the current level. */
+static text_rate time_text_linear(const g4_model *m, const g4_options *o, int layer) {
+    text_rate r = {0, 0, 0};
+    char name[128];
+    snprintf(name, sizeof name, "model.language_model.layers.%d.mlp.gate_proj", layer);
+    g4_session *s = g4_session_new(m, o);
+    int H = g4_model_hidden_size(m), F = m->layers[layer].mlp_dim, iters = 0;
     float *x = calloc((size_t)64 * H, sizeof *x), *y = calloc((size_t)64 * F, sizeof *y);
-    double text_s = 0;
     if (s && x && y) {
         for (size_t i = 0; i < (size_t)64 * H; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
         double t1 = now_s();
-        while ((text_s = now_s() - t1) < 0.3 && (ran_int = g4_session_run_linear(s, "model.language_model.layers.0.mlp.gate_proj", x, 64, y, NULL, NULL)) >= 0) iters++;
+        while ((r.seconds = now_s() - t1) < 0.3 && (r.int_path = g4_session_run_linear(s, name, x, 64, y, NULL, NULL)) >= 0) iters++;
     }
-    double text_macs = (double)iters * 64 * H * F;
-    printf("image %s: %d x %d -> %d patches (%d x %d) -> %d soft tokens; decode + preprocess %.1f ms\n", b->image, w, h, p.n_real, p.grid_w,
-           p.grid_h, n, prep_s * 1e3);
-    printf("  vision encode   %.1f ms (median of %d), %.1f ms of it in the tower's linears\n", median(enc, b->reps) * 1e3, b->reps,
-           lin_s / b->reps * 1e3);
-    printf("  tower linears   %.2f G int8 MAC/s (%.2f G MACs in int8, %.2f G in float per encode; --act %s)\n", lin_s > 0 ? macs / lin_s / 1e9 : 0,
-           macs / b->reps / 1e9, fmacs / b->reps / 1e9, b->o.act == G4_ACT_INT ? "int" : b->o.act == G4_ACT_FAKE ? "fake" : "float");
-    printf("  text prefill    %.2f G MAC/s (layer 0 gate_proj, 64 rows, %s path)\n", text_s > 0 ? text_macs / text_s / 1e9 : 0, ran_int == 1 ? "int8" : "float");
-    print_kernels(stdout, 0, b);
+    r.macs = (double)iters * 64 * H * F;
     g4_session_free(s);
-    free(x), free(y), free(enc);
+    free(x), free(y);
+    return r;
+}
+
+static double rate_g(double macs, double s) { return s > 0 ? macs / s / 1e9 : 0; }
+
+static double median_of(const tower_rep *r, int reps, size_t field) {
+    double v[1000];
+    for (int i = 0; i < reps; i++) v[i] = *(const double *)(const void *)((const char *)&r[i] + field);
+    return median(v, reps);
+}
+
+static int tower_bench(const g4_model *m, const bench_args *b) {
+    const int L = b->n_levels ? b->n_levels : 1, reps = b->reps;
+    g4_image_patches p = {0};
+    float *mel = NULL;
+    uint8_t *mask = NULL;
+    int T = 0, img_w = 0, img_h = 0, rc = 1;
+    double img_prep = 0, clip_s = 0, clip_prep = 0;
+    const g4_vision_tower *vt = NULL;
+    const g4_audio_tower *at = NULL;
+    tower_rep *vr = calloc((size_t)reps * L, sizeof *vr), *ar = calloc((size_t)reps * L, sizeof *ar);
+    text_rate *t4 = calloc((size_t)reps * L, sizeof *t4), *t2 = calloc((size_t)reps * L, sizeof *t2);
+    int n_img_tokens = 0, n_clip_tokens = 0, last = m->cfg.n_layers - 1;
+    if (!vr || !ar || !t4 || !t2) {
+        die("g4 bench: out of memory%s", "");
+        goto done;
+    }
+    if (b->image) {
+        g4_rgb_image im;
+        double t0 = now_s();
+        if (!(vt = g4_vision_tower_get(m))) goto lib_fail;
+        if (g4_file_exists(b->image)) {
+            char *data;
+            size_t len;
+            if (g4_read_file_bounded(b->image, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) goto lib_fail;
+            int drc = g4_image_decode(data, len, &im);
+            free(data);
+            if (drc) goto lib_fail;
+        } else if (parse_wxh(b->image, &img_w, &img_h)) {
+            if (synth_image(img_w, img_h, &im)) {
+                die("g4 bench: out of memory%s", "");
+                goto done;
+            }
+        } else {
+            die("g4 bench: --image %s: no such file, and not WxH (e.g. 768x768)", b->image);
+            goto done;
+        }
+        img_w = im.w, img_h = im.h;
+        int prc = g4_image_patchify(&im, g4_vision_patch_size(vt), g4_vision_pooling(vt), g4_vision_default_soft_tokens(vt), &p);
+        g4_rgb_image_free(&im);
+        if (prc) goto lib_fail;
+        img_prep = now_s() - t0;
+    }
+    if (b->audio) {
+        float *pcm = NULL;
+        size_t n = 0;
+        double t0 = now_s();
+        if (!(at = g4_audio_tower_get(m))) goto lib_fail;
+        if (g4_file_exists(b->audio)) {
+            char *data;
+            size_t len;
+            if (g4_read_file_bounded(b->audio, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) goto lib_fail;
+            int arc = g4_audio_pcm16k(data, len, b->audio, &pcm, &n);
+            free(data);
+            if (arc) goto lib_fail;
+        } else {
+            char *end;
+            double sec = strtod(b->audio, &end);
+            if (end == b->audio || *end || !(sec > 0 && sec <= 30)) {
+                die("g4 bench: --audio %s: no such file, and not a length in seconds (0 < s <= 30)", b->audio);
+                goto done;
+            }
+            n = (size_t)(sec * 16000 + 0.5);
+            if (!(pcm = synth_clip(n))) {
+                die("g4 bench: out of memory%s", "");
+                goto done;
+            }
+        }
+        clip_s = (double)n / 16000.0;
+        int mrc = g4_audio_log_mel(pcm, n, &mel, &mask, &T);
+        free(pcm);
+        if (mrc) goto lib_fail;
+        clip_prep = now_s() - t0;
+    }
+    const char *outer = getenv("G4_DISPATCH");
+    char *saved_env = outer ? strdup(outer) : NULL;
+    int failed = 0;
+    for (int r = 0; r < reps && !failed; r++)
+        for (int k = 0; k < L && !failed; k++) {
+            int l = r % 2 ? L - 1 - k : k, at_i = r * L + l;
+            if (b->n_levels) setenv("G4_DISPATCH", b->levels[l], 1);
+            if (vt) {
+                float *e = NULL;
+                g4_vision_stats st;
+                if (g4_vision_encode(m, vt, &b->o, &p, &e, &n_img_tokens, &st)) failed = 1;
+                free(e);
+                if (!failed) vr[at_i] = (tower_rep){st.seconds, st.linear_seconds, st.attention_seconds, 0, st.int_macs, st.float_macs};
+            }
+            if (at && !failed) {
+                float *e = NULL;
+                g4_audio_stats st;
+                if (g4_audio_encode(m, at, &b->o, mel, mask, T, &e, &n_clip_tokens, &st)) failed = 1;
+                free(e);
+                if (!failed) ar[at_i] = (tower_rep){st.seconds, st.linear_seconds, st.attention_seconds, st.subsample_seconds, st.int_macs, st.float_macs};
+            }
+            t4[at_i] = time_text_linear(m, &b->o, 0);
+            t2[at_i] = time_text_linear(m, &b->o, last);
+        }
+    if (b->n_levels) {
+        if (saved_env) setenv("G4_DISPATCH", saved_env, 1);
+        else unsetenv("G4_DISPATCH");
+    }
+    free(saved_env);
+    if (failed) goto lib_fail;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double rss_mb = (double)ru.ru_maxrss / 1024.0;
+    const char *act = b->o.act == G4_ACT_INT ? "int" : b->o.act == G4_ACT_FAKE ? "fake" : "float";
+    if (b->json)
+        printf("{\"model\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"reps\": %d, \"peak_rss_mb\": %.1f", b->dir, b->o.threads, act, reps, rss_mb);
+    else
+        printf("model %s, %d thread(s), --act %s, %d reps (medians), peak RSS %.1f MB with the towers loaded\n", b->dir, b->o.threads, act, reps,
+               rss_mb);
+    if (vt) {
+        if (b->json)
+            printf(", \"image\": {\"input\": \"%s\", \"width\": %d, \"height\": %d, \"patches\": %d, \"grid\": [%d, %d], \"soft_tokens\": %d, "
+                   "\"prep_s\": %.6f}",
+                   b->image, img_w, img_h, p.n_real, p.grid_w, p.grid_h, n_img_tokens, img_prep);
+        else
+            printf("image %s: %d x %d -> %d patches (%d x %d) -> %d soft tokens; decode + preprocess %.1f ms\n", b->image, img_w, img_h, p.n_real,
+                   p.grid_w, p.grid_h, n_img_tokens, img_prep * 1e3);
+    }
+    if (at) {
+        if (b->json)
+            printf(", \"audio\": {\"input\": \"%s\", \"seconds\": %.3f, \"mel_frames\": %d, \"soft_tokens\": %d, \"prep_s\": %.6f}", b->audio,
+                   clip_s, T, n_clip_tokens, clip_prep);
+        else
+            printf("audio %s: %.2f s -> %d mel frames -> %d soft tokens; decode + resample + log-mel %.1f ms\n", b->audio, clip_s, T,
+                   n_clip_tokens, clip_prep * 1e3);
+    }
+    if (b->json) printf(", \"by_kernels\": [");
+    for (int l = 0; l < L; l++) {
+        tower_rep v[1000], a[1000];
+        text_rate q4 = {0, 0, 0}, q2 = {0, 0, 0};
+        for (int r = 0; r < reps; r++) {
+            v[r] = vr[r * L + l], a[r] = ar[r * L + l];
+            q4.macs += t4[r * L + l].macs, q4.seconds += t4[r * L + l].seconds, q4.int_path = t4[r * L + l].int_path;
+            q2.macs += t2[r * L + l].macs, q2.seconds += t2[r * L + l].seconds, q2.int_path = t2[r * L + l].int_path;
+        }
+        const char *level = b->n_levels ? b->levels[l] : g4_kernels_get()->name;
+        double text4 = rate_g(q4.macs, q4.seconds), text2 = rate_g(q2.macs, q2.seconds);
+        double v_enc = median_of(v, reps, offsetof(tower_rep, enc)), v_lin = median_of(v, reps, offsetof(tower_rep, lin));
+        double v_att = median_of(v, reps, offsetof(tower_rep, att)), v_rate = rate_g(v[0].int_macs + v[0].float_macs, v_lin);
+        double a_enc = median_of(a, reps, offsetof(tower_rep, enc)), a_lin = median_of(a, reps, offsetof(tower_rep, lin));
+        double a_att = median_of(a, reps, offsetof(tower_rep, att)), a_sub = median_of(a, reps, offsetof(tower_rep, sub));
+        double a_rate = rate_g(a[0].int_macs + a[0].float_macs, a_lin);
+        if (b->json) {
+            printf("%s{\"kernels\": \"%s\", \"text_gate_first_gmacs\": %.3f, \"text_gate_last_gmacs\": %.3f", l ? ", " : "", level, text4, text2);
+            if (vt)
+                printf(", \"vision\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"int_macs\": %.0f, \"float_macs\": %.0f, "
+                       "\"linear_gmacs\": %.3f}",
+                       v_enc, v_lin, v_att, v[0].int_macs, v[0].float_macs, v_rate);
+            if (at)
+                printf(", \"audio\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"subsample_s\": %.6f, \"int_macs\": %.0f, "
+                       "\"float_macs\": %.0f, \"linear_gmacs\": %.3f, \"x_realtime\": %.3f}",
+                       a_enc, a_lin, a_att, a_sub, a[0].int_macs, a[0].float_macs, a_rate, a_enc > 0 ? clip_s / a_enc : 0);
+            printf("}");
+            continue;
+        }
+        printf("  [%s]\n", level);
+        printf("  text prefill    %.2f G MAC/s layer 0 gate_proj, %.2f G MAC/s layer %d gate_proj (64 rows, %s path)\n", text4, text2, last,
+               q4.int_path == 1 ? "int8" : "float");
+        if (vt) {
+            printf("  vision encode   %.1f ms: linears %.1f ms, attention %.1f ms, other %.1f ms\n", v_enc * 1e3, v_lin * 1e3, v_att * 1e3,
+                   (v_enc - v_lin - v_att) * 1e3);
+            printf("  vision linears  %.2f G MAC/s (%.2f G MACs in int8, %.2f G in float) = %.2f x the layer 0 prefill rate\n", v_rate,
+                   v[0].int_macs / 1e9, v[0].float_macs / 1e9, text4 > 0 ? v_rate / text4 : 0);
+        }
+        if (at) {
+            printf("  audio encode    %.1f ms = %.1f x real time (%.1f x with the preprocessing): subsampling %.1f ms, linears %.1f ms, "
+                   "attention %.1f ms, other %.1f ms\n",
+                   a_enc * 1e3, a_enc > 0 ? clip_s / a_enc : 0, clip_s / (a_enc + clip_prep), a_sub * 1e3, a_lin * 1e3, a_att * 1e3,
+                   (a_enc - a_sub - a_lin - a_att) * 1e3);
+            printf("  audio linears   %.2f G MAC/s (%.2f G MACs in int8, %.2f G in float) = %.2f x the layer %d prefill rate\n", a_rate,
+                   a[0].int_macs / 1e9, a[0].float_macs / 1e9, text2 > 0 ? a_rate / text2 : 0, last);
+        }
+    }
+    if (b->json) {
+        printf("]");
+        print_kernels(stdout, 1, b);
+        printf("}\n");
+    } else {
+        print_kernels(stdout, 0, b);
+    }
+    rc = 0;
+    goto done;
+lib_fail:
+    rc = die_lib();
+done:
     g4_image_patches_free(&p);
-    return 0;
+    free(mel), free(mask);
+    free(vr), free(ar), free(t4), free(t2);
+    return rc;
 }
 
 int cmd_bench(args_t *a) {
@@ -681,9 +910,9 @@ int cmd_bench(args_t *a) {
         if (probing) bw_probe_stop(&probe);
         return die_lib();
     }
-    if (b.image) {
+    if (b.image || b.audio) {
         if (probing) bw_probe_stop(&probe);
-        int rc = image_bench(m, &b);
+        int rc = tower_bench(m, &b);
         g4_model_free(m);
         return rc;
     }

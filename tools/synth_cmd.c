@@ -1,4 +1,4 @@
-/* `g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE]`: writes a random
+/* `g4 synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE] [--towers]`: writes a random
  * checkpoint folder with the real on-disk layout (dev/model/synth.h). Every failure prints one
  * line "g4 synth: error: ..." and returns 1. */
 #define _POSIX_C_SOURCE 200809L
@@ -55,7 +55,7 @@ static int parse_seed(const char *v, uint64_t *out) {
 }
 
 const command_usage usage_synth = {
-    "synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE]",
+    "synth --preset e2b|e4b|e2b-q4_0|e2b-bf16|tiny|e2b-drafter -o DIR [--seed N] [--tokenizer FILE] [--towers]",
     "Writes DIR/{config.json, generation_config.json, tokenizer.json, model.safetensors}:\n"
     "random weights in the exact on-disk layout of a Gemma 4 checkpoint: e2b and e4b, the QAT mobile\n"
     "checkpoints (2.1 and 3.2 GB of text tensors); e2b-q4_0, E2B as g4 quantize --q4_0 writes it (4.0 GB);\n"
@@ -67,6 +67,7 @@ const command_usage usage_synth = {
         {"-o, --out DIR", "the folder to write"},
         {"--seed N", "values are a function of (preset, seed); default 0"},
         {"--tokenizer FILE", "copy this tokenizer.json instead of generating a synthetic one"},
+        {"--towers", "also a vision tower and an audio conformer of the real sizes (e2b, e4b, tiny), for image and audio input"},
         {NULL, NULL},
     },
     0,
@@ -75,6 +76,7 @@ const command_usage usage_synth = {
 int g4_cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *tok = NULL;
     uint64_t seed = 0;
+    int towers = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (is_flag(a, "-h") || is_flag(a, "--help")) {
@@ -88,6 +90,8 @@ int g4_cmd_synth(int argc, char **argv) {
             const char *v = value_of(argc, argv, &i, "--seed");
             if (!v) return 1;
             if (parse_seed(v, &seed) != 0) return synth_error("--seed %s: expected a non-negative integer below 2^64", v);
+        } else if (is_flag(a, "--towers")) {
+            towers = 1;
         } else if (is_flag(a, "--tokenizer")) {
             if (!(tok = value_of(argc, argv, &i, "--tokenizer"))) return 1;
         } else {
@@ -102,7 +106,7 @@ int g4_cmd_synth(int argc, char **argv) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     g4_synth_stats st;
-    if (g4_synth_ex(preset, out, seed, tok, &st) != 0) return synth_error("%s", g4_last_error());
+    if (g4_synth_towers(preset, out, seed, tok, towers, &st) != 0) return synth_error("%s", g4_last_error());
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     printf("g4 synth: wrote %s (preset %s, seed %llu): %d tensors (%d text, %llu bytes), model.safetensors %llu bytes, "

@@ -270,7 +270,16 @@ static cJSON *drafter_config(const preset_t *p) {
     return r;
 }
 
-char *g4_synth_config_json(const char *preset) {
+static cJSON *vision_config(const preset_t *p);
+static cJSON *audio_config(const preset_t *p);
+
+static char *config_json(const char *preset, int towers);
+
+char *g4_synth_config_json(const char *preset) { return config_json(preset, 0); }
+
+/* config.json; with towers, the real vision_config and audio_config of the preset's towers
+ * (the towers block below) in place of the placeholders. */
+static char *config_json(const char *preset, int towers) {
     const preset_t *p = find_preset(preset);
     if (!p) return NULL;
     if (p->layout == LAYOUT_DRAFTER) {
@@ -285,7 +294,7 @@ char *g4_synth_config_json(const char *preset) {
     cJSON *arch = cJSON_CreateArray();
     cJSON_AddItemToArray(arch, cJSON_CreateString("Gemma4ForConditionalGeneration"));
     cJSON_AddItemToObject(r, "architectures", arch);
-    cJSON_AddItemToObject(r, "audio_config", tower_config("gemma4_audio"));
+    cJSON_AddItemToObject(r, "audio_config", towers ? audio_config(p) : tower_config("gemma4_audio"));
     cJSON_AddNumberToObject(r, "audio_token_id", 258881);
     cJSON_AddNumberToObject(r, "boa_token_id", 256000);
     cJSON_AddNumberToObject(r, "boi_token_id", 255999);
@@ -301,7 +310,7 @@ char *g4_synth_config_json(const char *preset) {
     cJSON_AddBoolToObject(r, "tie_word_embeddings", tied(p));
     cJSON_AddStringToObject(r, "transformers_version", "5.17.0");
     cJSON_AddNumberToObject(r, "video_token_id", 258884);
-    cJSON_AddItemToObject(r, "vision_config", tower_config("gemma4_vision"));
+    cJSON_AddItemToObject(r, "vision_config", towers ? vision_config(p) : tower_config("gemma4_vision"));
     cJSON_AddNumberToObject(r, "vision_soft_tokens_per_image", 280);
     char *text = cJSON_Print(r);
     cJSON_Delete(r);
@@ -709,6 +718,179 @@ static int fill(void *user, int index, const g4_stw_tensor *t, uint64_t off, uin
     return 0;
 }
 
+/* ---- towers (g4 synth --towers) ----
+ * A vision tower and an audio conformer of the real sizes (multimodal.md §3, §5: E2B and E4B
+ * share them), in the mobile layout (checkpoint.md §3, multimodal.md §6): the vision linears
+ * 8-bit, the audio linears 2-bit with lconv1d.linear_start 4-bit, each with static int8
+ * activation scales; the patch embedder, position table, subsampling convolutions,
+ * relative_k_proj, output_proj and both embedders float. No clamp tensors: the mobile checkpoint
+ * has none (use_clipped_linears false). The tiny preset gets towers of the same structure at
+ * sizes a test runs in seconds. Values as the text model's: weights of RMS about 1/sqrt(in),
+ * norms near 1, activation scales 0.02-0.05. */
+
+typedef struct {
+    const char *preset;
+    int v_hidden, v_layers, v_heads, v_head_dim, v_mlp, v_patch, v_pool, v_pos;
+    int a_hidden, a_layers, a_heads, a_ch0, a_ch1, a_kernel, a_chunk, a_ctx_left, a_out;
+} tower_shape_t;
+
+/* a_ch0 is 128 in every preset: the tower's input projection reads 32 x a_ch1 values per
+ * frame, which 128 mel bins give only with 128 first-layer channels (audio/tower.c). */
+static const tower_shape_t tower_shapes[] = {
+    {"e2b", 768, 16, 12, 64, 3072, 16, 3, 10240, 1024, 12, 8, 128, 32, 5, 12, 13, 1536},
+    {"e4b", 768, 16, 12, 64, 3072, 16, 3, 10240, 1024, 12, 8, 128, 32, 5, 12, 13, 1536},
+    {"tiny", 32, 2, 2, 16, 64, 4, 3, 64, 32, 2, 2, 128, 4, 5, 4, 5, 64},
+};
+
+static const tower_shape_t *tower_shape_of(const preset_t *p) {
+    for (size_t i = 0; i < sizeof tower_shapes / sizeof tower_shapes[0]; i++)
+        if (strcmp(tower_shapes[i].preset, p->name) == 0) return &tower_shapes[i];
+    return NULL;
+}
+
+/* vision_config as transformers 5.17's Gemma4VisionConfig.to_dict writes it; keys sorted. */
+static cJSON *vision_config(const preset_t *p) {
+    const tower_shape_t *t = tower_shape_of(p);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "attention_bias", 0);
+    cJSON_AddItemToObject(o, "attention_dropout", py_float(0.0));
+    cJSON_AddStringToObject(o, "dtype", "bfloat16");
+    cJSON_AddNumberToObject(o, "head_dim", t->v_head_dim);
+    cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh");
+    cJSON_AddNumberToObject(o, "hidden_size", t->v_hidden);
+    cJSON_AddItemToObject(o, "initializer_range", py_float(0.02));
+    cJSON_AddNumberToObject(o, "intermediate_size", t->v_mlp);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", 131072);
+    cJSON_AddStringToObject(o, "model_type", "gemma4_vision");
+    cJSON_AddNumberToObject(o, "num_attention_heads", t->v_heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", t->v_layers);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", t->v_heads);
+    cJSON_AddNumberToObject(o, "patch_size", t->v_patch);
+    cJSON_AddNumberToObject(o, "pooling_kernel_size", t->v_pool);
+    cJSON_AddNumberToObject(o, "position_embedding_size", t->v_pos);
+    cJSON_AddItemToObject(o, "rms_norm_eps", py_float(1e-6));
+    cJSON_AddItemToObject(o, "rope_parameters", rope_entry(100.0, "axial", 0));
+    cJSON_AddBoolToObject(o, "standardize", 0);
+    cJSON_AddBoolToObject(o, "use_clipped_linears", 0);
+    return o;
+}
+
+/* audio_config as transformers 5.17's Gemma4AudioConfig.to_dict writes it; keys sorted. */
+static cJSON *audio_config(const preset_t *p) {
+    const tower_shape_t *t = tower_shape_of(p);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "attention_chunk_size", t->a_chunk);
+    cJSON_AddNumberToObject(o, "attention_context_left", t->a_ctx_left);
+    cJSON_AddNumberToObject(o, "attention_context_right", 0);
+    cJSON_AddItemToObject(o, "attention_invalid_logits_value", py_float(-1e9));
+    cJSON_AddItemToObject(o, "attention_logit_cap", py_float(50.0));
+    cJSON_AddNumberToObject(o, "conv_kernel_size", t->a_kernel);
+    cJSON_AddStringToObject(o, "dtype", "bfloat16");
+    cJSON_AddItemToObject(o, "gradient_clipping", py_float(1e10));
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "hidden_size", t->a_hidden);
+    cJSON_AddItemToObject(o, "initializer_range", py_float(0.02));
+    cJSON_AddStringToObject(o, "model_type", "gemma4_audio");
+    cJSON_AddNumberToObject(o, "num_attention_heads", t->a_heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", t->a_layers);
+    cJSON_AddNumberToObject(o, "output_proj_dims", t->a_out);
+    cJSON_AddItemToObject(o, "residual_weight", py_float(0.5));
+    cJSON_AddItemToObject(o, "rms_norm_eps", py_float(1e-6));
+    cJSON_AddItemToObject(o, "subsampling_conv_channels", int_list((const int[]){t->a_ch0, t->a_ch1}, 2));
+    cJSON_AddBoolToObject(o, "use_clipped_linears", 0);
+    return o;
+}
+
+/* Activation scale `what` of tower module `mod`, drawn in [lo, hi) from its own stream. */
+static float tower_act(const plan_t *p, const char *mod, const char *what, float lo, float hi) {
+    char tag[320];
+    snprintf(tag, sizeof tag, "act:%s.%s", mod, what);
+    return draw(p->seed, tag, lo, hi);
+}
+
+/* A tower linear `prefix``name`.linear [out, in], quantized as the config says, its scales drawn
+ * per module. */
+static int add_tower_linear(plan_t *p, const g4_config *c, const char *prefix, const char *name, int in, int out) {
+    char mod[256];
+    snprintf(mod, sizeof mod, "%s%s.linear", prefix, name);
+    return add_linear(p, c, mod, in, out, tower_act(p, mod, "in", 0.02f, 0.05f), tower_act(p, mod, "out", 0.02f, 0.05f));
+}
+
+static int add_norm(plan_t *p, const char *prefix, const char *name, int n, float gain) {
+    char full[224];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    return add_uniform(p, full, G4_DT_BF16, 1, (int64_t[]){n}, 0.9f * gain, 1.1f * gain);
+}
+
+static int add_vision_tower(plan_t *p, const g4_config *c, const tower_shape_t *t) {
+    const char *vt = "model.vision_tower.";
+    int H = t->v_hidden, hd = t->v_head_dim, QD = t->v_heads * hd, pd = 3 * t->v_patch * t->v_patch;
+    char pre[160];
+    /* the position table: x and y rows summed, so each of RMS ~0.7 */
+    if (add_linear(p, c, "model.vision_tower.patch_embedder.input_proj", pd, H, 0, 0) ||
+        add_uniform(p, "model.vision_tower.patch_embedder.position_embedding_table", G4_DT_BF16, 3, (int64_t[]){2, t->v_pos, H}, -1.2f,
+                    1.2f))
+        return -1;
+    /* scale 1.0 attention (no 1/sqrt(d)): q/k norm gains of hd^-1/4 keep scores O(1), as for the text layers */
+    float g = (float)pow(hd, -0.25);
+    for (int l = 0; l < t->v_layers; l++) {
+        snprintf(pre, sizeof pre, "%sencoder.layers.%d.", vt, l);
+        if (add_tower_linear(p, c, pre, "self_attn.q_proj", H, QD) || add_tower_linear(p, c, pre, "self_attn.k_proj", H, QD) ||
+            add_tower_linear(p, c, pre, "self_attn.v_proj", H, QD) || add_tower_linear(p, c, pre, "self_attn.o_proj", QD, H) ||
+            add_tower_linear(p, c, pre, "mlp.gate_proj", H, t->v_mlp) || add_tower_linear(p, c, pre, "mlp.up_proj", H, t->v_mlp) ||
+            add_tower_linear(p, c, pre, "mlp.down_proj", t->v_mlp, H) || add_norm(p, pre, "input_layernorm.weight", H, 1) ||
+            add_norm(p, pre, "post_attention_layernorm.weight", H, 1) || add_norm(p, pre, "pre_feedforward_layernorm.weight", H, 1) ||
+            add_norm(p, pre, "post_feedforward_layernorm.weight", H, 1) || add_norm(p, pre, "self_attn.q_norm.weight", hd, g) ||
+            add_norm(p, pre, "self_attn.k_norm.weight", hd, g))
+            return -1;
+    }
+    return add_linear(p, c, "model.embed_vision.embedding_projection", H, c->hidden, 0, 0);
+}
+
+static int add_audio_tower(plan_t *p, const g4_config *c, const tower_shape_t *t) {
+    const char *at = "model.audio_tower.";
+    int H = t->a_hidden, hd = H / t->a_heads;
+    char pre[160], ff[192];
+    float a0 = (float)sqrt(3.0 / 9.0), a1 = (float)sqrt(3.0 / (9.0 * t->a_ch0)), ak = (float)sqrt(3.0 / t->a_kernel);
+    if (add_uniform(p, "model.audio_tower.subsample_conv_projection.layer0.conv.weight", G4_DT_BF16, 4, (int64_t[]){t->a_ch0, 1, 3, 3},
+                    -a0, a0) ||
+        add_norm(p, at, "subsample_conv_projection.layer0.norm.weight", t->a_ch0, 1) ||
+        add_uniform(p, "model.audio_tower.subsample_conv_projection.layer1.conv.weight", G4_DT_BF16, 4,
+                    (int64_t[]){t->a_ch1, t->a_ch0, 3, 3}, -a1, a1) ||
+        add_norm(p, at, "subsample_conv_projection.layer1.norm.weight", t->a_ch1, 1) ||
+        add_linear(p, c, "model.audio_tower.subsample_conv_projection.input_proj_linear", 32 * t->a_ch1, H, 0, 0))
+        return -1;
+    for (int l = 0; l < t->a_layers; l++) {
+        snprintf(pre, sizeof pre, "%slayers.%d.", at, l);
+        for (int f = 1; f <= 2; f++) {
+            snprintf(ff, sizeof ff, "%sfeed_forward%d.", pre, f);
+            if (add_tower_linear(p, c, ff, "ffw_layer_1", H, 4 * H) || add_tower_linear(p, c, ff, "ffw_layer_2", 4 * H, H) ||
+                add_norm(p, ff, "pre_layer_norm.weight", H, 1) || add_norm(p, ff, "post_layer_norm.weight", H, 1))
+                return -1;
+        }
+        char rel[224];
+        snprintf(rel, sizeof rel, "%sself_attn.relative_k_proj", pre);
+        if (add_tower_linear(p, c, pre, "self_attn.q_proj", H, H) || add_tower_linear(p, c, pre, "self_attn.k_proj", H, H) ||
+            add_tower_linear(p, c, pre, "self_attn.v_proj", H, H) || add_tower_linear(p, c, pre, "self_attn.post", H, H) ||
+            add_linear(p, c, rel, H, H, 0, 0) || add_norm(p, pre, "self_attn.per_dim_scale", hd, 0) ||
+            add_norm(p, pre, "norm_pre_attn.weight", H, 1) || add_norm(p, pre, "norm_post_attn.weight", H, 1) ||
+            add_tower_linear(p, c, pre, "lconv1d.linear_start", H, 2 * H) || add_tower_linear(p, c, pre, "lconv1d.linear_end", H, H) ||
+            add_norm(p, pre, "lconv1d.pre_layer_norm.weight", H, 1) || add_norm(p, pre, "lconv1d.conv_norm.weight", H, 1) ||
+            add_norm(p, pre, "norm_out.weight", H, 1))
+            return -1;
+        snprintf(rel, sizeof rel, "%slconv1d.depthwise_conv1d.weight", pre);
+        if (add_uniform(p, rel, G4_DT_BF16, 3, (int64_t[]){H, 1, t->a_kernel}, -ak, ak)) return -1;
+    }
+    if (add_linear(p, c, "model.audio_tower.output_proj", H, t->a_out, 0, 0) ||
+        add_uniform(p, "model.audio_tower.output_proj.bias", G4_DT_BF16, 1, (int64_t[]){t->a_out}, -0.1f, 0.1f))
+        return -1;
+    return add_linear(p, c, "model.embed_audio.embedding_projection", t->a_out, c->hidden, 0, 0);
+}
+
+static int add_towers(plan_t *p, const g4_config *c, const tower_shape_t *t) {
+    return add_vision_tower(p, c, t) || add_audio_tower(p, c, t) ? -1 : 0;
+}
+
 /* ---- tokenizer.json ---- */
 
 static void json_str(FILE *f, const char *s) {
@@ -949,8 +1131,14 @@ static int synth_drafter(const preset_t *pr, const char *out_dir, uint64_t seed,
 }
 
 int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, g4_synth_stats *stats) {
+    return g4_synth_towers(preset, out_dir, seed, tokenizer_src, 0, stats);
+}
+
+int g4_synth_towers(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, int towers, g4_synth_stats *stats) {
     const preset_t *pr = find_preset(preset);
     if (!pr) return -1;
+    if (towers && !tower_shape_of(pr))
+        return g4_fail("synth preset %s: towers are written for the mobile layouts (e2b, e4b, tiny) only", preset);
     if (!out_dir) return g4_fail("synth: no output folder");
     if (pr->layout == LAYOUT_DRAFTER) return synth_drafter(pr, out_dir, seed, tokenizer_src, stats);
     char cfg_path[4096], st_path[4096], gen_path[4096], tok_path[4096];
@@ -965,7 +1153,7 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
         if (!t) return g4_fail("%s: cannot open: %s", tokenizer_src, strerror(errno));
         fclose(t);
     }
-    char *cfg_text = g4_synth_config_json(preset);
+    char *cfg_text = config_json(preset, towers);
     if (!cfg_text) return -1;
     /* the tensor list comes from the parsed config, exactly as the loader will see it */
     g4_config cfg;
@@ -978,7 +1166,9 @@ int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const ch
     g4_stw_init(&plan.w);
     uint64_t file_bytes = 0;
     rc = build_plan(&plan, &cfg);
-    if (rc == 0) rc = add_dummy_towers(&plan, cfg.hidden, cfg.quant.method == G4_QUANT_GEMMA && cfg.quant.block_size == 0);
+    if (rc == 0)
+        rc = towers ? add_towers(&plan, &cfg, tower_shape_of(pr))
+                    : add_dummy_towers(&plan, cfg.hidden, cfg.quant.method == G4_QUANT_GEMMA && cfg.quant.block_size == 0);
     if (rc == 0) rc = g4_stw_write(&plan.w, st_path, fill, &plan, &file_bytes);
     if (rc == 0) rc = g4_write_text(cfg_path, cfg_text);
     char *gen_text = rc == 0 ? generation_config_json(cfg.vocab) : NULL;

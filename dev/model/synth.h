@@ -40,6 +40,13 @@ int g4_synth(const char *preset, const char *out_dir, uint64_t seed, const char 
 /* Same, and fills *stats (may be NULL). */
 int g4_synth_ex(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, g4_synth_stats *stats);
 
+/* Same, and with towers != 0 also a vision tower and an audio conformer of the real E2B/E4B
+ * sizes (multimodal.md §3, §5; the tiny preset: small towers of the same structure) in the mobile
+ * layout: 8-bit vision linears, 2-bit audio linears (lconv1d.linear_start 4-bit), each with
+ * static int8 activation scales, the float parts BF16, and the real vision_config/audio_config.
+ * Only the mobile presets (e2b, e4b, tiny) take towers. */
+int g4_synth_towers(const char *preset, const char *out_dir, uint64_t seed, const char *tokenizer_src, int towers, g4_synth_stats *stats);
+
 /* The config.json text a preset writes (malloc'd), or NULL on an unknown preset. */
 char *g4_synth_config_json(const char *preset);
 

@@ -53,8 +53,9 @@ int g4_audio_subsampled_len(int n);
 
 /* One subsampling layer on in [T][F][cin] (channels last) with its frame mask: out
  * [T'][F'][cout], mask_out [T'] (mask[::2]); w is the Conv2d weight [cout][cin][3][3], norm_w the
- * LayerNorm weight [cout]. Float in every activation mode (the checkpoint keeps it float). */
-void g4_audio_subsample_layer(const float *in, const uint8_t *mask, int T, int F, int cin, const float *w,
+ * LayerNorm weight [cout]. Float in every activation mode (the checkpoint keeps it float). 0, or -1
+ * (out of memory) with the error. */
+int g4_audio_subsample_layer(const float *in, const uint8_t *mask, int T, int F, int cin, const float *w,
                               const float *norm_w, int cout, float eps, float *out, uint8_t *mask_out);
 
 /* The relative-position sinusoids of the conformer's attention: rows positions rows-1 .. 0, each

@@ -227,6 +227,7 @@ static void silu(float *x, size_t n) {
 
 typedef struct {
     float *x, *xn, *a, *b, *c, *big, *relk, *pos;
+    double attention_seconds; /* the local attention cores' wall time, for g4 bench */
 } at_bufs;
 
 /* Gemma4AudioFeedForward: x += residual_weight x post_norm(clip(ffw2(silu(ffw1(pre_norm(clip(x))))))) */
@@ -256,8 +257,10 @@ static void layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L
     g4_tower_clip_linear(s, &L->k, b->xn, n, b->b);
     g4_tower_clip_linear(s, &L->v, b->xn, n, b->c);
     g4_tower_linear_rows(s, &L->rel_k, b->pos, n_pos, b->relk);
+    double t0 = g4_prof_clock();
     g4_audio_local_attention(b->a, b->b, b->c, n, at->heads, at->head_dim, b->relk, n_pos, L->per_dim_scale, valid, at->chunk,
                              at->ctx_left, at->ctx_right, at->logit_cap, b->xn);
+    b->attention_seconds += g4_prof_clock() - t0;
     g4_tower_clip_linear(s, &L->post, b->xn, n, b->a);
     g4_tower_clamp(b->a, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->a, b->a, L->norm_post_attn, n, H, at->eps);
@@ -288,7 +291,8 @@ static int add_requant_tables(g4_session *s, const g4_audio_tower *at) {
 }
 
 int g4_audio_encode(const g4_model *m, const g4_audio_tower *at, const g4_options *o, const float *mel, const uint8_t *mask, int T,
-                    float **embd, int *n_tokens) {
+                    float **embd, int *n_tokens, g4_audio_stats *stats) {
+    double t_start = g4_prof_clock();
     *embd = NULL;
     *n_tokens = 0;
     int T1 = g4_audio_subsampled_len(T), n = g4_audio_subsampled_len(T1);
@@ -329,8 +333,12 @@ int g4_audio_encode(const g4_model *m, const g4_audio_tower *at, const g4_option
         g4_fail("audio: out of memory for %d frames", T);
         goto done;
     }
-    g4_audio_subsample_layer(mel, mask, T, G4_AUDIO_MEL_BINS, 1, at->conv0_w, at->conv0_norm, at->ch0, at->eps, h0, m1);
-    g4_audio_subsample_layer(h0, m1, T1, F1, at->ch0, at->conv1_w, at->conv1_norm, at->ch1, at->eps, h1, valid);
+    if (stats) g4_session_set_profiling(s, 1);
+    double t_sub = g4_prof_clock();
+    if (g4_audio_subsample_layer(mel, mask, T, G4_AUDIO_MEL_BINS, 1, at->conv0_w, at->conv0_norm, at->ch0, at->eps, h0, m1) ||
+        g4_audio_subsample_layer(h0, m1, T1, F1, at->ch0, at->conv1_w, at->conv1_norm, at->ch1, at->eps, h1, valid))
+        goto done;
+    t_sub = g4_prof_clock() - t_sub;
     g4_tower_linear_rows(s, &at->input_proj, h1, n, b.x);
     g4_audio_rel_pos_sinusoids(H, n_pos, b.pos);
     for (int l = 0; l < at->n_layers; l++) layer_run(s, at, &at->layers[l], &b, n, valid, n_pos);
@@ -353,6 +361,21 @@ int g4_audio_encode(const g4_model *m, const g4_audio_tower *at, const g4_option
     g4_tower_linear_rows(s, &at->embed, b.xn, n_valid, out);
     *embd = out;
     *n_tokens = n_valid;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->subsample_seconds = t_sub;
+        stats->attention_seconds = b.attention_seconds;
+        stats->linear_seconds = s->prof[G4_PROF_LINEAR];
+        const g4_linear *F[4] = {&at->input_proj, &at->output_proj, &at->embed, NULL};
+        for (int i = 0; i < 3; i++) g4_tower_count_macs(s, F[i], &stats->int_macs, &stats->float_macs);
+        for (int l = 0; l < at->n_layers; l++) {
+            const at_layer *L = &at->layers[l];
+            const g4_clip_linear *Ls[10] = {&L->ff1[0], &L->ff1[1], &L->ff2[0], &L->ff2[1], &L->q, &L->k, &L->v, &L->post, &L->lc_start, &L->lc_end};
+            for (int i = 0; i < 10; i++) g4_tower_count_macs(s, &Ls[i]->lin, &stats->int_macs, &stats->float_macs);
+            g4_tower_count_macs(s, &L->rel_k, &stats->int_macs, &stats->float_macs);
+        }
+        stats->seconds = g4_prof_clock() - t_start;
+    }
     rc = 0;
 done:
     free(h0), free(h1), free(m1), free(valid);
@@ -375,7 +398,7 @@ int g4_audio_soft_tokens(const g4_model *m, const g4_options *o, const void *byt
     if (g4_audio_pcm16k(bytes, len, "audio", &pcm, &n)) return -1;
     int rc = g4_audio_log_mel(pcm, n, &mel, &mask, &T);
     free(pcm);
-    if (rc == 0) rc = g4_audio_encode(m, at, o, mel, mask, T, embd, n_tokens);
+    if (rc == 0) rc = g4_audio_encode(m, at, o, mel, mask, T, embd, n_tokens, NULL);
     free(mel);
     free(mask);
     return rc;

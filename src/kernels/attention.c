@@ -96,6 +96,55 @@ static void row_items(void *ctx, int b, int e) {
     free(scores);
 }
 
+/* Many query rows over one shared key range (the vision tower's bidirectional attention: 2,304
+ * patches each seeing all 2,304 keys): a work item is a tile of TILE_ROWS query rows x one KV
+ * head, and its scores and values passes go over the keys TILE_KEYS at a time, every row of the
+ * tile taking its turn on a K (then V) block while the block is in L1, instead of each row
+ * streaming the whole K and V of its head from memory. The level's kernels compute every score
+ * alone and sum every output element over the positions in order whatever the blocks (their
+ * contract, attention.h), so the bits are the row schedule's. */
+#define TILE_ROWS 16
+#define TILE_KEYS 64 /* 64 keys x a head dim of 64 x 4 B: 16 KB of K or V */
+
+/* 1 when every row attends to the same positions of the same cache, so a key block serves them all. */
+static int shares_keys(const g4_attn *a) {
+    const g4_attn_row *r0 = &a->rows[0];
+    for (int t = 1; t < a->n; t++) {
+        const g4_attn_row *r = &a->rows[t];
+        if (r->lo != r0->lo || r->hi != r0->hi || r->kq != r0->kq || r->vq != r0->vq || r->kf != r0->kf || r->vf != r0->vf ||
+            r->k_scale != r0->k_scale || r->v_scale != r0->v_scale)
+            return 0;
+    }
+    return 1;
+}
+
+static void tile_items(void *ctx, int b, int e) {
+    const row_job *j = ctx;
+    const g4_attn *a = j->a;
+    const int n_kv = a->n_heads / a->group, nh = a->group, count = count_of(a, 0), hd = a->head_dim;
+    const size_t per_row = (size_t)nh * count;
+    float *scores = malloc(sizeof *scores * per_row * TILE_ROWS);
+    for (int i = b; i < e; i++) {
+        int t0 = i / n_kv * TILE_ROWS, h0 = i % n_kv * nh, t1 = t0 + TILE_ROWS < a->n ? t0 + TILE_ROWS : a->n;
+        if (!scores) { /* out of memory: the reference recomputes what it cannot keep */
+            for (int t = t0; t < t1; t++)
+                for (int h = h0; h < h0 + nh; h++) g4_ref_attention_head(a, t, h, NULL);
+            continue;
+        }
+        for (int k0 = 0; k0 < count; k0 += TILE_KEYS) {
+            int k1 = count - k0 > TILE_KEYS ? k0 + TILE_KEYS : count;
+            for (int t = t0; t < t1; t++) j->ops->scores(a, t, h0, nh, scores + (size_t)(t - t0) * per_row, k0, k1);
+        }
+        for (int t = t0; t < t1; t++)
+            for (int h = 0; h < nh; h++) softmax(j->ops, scores + (size_t)(t - t0) * per_row + (size_t)h * count, count);
+        for (int k0 = 0; k0 < count; k0 += TILE_KEYS) {
+            int k1 = count - k0 > TILE_KEYS ? k0 + TILE_KEYS : count;
+            for (int t = t0; t < t1; t++) j->ops->values(a, t, h0, nh, scores + (size_t)(t - t0) * per_row, 0, hd, k0, k1);
+        }
+    }
+    free(scores);
+}
+
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops) {
     if (a->n <= 0 || a->n_heads <= 0) return;
     if (a->group <= 0 || a->n_heads % a->group) { /* not a grouped layout the schedule knows */
@@ -103,6 +152,12 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops) {
         return;
     }
     int n_kv = a->n_heads / a->group;
+    /* the head dim's tail beyond a multiple of 8 is run_values' (the row schedule) */
+    if (a->n >= 2 * TILE_ROWS && a->head_dim % 8 == 0 && shares_keys(a)) {
+        row_job j = {a, ops, 1};
+        g4_pool_for((a->n + TILE_ROWS - 1) / TILE_ROWS * n_kv, 1, g4_attention_work(a), tile_items, &j);
+        return;
+    }
     /* few rows (decode): each group of heads split so that every thread gets a run of heads */
     int parts = 1;
     if (a->n * n_kv < 4) {

@@ -112,6 +112,12 @@ int g4_tower_bind_float(g4_model *m, g4_linear *L, const char *module, int in, i
     return 0;
 }
 
+void g4_tower_count_macs(const g4_session *s, const g4_linear *L, double *int_macs, double *float_macs) {
+    double macs = (double)L->w.in * L->w.out;
+    *int_macs += macs * (double)s->rows_int[L->id];
+    *float_macs += macs * (double)s->rows_float[L->id];
+}
+
 void g4_tower_clamp(float *x, size_t n, float lo, float hi) {
     if (lo == -INFINITY && hi == INFINITY) return;
     for (size_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];

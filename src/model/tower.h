@@ -46,6 +46,10 @@ int g4_tower_bind_clippable(g4_model *m, g4_tower_mem *mem, const char *tower, g
 /* Binds a linear the checkpoint keeps float (modules_to_not_convert); a quantized one is refused. */
 int g4_tower_bind_float(g4_model *m, g4_linear *L, const char *module, int in, int out);
 
+/* Adds the multiply-adds linear L ran in session s, in int8 and in float (the session's row counts
+ * times in x out), for g4 bench's tower MAC rates. */
+void g4_tower_count_macs(const g4_session *s, const g4_linear *L, double *int_macs, double *float_macs);
+
 /* x clamped to [lo, hi] in place (nothing to do when both are infinite). */
 void g4_tower_clamp(float *x, size_t n, float lo, float hi);
 /* y = linear(x) over n rows through g4_forward_linear, in calls of at most CHUNK rows and no more

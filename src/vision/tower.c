@@ -237,6 +237,7 @@ static void rope_2d(const g4_vision_tower *vt, float *x, int n, const int32_t *p
 typedef struct {
     float *x, *xn, *q, *k, *v, *att, *proj, *gate, *up;
     g4_attn_row *rows;
+    double attention_seconds; /* the attention cores' wall time, for g4 bench */
 } vt_bufs;
 
 static void vt_layer_run(g4_session *s, const g4_vision_tower *vt, const vt_layer *L, vt_bufs *b, int n, const int32_t *pos) {
@@ -255,7 +256,9 @@ static void vt_layer_run(g4_session *s, const g4_vision_tower *vt, const vt_laye
      * bidirectional; the padding patches are not in the batch */
     for (int t = 0; t < n; t++) b->rows[t] = (g4_attn_row){.kf = b->k, .vf = b->v, .lo = 0, .hi = n - 1};
     g4_attn a = {.n = n, .n_heads = vt->heads, .head_dim = hd, .kv_width = W, .group = 1, .q = b->q, .out = b->att, .rows = b->rows};
+    double t0 = g4_prof_clock();
     s->k->attention(&a);
+    b->attention_seconds += g4_prof_clock() - t0;
     g4_tower_clip_linear(s, &L->o, b->att, n, b->proj);
     g4_forward_add_normed(b->x, b->proj, L->ln_post_attn, n, H, eps);
     g4_forward_rmsnorm_rows(b->xn, b->x, L->ln_pre_ffw, n, H, eps);
@@ -314,7 +317,7 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
             }
     }
     if (stats) g4_session_set_profiling(s, 1);
-    vt_bufs b;
+    vt_bufs b = {0};
     size_t big = (size_t)n * (vt->mlp > W ? vt->mlp : W);
     b.x = malloc(sizeof(float) * (size_t)n * H);
     b.xn = malloc(sizeof(float) * (size_t)n * (pd > H ? pd : H));
@@ -355,15 +358,13 @@ int g4_vision_encode(const g4_model *m, const g4_vision_tower *vt, const g4_opti
     *n_tokens = n_out;
     if (stats) {
         memset(stats, 0, sizeof *stats);
+        stats->attention_seconds = b.attention_seconds;
         stats->linear_seconds = s->prof[G4_PROF_LINEAR];
+        g4_tower_count_macs(s, &vt->patch_proj, &stats->int_macs, &stats->float_macs);
         for (int l = 0; l < vt->n_layers; l++) {
             const g4_clip_linear *Ls[7] = {&vt->layers[l].q, &vt->layers[l].k, &vt->layers[l].v, &vt->layers[l].o,
                                       &vt->layers[l].gate, &vt->layers[l].up, &vt->layers[l].down};
-            for (int i = 0; i < 7; i++) {
-                double macs = (double)Ls[i]->lin.w.in * Ls[i]->lin.w.out;
-                stats->int_macs += macs * (double)s->rows_int[Ls[i]->lin.id];
-                stats->float_macs += macs * (double)s->rows_float[Ls[i]->lin.id];
-            }
+            for (int i = 0; i < 7; i++) g4_tower_count_macs(s, &Ls[i]->lin, &stats->int_macs, &stats->float_macs);
         }
         stats->seconds = g4_prof_clock() - t0;
     }

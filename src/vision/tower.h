@@ -21,7 +21,7 @@ int g4_vision_default_soft_tokens(const g4_vision_tower *vt);
 /* What one encode did (g4 bench --image): its seconds, the seconds in the tower's linears (the
  * session's profile), and the multiply-adds of the tower linears that ran in int8. */
 typedef struct {
-    double seconds, linear_seconds, int_macs, float_macs;
+    double seconds, linear_seconds, attention_seconds, int_macs, float_macs;
 } g4_vision_stats;
 
 /* Runs the tower and embed_vision on the patches of one image with the options' activation
