@@ -137,9 +137,20 @@ static void tile_items(void *ctx, int b, int e) {
         }
         for (int t = t0; t < t1; t++)
             for (int h = 0; h < nh; h++) softmax(j->ops, scores + (size_t)(t - t0) * per_row + (size_t)h * count, count);
+        /* two rows at a time where the level can (one head each, f32 V): each V block is read once for both */
+        int pairs = j->ops->values_rows2 && nh == 1 && !a->rows[t0].vq;
         for (int k0 = 0; k0 < count; k0 += TILE_KEYS) {
             int k1 = count - k0 > TILE_KEYS ? k0 + TILE_KEYS : count;
-            for (int t = t0; t < t1; t++) j->ops->values(a, t, h0, nh, scores + (size_t)(t - t0) * per_row, 0, hd, k0, k1);
+            for (int t = t0; t < t1;) {
+                const float *sc = scores + (size_t)(t - t0) * per_row;
+                if (pairs && t + 1 < t1) {
+                    j->ops->values_rows2(a, t, h0, sc, sc + per_row, k0, k1);
+                    t += 2;
+                } else {
+                    j->ops->values(a, t, h0, nh, sc, 0, hd, k0, k1);
+                    t++;
+                }
+            }
         }
     }
     free(scores);

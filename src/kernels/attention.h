@@ -21,6 +21,11 @@ typedef struct {
     void (*softmax_max)(const float *sc, int n8, float lanes[8]);
     void (*softmax_exp)(float *sc, int n8, float mx, float lanes[8]);
     void (*softmax_div)(float *sc, int n8, float sum);
+    /* Optional (NULL: values row by row): values of head h of rows t and t + 1, which see the same
+     * positions of the same f32 V, over [j0, j1), elements [0, head_dim) (a multiple of 8), from
+     * scores sc0 and sc1 (relative to lo): each element exactly as `values` gives it, the two
+     * rows side by side so that each V row is loaded once for both. */
+    void (*values_rows2)(const g4_attn *a, int t, int h, const float *sc0, const float *sc1, int j0, int j1);
 } g4_attn_ops;
 
 void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
@@ -39,7 +44,7 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
         else KERNEL(a, t, h, sc, __VA_ARGS__, 1);                                       \
         h += w;                                                                         \
     }
-#define G4_ATTN_OPS(OPS, HEADS_SCORES, HEADS_VALUES, SOFTMAX)                                       \
+#define G4_ATTN_OPS(OPS, HEADS_SCORES, HEADS_VALUES, SOFTMAX, VALUES_ROWS2)                                       \
     static void OPS##_scores(const g4_attn *a, int t, int h0, int nh, float *scores, int j0, int j1) {       \
         const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
         G4_ATTN_WIDTH_LOOP(HEADS_SCORES, j0, j1)                                                             \
@@ -49,6 +54,6 @@ void g4_attention_run(const g4_attn *a, const g4_attn_ops *ops);
         const int count = a->rows[t].hi - a->rows[t].lo + 1;                                                 \
         G4_ATTN_WIDTH_LOOP(HEADS_VALUES, d0, d1, j0, j1)                                                     \
     }                                                                                                        \
-    static const g4_attn_ops OPS = {OPS##_scores, OPS##_values, SOFTMAX##_max, SOFTMAX##_exp, SOFTMAX##_div};
+    static const g4_attn_ops OPS = {OPS##_scores, OPS##_values, SOFTMAX##_max, SOFTMAX##_exp, SOFTMAX##_div, VALUES_ROWS2};
 
 #endif

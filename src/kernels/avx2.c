@@ -1052,7 +1052,45 @@ static void avx2_softmax_div(float *sc, int n8, float sum) {
     for (int i = 0; i < n8; i += 8) _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_loadu_ps(sc + i), vs));
 }
 
-G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values, avx2_softmax)
+/* Two query rows' values over f32 V (g4_attn_ops.values_rows2): per element the fused
+ * multiply-adds of attn_values in the same order, DC column groups of both rows at once (2 x DC
+ * independent sums, each V vector loaded once for the two). */
+INLINE void values_rows2_cols(const float *v, size_t stride, const float *s0, const float *s1, float *o0, float *o1, int j0, int j1,
+                              const int DC) {
+    __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < DC; k++) {
+        a0[k] = j0 ? _mm256_loadu_ps(o0 + 8 * k) : _mm256_setzero_ps();
+        a1[k] = j0 ? _mm256_loadu_ps(o1 + 8 * k) : _mm256_setzero_ps();
+    }
+    for (int j = j0; j < j1; j++, v += stride) {
+        __m256 w0 = _mm256_broadcast_ss(s0 + j), w1 = _mm256_broadcast_ss(s1 + j);
+#pragma GCC unroll 4
+        for (int k = 0; k < DC; k++) {
+            __m256 x = _mm256_loadu_ps(v + 8 * k);
+            a0[k] = _mm256_fmadd_ps(w0, x, a0[k]);
+            a1[k] = _mm256_fmadd_ps(w1, x, a1[k]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < DC; k++) {
+        _mm256_storeu_ps(o0 + 8 * k, a0[k]);
+        _mm256_storeu_ps(o1 + 8 * k, a1[k]);
+    }
+}
+
+static void avx2_values_rows2(const g4_attn *a, int t, int h, const float *sc0, const float *sc1, int j0, int j1) {
+    const g4_attn_row *c = &a->rows[t];
+    const int hd = a->head_dim;
+    const size_t stride = (size_t)a->kv_width, off = (size_t)(h / a->group) * hd;
+    float *o0 = a->out + ((size_t)t * a->n_heads + (size_t)h) * hd, *o1 = o0 + (size_t)a->n_heads * hd;
+    const float *v = c->vf + (size_t)(c->lo + j0) * stride + off;
+    int d = 0;
+    for (; d + 32 <= hd; d += 32) values_rows2_cols(v + d, stride, sc0, sc1, o0 + d, o1 + d, j0, j1, 4);
+    for (; d < hd; d += 8) values_rows2_cols(v + d, stride, sc0, sc1, o0 + d, o1 + d, j0, j1, 1);
+}
+
+G4_ATTN_OPS(avx2_attn_ops, attn_heads_scores, attn_heads_values, avx2_softmax, avx2_values_rows2)
 
 void g4_avx2_attention(const g4_attn *a) { g4_attention_run(a, &avx2_attn_ops); }
 

@@ -564,7 +564,7 @@ static void neon_softmax_div(float *sc, int n8, float sum) {
     for (int i = 0; i < n8; i += 4) vst1q_f32(sc + i, vdivq_f32(vld1q_f32(sc + i), vs));
 }
 
-G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values, neon_softmax)
+G4_ATTN_OPS(neon_attn_ops, attn_heads_scores, attn_heads_values, neon_softmax, NULL)
 
 static void neon_attention(const g4_attn *a) { g4_attention_run(a, &neon_attn_ops); }
 
