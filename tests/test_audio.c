@@ -194,7 +194,7 @@ static void test_attention(void) {
         g4_audio_rel_pos_sinusoids(HD, L, pos);
         float dp = max_diff_f32(pos, t[4], (size_t)L * HD, NULL);
         CHECK(dp <= 1e-6f, "relative-position sinusoids: max |diff| %g", dp);
-        g4_audio_local_attention(q, k, v, T, H, D, relk, L, pds, t[7]->data, 4, 5, 0, 50.0f, ctx);
+        CHECK(g4_audio_local_attention(q, k, v, T, H, D, relk, L, pds, t[7]->data, 4, 5, 0, 50.0f, ctx) == 0, "attention core: %s", g4_last_error());
         float d = max_diff_f32(ctx, t[5], (size_t)T * HD, NULL);
         CHECK(d <= ATT_BAND, "attention core: max |diff| %g > %g", d, ATT_BAND);
         printf("ok attention core: %d positions, sinusoids max |diff| %.3g, context max |diff| %.3g (band %g)\n", T, dp, d,
@@ -208,7 +208,7 @@ static void test_attention(void) {
     if (li && lw && lo) {
         int T = (int)li->shape[0], C = (int)lw->shape[0], K = (int)lw->shape[1];
         float *x = f32_of(li), *w = f32_of(lw), *y = malloc((size_t)T * C * sizeof *y);
-        g4_audio_glu_depthwise_conv(x, T, C, w, K, y);
+        CHECK(g4_audio_glu_depthwise_conv(x, T, C, w, K, y) == 0, "light conv core: %s", g4_last_error());
         float d = max_diff_f32(y, lo, (size_t)T * C, NULL);
         CHECK(d <= ATT_BAND && K == 5, "light conv core: max |diff| %g > %g (kernel %d)", d, ATT_BAND, K);
         printf("ok light conv core: %d positions x %d channels, kernel %d, max |diff| %.3g (band %g)\n", T, C, K, d, ATT_BAND);

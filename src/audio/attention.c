@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "audio/audio.h"
+#include "util/err.h"
 
 #define INVALID_LOGIT (-1e9f)   /* config attention_invalid_logits_value */
 
@@ -53,7 +54,7 @@ static void dots(const float *const *a, const float *const *b, int np, int n, fl
     for (; p < np; p++) out[p] = dot(a[p], b[p], n);
 }
 
-void g4_audio_local_attention(const float *q, const float *k, const float *v, int T, int H, int D, const float *rel_k,
+int g4_audio_local_attention(const float *q, const float *k, const float *v, int T, int H, int D, const float *rel_k,
                               int L, const float *per_dim_scale, const uint8_t *valid, int chunk, int context_left,
                               int context_right, float logit_cap, float *out) {
     const int P = context_left - 1, R = context_right, W = chunk + P + R, HD = H * D;
@@ -64,6 +65,10 @@ void g4_audio_local_attention(const float *q, const float *k, const float *v, in
     const float **pa = malloc((size_t)2 * W * sizeof *pa), **pb = malloc((size_t)2 * W * sizeof *pb);
     float *pd = malloc((size_t)2 * W * sizeof *pd);
     int *slot = malloc((size_t)2 * W * sizeof *slot);
+    if (!qs || !ks || !sp || !logit || !pa || !pb || !pd || !slot) {
+        free(qs), free(ks), free(sp), free(logit), free(pa), free(pb), free(pd), free(slot);
+        return g4_fail("audio: out of memory for the local attention of %d frames", T);
+    }
     for (int d = 0; d < D; d++) sp[d] = log1pf(expf(per_dim_scale[d]));   /* softplus */
     for (size_t i = 0; i < (size_t)T * HD; i++) {
         qs[i] = q[i] * q_scale * sp[i % (size_t)D];
@@ -111,4 +116,5 @@ void g4_audio_local_attention(const float *q, const float *k, const float *v, in
             }
         }
     free(qs), free(ks), free(sp), free(logit), free(pa), free(pb), free(pd), free(slot);
+    return 0;
 }

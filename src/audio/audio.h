@@ -65,13 +65,14 @@ void g4_audio_rel_pos_sinusoids(int hidden, int rows, float *out);
 /* The chunked local attention between the projections and `post` (audio/attention.c): q, k, v
  * [T][H*D] as the projections give them (unscaled), rel_k [L][H*D] (relative_k_proj of the
  * sinusoids), per_dim_scale [D] (the raw parameter; softplus applied here), valid [T] the key mask;
- * out [T][H*D]. */
-void g4_audio_local_attention(const float *q, const float *k, const float *v, int T, int H, int D, const float *rel_k,
+ * out [T][H*D]. 0, or -1 with the error set (out of memory). */
+int g4_audio_local_attention(const float *q, const float *k, const float *v, int T, int H, int D, const float *rel_k,
                               int L, const float *per_dim_scale, const uint8_t *valid, int chunk, int context_left,
                               int context_right, float logit_cap, float *out);
 
 /* The light conv's core (audio/lconv.c): x [T][2C] (linear_start's output) -> GLU -> causal
- * depthwise conv with w [C][kernel] -> out [T][C] (conv_norm's input). */
-void g4_audio_glu_depthwise_conv(const float *x, int T, int C, const float *w, int kernel, float *out);
+ * depthwise conv with w [C][kernel] -> out [T][C] (conv_norm's input). 0, or -1 with the error set
+ * (out of memory). */
+int g4_audio_glu_depthwise_conv(const float *x, int T, int C, const float *w, int kernel, float *out);
 
 #endif

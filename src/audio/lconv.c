@@ -5,9 +5,11 @@
 #include <stdlib.h>
 
 #include "audio/audio.h"
+#include "util/err.h"
 
-void g4_audio_glu_depthwise_conv(const float *x, int T, int C, const float *w, int kernel, float *out) {
+int g4_audio_glu_depthwise_conv(const float *x, int T, int C, const float *w, int kernel, float *out) {
     float *g = malloc((size_t)T * C * sizeof *g);
+    if (!g) return g4_fail("audio: out of memory for the light convolution of %d frames", T);
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) {
             const float *row = x + (size_t)t * 2 * C;
@@ -23,4 +25,5 @@ void g4_audio_glu_depthwise_conv(const float *x, int T, int C, const float *w, i
             out[(size_t)t * C + c] = acc;
         }
     free(g);
+    return 0;
 }

@@ -245,7 +245,7 @@ static void ffw_run(g4_session *s, const g4_audio_tower *at, const g4_clip_linea
     for (size_t i = 0; i < nh; i++) b->x[i] += b->a[i] * at->residual_weight;
 }
 
-static void layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L, at_bufs *b, int n, const uint8_t *valid, int n_pos) {
+static int layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L, at_bufs *b, int n, const uint8_t *valid, int n_pos) {
     int H = at->hidden;
     size_t nh = (size_t)n * H;
     ffw_run(s, at, L->ff1, L->ff1_pre, L->ff1_post, b, n);
@@ -258,8 +258,9 @@ static void layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L
     g4_tower_clip_linear(s, &L->v, b->xn, n, b->c);
     g4_tower_linear_rows(s, &L->rel_k, b->pos, n_pos, b->relk);
     double t0 = g4_prof_clock();
-    g4_audio_local_attention(b->a, b->b, b->c, n, at->heads, at->head_dim, b->relk, n_pos, L->per_dim_scale, valid, at->chunk,
-                             at->ctx_left, at->ctx_right, at->logit_cap, b->xn);
+    if (g4_audio_local_attention(b->a, b->b, b->c, n, at->heads, at->head_dim, b->relk, n_pos, L->per_dim_scale, valid, at->chunk,
+                                 at->ctx_left, at->ctx_right, at->logit_cap, b->xn))
+        return -1;
     b->attention_seconds += g4_prof_clock() - t0;
     g4_tower_clip_linear(s, &L->post, b->xn, n, b->a);
     g4_tower_clamp(b->a, nh, -at->grad_clip, at->grad_clip);
@@ -268,7 +269,7 @@ static void layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L
     /* light conv block: x += linear_end(silu(conv_norm(clip(conv(glu(linear_start(pre_norm(x)))))))) */
     g4_forward_rmsnorm_rows(b->xn, b->x, L->lc_pre, n, H, at->eps);
     g4_tower_clip_linear(s, &L->lc_start, b->xn, n, b->big);
-    g4_audio_glu_depthwise_conv(b->big, n, H, L->lc_conv_w, at->kernel, b->a);
+    if (g4_audio_glu_depthwise_conv(b->big, n, H, L->lc_conv_w, at->kernel, b->a)) return -1;
     g4_tower_clamp(b->a, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->a, b->a, L->lc_conv_norm, n, H, at->eps);
     silu(b->a, nh);
@@ -277,6 +278,7 @@ static void layer_run(g4_session *s, const g4_audio_tower *at, const at_layer *L
     ffw_run(s, at, L->ff2, L->ff2_pre, L->ff2_post, b, n);
     g4_tower_clamp(b->x, nh, -at->grad_clip, at->grad_clip);
     g4_forward_rmsnorm_rows(b->x, b->x, L->norm_out, n, H, at->eps);
+    return 0;
 }
 
 /* Every quantized linear of the tower, for the session's requant tables. */
@@ -341,7 +343,8 @@ int g4_audio_encode(const g4_model *m, const g4_audio_tower *at, const g4_option
     t_sub = g4_prof_clock() - t_sub;
     g4_tower_linear_rows(s, &at->input_proj, h1, n, b.x);
     g4_audio_rel_pos_sinusoids(H, n_pos, b.pos);
-    for (int l = 0; l < at->n_layers; l++) layer_run(s, at, &at->layers[l], &b, n, valid, n_pos);
+    for (int l = 0; l < at->n_layers; l++)
+        if (layer_run(s, at, &at->layers[l], &b, n, valid, n_pos)) goto done;
     /* output_proj (float, with bias), then embed_audio: weightless RMSNorm and the float projection;
      * the padding frames (mask 0) are dropped, as Gemma4Model.forward does */
     g4_tower_linear_rows(s, &at->output_proj, b.x, n, b.a);
