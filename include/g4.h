@@ -909,8 +909,6 @@ int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d);
  * STOP after a stop string; LENGTH for G4_STOP_BUDGET and G4_STOP_CONTEXT; else TOOL_CALLS when
  * the reply completed a call, else STOP. Once only. */
 int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d);
-/* The tool calls completed so far (over the whole reply). */
-const g4_tool_call *g4_reply_calls(const g4_reply *r, int *n);
 
 /* ---- Conversation: chat messages over one session sequence, continued turn by turn ---------------
  *
