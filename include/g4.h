@@ -836,8 +836,8 @@ const char *g4_stop_reason_name(g4_stop_reason r);
  *    rules), after the stop strings: answer text that may still begin a stop string is held back
  *    (across tokens, however the string is split), and at the first stop string the answer is cut
  *    before it and the reply ends. Stop strings read the answer only (as OpenAI's and vLLM's chat
- *    servers do with reasoning): a stop string inside a thought or a tool call that became a call
- *    does not stop the reply. Among stop strings the one that starts first wins (of two starting
+ *    servers do with reasoning): a stop string inside a thought or a tool call does not stop the
+ *    reply (unless the call, held whole, fails to parse and so becomes answer text). Among stop strings the one that starts first wins (of two starting
  *    at one place, the shorter is complete first: "ab" stops before "abc" can).
  *  - calls: the tool calls this token completed ("<|tool_call>call:NAME{ARGS}<tool_call|>"), with
  *    arguments as JSON (g4_tool_call_parse's), whatever the calls mode but G4_CALLS_TEXT.
@@ -899,8 +899,6 @@ int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d);
  * STOP after a stop string; LENGTH for G4_STOP_BUDGET and G4_STOP_CONTEXT; else TOOL_CALLS when
  * the reply completed a call, else STOP. Once only. */
 int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d);
-/* The tool calls completed so far (over the whole reply). */
-const g4_tool_call *g4_reply_calls(const g4_reply *r, int *n);
 
 /* ---- Conversation: chat messages over one session sequence, continued turn by turn ---------------
  *

@@ -211,3 +211,30 @@ def test_draft_errors(tmp_path) -> None:
         g4.Model(MODEL, draft_tokens=3)
     with pytest.raises(g4.LoadError, match="gemma4_assistant is a drafter"):
         g4.Model(DRAFT)
+
+
+def test_reply_reader_through_capi(model: g4.Model) -> None:
+    """The library's reply reader bound in _capi, on a worked example: "END" split across three
+    byte tokens is held back (nothing of it released), then cut; the finish says stop."""
+    import ctypes
+
+    from g4 import _capi as C
+
+    stops = (ctypes.c_char_p * 1)(b"END")
+    opts = C.ReplyOptions(stop=ctypes.cast(stops, ctypes.POINTER(ctypes.c_char_p)), n_stop=1, calls=C.CALLS_TEXT)
+    tok = model._tokenizer()
+    r = C.lib.g4_reply_new(tok, ctypes.byref(opts))
+    assert r, C.last_error()
+    try:
+        got = []
+        for ch in "aENDb":
+            d = C.ReplyDelta()
+            rc = C.lib.g4_reply_push_token(r, C.lib.g4_tokenizer_piece_to_id(tok, b"<0x%02X>" % ord(ch)), ctypes.byref(d))
+            answer = "".join(C.text(d.spans[i].text, d.spans[i].len) for i in range(d.n_spans))
+            got.append((rc, C.text(d.text, d.len), answer, d.stop_string))
+        assert got == [(0, "a", "a", -1), (0, "E", "", -1), (0, "N", "", -1), (1, "D", "", 0), (1, "", "", 0)]
+        d = C.ReplyDelta()
+        assert C.lib.g4_reply_finish(r, C.STOP_USER, ctypes.byref(d)) == 0
+        assert (d.finish, d.stop_string, d.n_spans) == (C.FINISH_STOP, 0, 0)
+    finally:
+        C.lib.g4_reply_free(r)

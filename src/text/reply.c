@@ -629,8 +629,3 @@ int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d) {
                              : G4_FINISH_STOP;
     return 0;
 }
-
-const g4_tool_call *g4_reply_calls(const g4_reply *r, int *n) {
-    *n = r->n_calls;
-    return r->calls;
-}
