@@ -199,11 +199,14 @@ static void fuzz_reply(const char *data, size_t n, unsigned flags) {
     int32_t *ids;
     size_t n_ids;
     if (g4_tokenizer_encode(tok, data, n, 1, &ids, &n_ids)) return;
-    /* up to two stop strings: slices of the data, NUL-free */
+    /* up to two stop strings: slices of the data, NUL-free, cut to whole UTF-8 characters (the
+     * request parser refuses a body that is not UTF-8, so the reply never sees another stop) */
     char s1[8] = {0}, s2[8] = {0}, *stops[2] = {s1, s2};
     size_t l1 = flags & 3, l2 = (flags >> 2) & 3;
     for (size_t i = 0; i < l1 && i < n && data[i]; i++) s1[i] = data[i];
     for (size_t i = 0; i < l2 && n > 4 + i && data[4 + i]; i++) s2[i] = data[4 + i];
+    s1[g4_text_utf8_prefix(s1, strlen(s1))] = 0;
+    s2[g4_text_utf8_prefix(s2, strlen(s2))] = 0;
     int n_stop = (s1[0] != 0) + (s1[0] && s2[0]);
     carried got[2];
     memset(got, 0, sizeof got);

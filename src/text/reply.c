@@ -523,7 +523,7 @@ static void delta_begin(g4_reply *r, int32_t token, g4_reply_delta *d) {
 
 static void delta_end(g4_reply *r, g4_reply_delta *d) {
     pieces_view(&r->pl, &d->spans, &d->n_spans);
-    d->calls = r->calls + r->calls_seen;
+    d->calls = r->calls ? r->calls + r->calls_seen : NULL;   /* no offset on NULL (UB, clang's UBSan) */
     d->n_calls = r->n_calls - r->calls_seen;
     d->ended = r->stop_string >= 0;
     d->stop_string = r->stop_string;
