@@ -18,7 +18,8 @@
 #   scripts/mutation-test.sh --check   only checks that every entry's text occurs exactly once
 # Environment: MUTATION_LIST (default tests/mutations.txt), MUTATION_TIMEOUT (seconds per program,
 # default 600: a hang guard; test_draft takes 35 s idle, 5 minutes on a loaded machine),
-# MUTATION_JOBS (make -j, default the number of CPUs), MUTATION_KEEP=1 (keep the copy, to look at
+# MUTATION_JOBS (make -j, default the number of CPUs), MUTATION_SHARDS (runs side by side, each on
+# every SHARDS-th mutant in a copy of its own; default the number of CPUs), MUTATION_KEEP=1 (keep the copy, to look at
 # its logs), G4_SHARED (the shared fixtures, default ../shared).
 set -u
 export LC_ALL=C
@@ -165,6 +166,32 @@ if [ $check_only = 1 ]; then
     exit
 fi
 
+# ---- shards: MUTATION_SHARDS runs of this script side by side (default: one per CPU), each taking
+# every SHARDS-th mutant of the selection in a copy of the tree of its own; the first also checks the
+# unmutated tree. Each mutant is still applied alone. Their reports are printed one after the other
+# once all have finished, then the sums.
+shards=${MUTATION_SHARDS:-$jobs}
+if [ -z "${MUTATION_SHARD:-}" ] && [ "$shards" -gt 1 ] && [ ${#entries[@]} -gt 1 ]; then
+    [ "$shards" -le ${#entries[@]} ] || shards=${#entries[@]}
+    pids=()
+    for ((i = 0; i < shards; i++)); do
+        names=()
+        for ((j = i; j < ${#entries[@]}; j += shards)); do names+=("$(field "${entries[$j]}" name)"); done
+        MUTATION_SHARD=$i "$0" "${names[@]}" >"$work/shard$i.log" 2>&1 &
+        pids+=($!)
+    done
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    for ((i = 0; i < shards; i++)); do sed "s/^mutation-test: /mutation-test (shard $((i + 1)) of $shards): /" "$work/shard$i.log"; done
+    cat "$work"/shard*.log | perl -ne '
+        if (my @m = /^mutation-test: (\d+) mutants: (\d+) killed, (\d+) survived, (\d+) broken, (\d+) stale, (\d+) skipped/) {
+            $n++; $s[$_] += $m[$_] for 0..5 }
+        END { $s[$_] //= 0 for 0..5; $n //= 0;
+              print "mutation-test: $s[0] mutants: $s[1] killed, $s[2] survived, $s[3] broken, $s[4] stale, $s[5] skipped for a CPU feature, in $n shards" }'
+    echo " ($(elapsed "$start") s)"
+    exit $rc
+fi
+
 # ---- the copy and its build ----
 shared=$(cd "${G4_SHARED:-$root/../shared}" 2>/dev/null && pwd) || die "no shared fixtures at ${G4_SHARED:-$root/../shared}"
 tree=$work/tree
@@ -212,20 +239,22 @@ first_failure() {
 t0=$(date +%s.%N)
 build || { tail -20 "$work/build.log"; die "the unmutated copy does not build"; }
 echo "mutation-test: built the copy in $(elapsed "$t0") s; ${#entries[@]} mutants, ${#tests[@]} test programs"
-# The unmutated tree's programs, $jobs at a time (as `make test` runs them: none depends on
+# The unmutated tree's programs (by the first shard only: the others copy the same tree), $jobs at a time (as `make test` runs them: none depends on
 # timing); each in a subshell with its own signal trap for its own running program.
 t0=$(date +%s.%N)
 n=0
-for t in "${tests[@]}"; do
-    if [ $n -ge "$jobs" ]; then wait -n; n=$((n - 1)); fi
-    (trap on_signal INT TERM; run_test "$t" || touch "$work/$t.failed") &
-    n=$((n + 1))
-done
-wait
-for t in "${tests[@]}"; do
-    [ ! -e "$work/$t.failed" ] || { grep -v '^ok ' "$work/$t.log" | tail -20; die "$t fails on the unmutated tree"; }
-done
-echo "mutation-test: the unmutated tree passes every program ($(elapsed "$t0") s)"
+if [ "${MUTATION_SHARD:-0}" = 0 ]; then
+    for t in "${tests[@]}"; do
+        if [ $n -ge "$jobs" ]; then wait -n; n=$((n - 1)); fi
+        (trap on_signal INT TERM; run_test "$t" || touch "$work/$t.failed") &
+        n=$((n + 1))
+    done
+    wait
+    for t in "${tests[@]}"; do
+        [ ! -e "$work/$t.failed" ] || { grep -v '^ok ' "$work/$t.log" | tail -20; die "$t fails on the unmutated tree"; }
+    done
+    echo "mutation-test: the unmutated tree passes every program ($(elapsed "$t0") s)"
+fi
 
 # ---- the mutants, one at a time ----
 killed=0 survived=0 broken=0 stale=0 skipped=0
