@@ -871,6 +871,9 @@ typedef struct {
     const char *prefix;    /* the reply's start that the prompt already holds (a forced call's "<|tool_call>call:NAME{"),
                               or NULL: read as the reply's first text, never released; a call it opens completes with
                               what follows */
+    int max_calls;         /* 0, or the reply ends at its max_calls-th completed tool call (OpenAI's
+                              parallel_tool_calls false: 1): push returns 1 as at a stop string, nothing after
+                              is read, the finish is G4_FINISH_TOOL_CALLS */
 } g4_reply_options;
 
 /* What one token (or the finish) released. Pointers are valid until the next call on the reader. */
@@ -892,8 +895,9 @@ typedef struct g4_reply g4_reply;
  * other than G4_CALLS_TEXT or a prefix. The tokenizer must outlive the reader. */
 g4_reply *g4_reply_new(const g4_tokenizer *tok, const g4_reply_options *o);
 void g4_reply_free(g4_reply *r);
-/* One generated token. 1 when a stop string has ended the reply (stop the generation: the stepper
- * stops at end ids by itself, at stop strings only when told), 0 when it goes on, -1 on failure. */
+/* One generated token. 1 when a stop string or the last call allowed (max_calls) has ended the reply
+ * (stop the generation: the stepper stops at end ids by itself, at these only when told), 0 when it
+ * goes on, -1 on failure. */
 int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d);
 /* The end of the generation, which stopped for why: releases what is held back and sets d->finish:
  * STOP after a stop string; LENGTH for G4_STOP_BUDGET and G4_STOP_CONTEXT; else TOOL_CALLS when

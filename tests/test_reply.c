@@ -207,6 +207,23 @@ static void test_tool_calls(void) {
     g4_reply_options forced = {.calls = G4_CALLS_WHOLE, .prefix = "<|tool_call>call:w{"};
     RUN("a call the prompt opened", &forced, G4_FINISH_TOOL_CALLS, {"x", "x", "", 0}, {":", ":", "", 0}, {"2", "2", "", 0}, {"}", "}", "", 0},
         {"<tool_call|>", "<tool_call|>", "C[<|tool_call>call:w{x:2}<tool_call|>] call:w({\"x\":2})", 0}, FINISH(G4_STOP_EOS, ""));
+    /* max_calls 1 (OpenAI's parallel_tool_calls false): the reply ends at its first call's closer
+     * (push returns 1, as at a stop string); a second call's tokens add nothing; the answer text a
+     * stop string held back before the call is released at the finish; the finish is tool_calls */
+    static const char *xy[] = {"xy"};
+    g4_reply_options one = {.stop = xy, .n_stop = 1, .calls = G4_CALLS_WHOLE, .max_calls = 1};
+    RUN("one call allowed", &one, G4_FINISH_TOOL_CALLS, {"x", "x", "", 0}, {"<|tool_call>", "<|tool_call>", "", 0}, {"c", "c", "", 0},
+        {"a", "a", "", 0}, {"l", "l", "", 0}, {"l", "l", "", 0}, {":", ":", "", 0}, {"f", "f", "", 0}, {"{", "{", "", 0}, {"}", "}", "", 0},
+        {"<tool_call|>", "<tool_call|>", "C[<|tool_call>call:f{}<tool_call|>] call:f({}) end", 1}, {"<|tool_call>", "", " end", 1},
+        {"y", "", " end", 1}, FINISH(G4_STOP_EOS, "A[x] end"));
+    /* max_calls 2, streamed: the first call goes on to the second, whose closer ends the reply */
+    g4_reply_options two = {.calls = G4_CALLS_STREAM, .max_calls = 2};
+    RUN("two calls allowed", &two, G4_FINISH_TOOL_CALLS, {"<|tool_call>", "<|tool_call>", "C[<|tool_call>]", 0}, {"c", "c", "C[c]", 0},
+        {"a", "a", "C[a]", 0}, {"l", "l", "C[l]", 0}, {"l", "l", "C[l]", 0}, {":", ":", "C[:]", 0}, {"g", "g", "C[g]", 0}, {"{", "{", "C[{]", 0},
+        {"}", "}", "C[}]", 0}, {"<tool_call|>", "<tool_call|>", "C[<tool_call|>] call:g({})", 0}, {"<|tool_call>", "<|tool_call>", "C[<|tool_call>]", 0},
+        {"c", "c", "C[c]", 0}, {"a", "a", "C[a]", 0}, {"l", "l", "C[l]", 0}, {"l", "l", "C[l]", 0}, {":", ":", "C[:]", 0}, {"h", "h", "C[h]", 0},
+        {"{", "{", "C[{]", 0}, {"}", "}", "C[}]", 0}, {"<tool_call|>", "<tool_call|>", "C[<tool_call|>] call:h({}) end", 1}, {"z", "", " end", 1},
+        FINISH(G4_STOP_EOS, " end"));
     /* a call, then the budget: length wins over tool_calls (the reply did not stop by itself) */
     RUN("calls and the budget", &forced, G4_FINISH_LENGTH, {"}", "}", "", 0}, {"<tool_call|>", "<tool_call|>", "C[<|tool_call>call:w{}<tool_call|>] call:w({})", 0},
         FINISH(G4_STOP_CONTEXT, ""));
@@ -258,6 +275,7 @@ static void test_errors(void) {
     expect_refused(&(g4_reply_options){.n_end_ids = -1}, "n_end_ids is -1", "a negative count of end ids");
     expect_refused(&(g4_reply_options){.calls = (g4_calls_mode)7}, "calls is 7", "an unknown calls mode");
     expect_refused(&(g4_reply_options){.raw = 1, .calls = G4_CALLS_STREAM}, "raw reply has no spans", "raw with spans");
+    expect_refused(&(g4_reply_options){.max_calls = -1}, "max_calls is -1", "a negative max_calls");
     CHECK(g4_reply_new(NULL, &(g4_reply_options){0}) == NULL && strstr(g4_last_error(), "tokenizer is NULL"), "a NULL tokenizer: %s", g4_last_error());
     g4_reply *r = g4_reply_new(tok, &(g4_reply_options){.calls = G4_CALLS_TEXT});
     g4_reply_delta d;

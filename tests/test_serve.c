@@ -64,6 +64,8 @@ static void check_refusals(void) {
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"model\",\"content\":\"x\"}]}", SERVE_CHAT, 400,
          "messages[1].role", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":7,\"content\":\"x\"}]}", SERVE_CHAT, 400, "messages[0].role", NULL},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"parallel_tool_calls\":\"no\"}", SERVE_CHAT, 400,
+         "parallel_tool_calls", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}", SERVE_CHAT, 400,
          "messages[0].content[0]", NULL},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", SERVE_CHAT, 400, "messages[0].content[0]", NULL},
@@ -450,6 +452,19 @@ static void check_replies(void) {
     c.prefill = "<|tool_call>call:get_w{";
     run_reply("city:<|\"|>Oslo<|\"|>}<tool_call|>", &c, eos, 1000, &o, NULL);
     CHECK(!strcmp(o.calls, "get_w{\"city\":\"Oslo\"}"), "the prefilled call: '%s'", o.calls);
+    /* parallel_tool_calls false: the reply ends at its first call (the stream stops there, the
+     * second call never reaches the client); true (OpenAI's default) keeps both */
+    c.prefill = NULL;
+    const char *two_calls = "<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:2}<tool_call|>";
+    int stopped_at;
+    for (int one = 0; one < 2; one++) {
+        c.one_call = one;
+        run_reply(two_calls, &c, eos, 1000, &o, &stopped_at);
+        CHECK(!strcmp(o.calls, one ? "f{\"a\":1}" : "f{\"a\":1}g{\"b\":2}") && !strcmp(o.finish, "tool_calls") && (one ? stopped_at > 0 : stopped_at < 0) &&
+                  !o.content[0],
+              "one_call %d: calls '%s' finish %s stopped at %d content '%s'", one, o.calls, o.finish, stopped_at, o.content);
+    }
+    c.one_call = 0;
     /* text completions: the decoded text, markers included */
     c = config(SERVE_COMPLETION, 1);
     run_reply("<|channel>x<channel|> y", &c, eos, 1000, &o, NULL);
@@ -461,6 +476,15 @@ static void check_replies(void) {
 static void check_transport_fields(void) {
     serve_limits open = LIM;
     open.strict_model = 0;
+    for (int v = 0; v < 2; v++) { /* parallel_tool_calls read as given; true when absent */
+        char body[160];
+        snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}",
+                 v ? ",\"parallel_tool_calls\":false" : "");
+        serve_request r;
+        serve_error e;
+        CHECK(serve_parse_request(body, strlen(body), SERVE_CHAT, &open, &r, &e) == 0 && r.one_call == v, "%s: one_call %d", body, r.one_call);
+        serve_request_free(&r);
+    }
     const char *names[] = {"{\"model\":\"gpt-3.5-turbo\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
                            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"};
     for (int i = 0; i < 2; i++) {

@@ -391,12 +391,17 @@ struct g4_reply {
     int *end_ids, n_end_ids;
     g4_textbuf held;  /* answer text that may still begin a stop string */
     int stop_string;  /* the stop string matched, or -1 */
+    int max_calls;    /* the reply ends at its max_calls-th call (0: no limit) */
     int finished;
     g4_textbuf call;  /* the tool call being read, markers included */
     g4_tool_call *calls;
     int n_calls, cap_calls, calls_seen; /* calls_seen: those of earlier deltas */
     piece_list pl;    /* this delta's spans */
 };
+
+/* The reply has ended before its generation: at a stop string, or at the last call it may make.
+ * What comes after adds nothing. */
+static int reply_ended(const g4_reply *r) { return r->stop_string >= 0 || (r->max_calls > 0 && r->n_calls >= r->max_calls); }
 
 static int is_end_id(const g4_reply *r, int32_t token) {
     for (int i = 0; i < r->n_end_ids; i++)
@@ -485,7 +490,7 @@ static int close_call(g4_reply *r, int closed, int final) {
  * hands a marker over whole, never split across pieces). */
 static int call_text(g4_reply *r, const char *s, size_t n, int final) {
     if (r->calls_mode == G4_CALLS_STREAM && pieces_add(&r->pl, G4_SPAN_TOOL_CALL, s, n)) return -1;
-    while (n > 0 && r->stop_string < 0) {
+    while (n > 0 && !reply_ended(r)) {
         const char *close = find_lit(s, n, CLOSE_CALL, LIT_LEN(CLOSE_CALL));
         size_t take = close ? (size_t)(close - s) + LIT_LEN(CLOSE_CALL) : n;
         if (g4_textbuf_append(&r->call, s, take) || (close && close_call(r, 1, final))) return -1;
@@ -497,7 +502,7 @@ static int call_text(g4_reply *r, const char *s, size_t n, int final) {
 /* The splitter's pieces into this delta: thoughts as they are, answers through the stop strings,
  * calls completed. Nothing after a stop string. */
 static int take_pieces(g4_reply *r, const g4_span_text *p, int n, int final) {
-    for (int i = 0; i < n && r->stop_string < 0; i++) {
+    for (int i = 0; i < n && !reply_ended(r); i++) {
         int rc = p[i].span == G4_SPAN_THOUGHT ? pieces_add(&r->pl, G4_SPAN_THOUGHT, p[i].text, p[i].len)
                  : p[i].span == G4_SPAN_TOOL_CALL ? call_text(r, p[i].text, p[i].len, final)
                                                   : answer_text(r, p[i].text, p[i].len, final);
@@ -525,7 +530,7 @@ static void delta_end(g4_reply *r, g4_reply_delta *d) {
     pieces_view(&r->pl, &d->spans, &d->n_spans);
     d->calls = r->calls ? r->calls + r->calls_seen : NULL;   /* no offset on NULL (UB, clang's UBSan) */
     d->n_calls = r->n_calls - r->calls_seen;
-    d->ended = r->stop_string >= 0;
+    d->ended = reply_ended(r);
     d->stop_string = r->stop_string;
 }
 
@@ -535,6 +540,7 @@ static int check_reply_options(const g4_reply_options *o) {
         return g4_fail("reply: n_end_ids is %d but end_ids is %s", o->n_end_ids, o->end_ids ? "set" : "NULL");
     if (o->calls != G4_CALLS_STREAM && o->calls != G4_CALLS_WHOLE && o->calls != G4_CALLS_TEXT)
         return g4_fail("reply: calls is %d (G4_CALLS_STREAM, G4_CALLS_WHOLE or G4_CALLS_TEXT)", (int)o->calls);
+    if (o->max_calls < 0) return g4_fail("reply: max_calls is %d (0 for no limit)", o->max_calls);
     if (o->raw && (o->calls != G4_CALLS_TEXT || o->prefix)) return g4_fail("reply: a raw reply has no spans: calls must be G4_CALLS_TEXT and no prefix");
     for (int k = 0; k < o->n_stop; k++) {
         const char *s = o->stop[k];
@@ -566,6 +572,7 @@ g4_reply *g4_reply_new(const g4_tokenizer *tok, const g4_reply_options *o) {
     if (!rc) {
         r->stop_string = -1;
         r->calls_mode = o->calls;
+        r->max_calls = o->max_calls;
         r->stop = calloc((size_t)o->n_stop + 1, sizeof *r->stop);
         r->end_ids = malloc(sizeof *r->end_ids * ((size_t)o->n_end_ids + 1));
         rc = !r->stop || !r->end_ids;
@@ -604,11 +611,11 @@ int g4_reply_push_token(g4_reply *r, int32_t token, g4_reply_delta *d) {
     delta_begin(r, token, d);
     if (r->finished) return g4_fail("reply: a token pushed after g4_reply_finish");
     int end = is_end_id(r, token);
-    if (!end && r->stop_string < 0 && (g4_detokenizer_push(r->detok, token, &d->text, &d->len) || take_text(r, d->text, d->len, 0)))
+    if (!end && !reply_ended(r) && (g4_detokenizer_push(r->detok, token, &d->text, &d->len) || take_text(r, d->text, d->len, 0)))
         return -1;
     delta_end(r, d);
     d->ended |= end;
-    return r->stop_string >= 0;
+    return reply_ended(r);
 }
 
 int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d) {
@@ -616,9 +623,11 @@ int g4_reply_finish(g4_reply *r, g4_stop_reason why, g4_reply_delta *d) {
     if (r->finished) return g4_fail("reply: g4_reply_finish called twice");
     r->finished = 1;
     if (r->stop_string < 0) {
-        int rc = g4_detokenizer_flush(r->detok, &d->text, &d->len) || take_text(r, d->text, d->len, 1);
+        /* after the last call it may make, the reply takes no more text, but what the stop strings
+         * held back before the call is answer text still */
+        int rc = !reply_ended(r) && (g4_detokenizer_flush(r->detok, &d->text, &d->len) || take_text(r, d->text, d->len, 1));
         /* a call never closed; then what the stop strings hold (the last text may have been none of the answer) */
-        if (!rc && r->call.n && r->stop_string < 0) rc = close_call(r, 0, 1);
+        if (!rc && r->call.n && !reply_ended(r)) rc = close_call(r, 0, 1);
         if (!rc) rc = answer_text(r, "", 0, 1);
         if (rc) return -1;
     }

@@ -459,7 +459,7 @@ static g4_generate_params job_params(const serve_engine *e, const serve_job *j, 
 static int new_choice_reply(serve_engine *e, serve_job *j, int i) {
     serve_reply_config rc = {.kind = j->req.kind, .stream = j->req.stream, .include_usage = j->req.include_usage, .id = j->id,
                              .model = j->model_id, .created = j->created, .stop = j->req.stop, .n_stop = j->req.n_stop,
-                             .tools = j->req.n_tools > 0 && j->req.tool_choice != SERVE_TOOLS_NONE, .opens_thought = j->opens_thought,
+                             .tools = j->req.n_tools > 0 && j->req.tool_choice != SERVE_TOOLS_NONE, .one_call = j->req.one_call, .opens_thought = j->opens_thought,
                              .prefill = j->prefill, .index = i, .logprobs = j->req.logprobs};
     return (j->ch[i].reply = serve_reply_new(e->tok, &rc, &j->out)) ? 0 : -1;
 }

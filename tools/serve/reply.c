@@ -18,7 +18,7 @@ typedef struct {
 struct serve_reply {
     serve_reply_config c;
     g4_reply *reader;
-    int stopped;                   /* a stop string ended the reply */
+    int stopped;                   /* a stop string, or the one call allowed, ended the reply */
     int finished;
     g4_finish finish;
     g4_textbuf content, reasoning; /* whole responses: everything; streaming: this token's */
@@ -237,7 +237,8 @@ serve_reply *serve_reply_new(const g4_tokenizer *tok, const serve_reply_config *
      * declared (the call the prompt opened is the start of the first), else they are text */
     int chat = c->kind == SERVE_CHAT;
     g4_reply_options ro = {.stop = (const char *const *)c->stop, .n_stop = c->n_stop, .starts_in_thought = chat && c->opens_thought,
-                           .calls = chat && c->tools ? G4_CALLS_WHOLE : G4_CALLS_TEXT, .raw = !chat, .prefix = chat ? c->prefill : NULL};
+                           .calls = chat && c->tools ? G4_CALLS_WHOLE : G4_CALLS_TEXT, .raw = !chat, .prefix = chat ? c->prefill : NULL,
+                           .max_calls = chat && c->tools && c->one_call ? 1 : 0};
     r->reader = g4_reply_new(tok, &ro);
     int rc = !r->reader || g4_textbuf_append(&r->content, "", 0) || g4_textbuf_append(&r->reasoning, "", 0);
     if (!rc && c->stream && c->kind == SERVE_CHAT) {
@@ -303,7 +304,7 @@ static int take_delta(serve_reply *r, const g4_reply_delta *d) {
     }
     for (int k = 0; k < d->n_calls; k++)
         if (add_call(r, &d->calls[k])) return -1;
-    r->stopped |= d->stop_string >= 0;
+    r->stopped |= d->ended; /* the reader has no end ids here: a stop string or the last call allowed */
     return 0;
 }
 

@@ -22,6 +22,7 @@ typedef struct {
     char *const *stop;    /* borrowed */
     int n_stop;
     int tools;            /* tools were declared: read tool-call spans as calls */
+    int one_call;         /* parallel_tool_calls false: the reply ends at its first call */
     int opens_thought;    /* the prompt left a thought open */
     const char *prefill;  /* the call's opening the prompt ends with (tool_choice), or NULL */
     int index;            /* the choice's index (n > 1) */

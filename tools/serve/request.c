@@ -677,6 +677,9 @@ static int read_tools(const fields *f, serve_request *r, const serve_limits *lim
         }
         if (!(r->tools_json = cJSON_PrintUnformatted(tools))) return serve_fail(f->e, 500, "server_error", NULL, NULL, "out of memory");
     }
+    int parallel = 1; /* OpenAI's default: the model may make several calls in one reply */
+    if (get_bool(f, "parallel_tool_calls", &parallel) < 0) return -1;
+    r->one_call = !parallel;
     const cJSON *choice = field(f, "tool_choice");
     if (!choice) return 0;
     if (cJSON_IsString(choice)) {

@@ -86,6 +86,7 @@ typedef struct {
     char *tool_name;     /* SERVE_TOOLS_NAMED */
     char *tools_json;    /* the tools array as JSON (malloc'd), for the call's grammar (serve_tool_constraint) */
     int strict_tools;    /* some function says "strict": true */
+    int one_call;        /* parallel_tool_calls false: a reply ends at its first tool call */
     /* completions */
     char *prompt;        /* a text prompt, or NULL for one of token ids */
     int32_t *prompt_ids;
