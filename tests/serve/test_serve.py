@@ -358,6 +358,7 @@ def test_tools_scripted():
         "<|channel>thought\nThe user wants 2+2.<channel|>It is 4.",
         '{city:<|"|>Oslo<|"|>}<tool_call|>',
         "Let me check. <|tool_call>call:get_weather{city:<|\"|>Par",
+        '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|><|tool_call>call:get_weather{city:<|"|>Rome<|"|>}<tool_call|>',
     ]
     path = os.path.join(tempfile.mkdtemp(), "replies.json")
     with open(path, "w", encoding="utf-8") as f:
@@ -388,6 +389,11 @@ def test_tools_scripted():
         r = c.chat.completions.create(model=MODEL_ID, messages=user, tools=[WEATHER])
         check(r.choices[0].message.content == 'Let me check. <|tool_call>call:get_weather{city:<|"|>Par' and not r.choices[0].message.tool_calls
               and r.choices[0].finish_reason == "stop", "an unclosed call stays text", r.choices[0].message)
+        # parallel_tool_calls false: the two-call reply ends at its first call, streamed as one tool_calls delta
+        chunks = list(c.chat.completions.create(model=MODEL_ID, messages=user, tools=[WEATHER], stream=True, parallel_tool_calls=False))
+        calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+        check([(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [(0, "get_weather", {"city": "Oslo"})] and
+              chunks[-1].choices[0].finish_reason == "tool_calls", "parallel_tool_calls false: one call, then the end", calls)
         # tool_choice none drops the tools from the prompt
         base = c.chat.completions.create(model=MODEL_ID, messages=user, max_tokens=1).usage.prompt_tokens
         none = c.chat.completions.create(model=MODEL_ID, messages=user, tools=[WEATHER], tool_choice="none", max_tokens=1).usage.prompt_tokens
