@@ -18,8 +18,10 @@
 #include "model/capture.h"
 #include "model/quantize.h"
 #include "model/synth.h"
-#include "util/err.h"
-#include "util/file.h"
+#include "bench/measure.h"
+#include "../src/text/textbuf.h"
+#include "../src/util/err.h"
+#include "../src/util/file.h"
 #include "util/npy.h"
 
 #endif
