@@ -81,26 +81,28 @@ static int parse_wxh(const char *v, int *w, int *h) {
     return sscanf(v, "%dx%d%c", w, h, &tail) == 2 && *w >= 1 && *h >= 1 && *w <= G4_IMAGE_MAX_SIDE && *h <= G4_IMAGE_MAX_SIDE;
 }
 
+/* The bytes of the file `path` names (a regular file, at most 256 MiB): 1 when read, 0 when there
+ * is no such file (the flag's value is then a size), -1 on error. */
+static int read_input(const char *path, char **data, size_t *len) {
+    if (!g4_file_exists(path)) return 0;
+    return g4_read_file_bounded(path, (size_t)256 << 20, G4_READ_REGULAR, data, len) ? -1 : 1;
+}
+
 /* The image (a file or WxH) decoded and patchified into bm->p. */
 static int prepare_image(g4_bench_media *bm, const char *image, g4_bench_media_info *info) {
     g4_rgb_image im;
     int w, h;
     double t0 = now_s();
-    if (!(bm->vt = g4_vision_tower_get(bm->m))) return -1;
-    if (g4_file_exists(image)) {
-        char *data;
-        size_t len;
-        if (g4_read_file_bounded(image, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) return -1;
-        int rc = g4_image_decode(data, len, &im);
-        free(data);
-        if (rc) return -1;
-    } else if (parse_wxh(image, &w, &h)) {
-        if (synth_image(w, h, &im)) return g4_fail("g4 bench: out of memory");
-    } else {
-        return g4_fail("g4 bench: --image %s: no such file, and not WxH (e.g. 768x768)", image);
-    }
+    char *data = NULL;
+    size_t len = 0;
+    int got = (bm->vt = g4_vision_tower_get(bm->m)) ? read_input(image, &data, &len) : -1, rc = -1;
+    if (got > 0) rc = g4_image_decode(data, len, &im);
+    else if (got == 0 && parse_wxh(image, &w, &h)) rc = synth_image(w, h, &im) ? g4_fail("g4 bench: out of memory") : 0;
+    else if (got == 0) g4_fail("g4 bench: --image %s: no such file, and not WxH (e.g. 768x768)", image);
+    free(data);
+    if (rc) return -1;
     info->width = im.w, info->height = im.h;
-    int rc = g4_image_patchify(&im, g4_vision_patch_size(bm->vt), g4_vision_pooling(bm->vt), g4_vision_default_soft_tokens(bm->vt), &bm->p);
+    rc = g4_image_patchify(&im, g4_vision_patch_size(bm->vt), g4_vision_pooling(bm->vt), g4_vision_default_soft_tokens(bm->vt), &bm->p);
     g4_rgb_image_free(&im);
     if (rc) return -1;
     info->image = 1;
@@ -114,24 +116,23 @@ static int prepare_audio(g4_bench_media *bm, const char *audio, g4_bench_media_i
     float *pcm = NULL;
     size_t n = 0;
     double t0 = now_s();
-    if (!(bm->at = g4_audio_tower_get(bm->m))) return -1;
-    if (g4_file_exists(audio)) {
-        char *data;
-        size_t len;
-        if (g4_read_file_bounded(audio, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) return -1;
-        int rc = g4_audio_pcm16k(data, len, audio, &pcm, &n);
-        free(data);
-        if (rc) return -1;
-    } else {
+    char *data = NULL;
+    size_t len = 0;
+    int got = (bm->at = g4_audio_tower_get(bm->m)) ? read_input(audio, &data, &len) : -1, rc = -1;
+    if (got > 0) {
+        rc = g4_audio_pcm16k(data, len, audio, &pcm, &n);
+    } else if (got == 0) { /* a length in seconds: a synthesized clip */
         char *end;
         double sec = strtod(audio, &end);
         if (end == audio || *end || !(sec > 0 && sec <= 30))
-            return g4_fail("g4 bench: --audio %s: no such file, and not a length in seconds (0 < s <= 30)", audio);
-        n = (size_t)(sec * 16000 + 0.5);
-        if (!(pcm = synth_clip(n))) return g4_fail("g4 bench: out of memory");
+            g4_fail("g4 bench: --audio %s: no such file, and not a length in seconds (0 < s <= 30)", audio);
+        else if (!(pcm = synth_clip(n = (size_t)(sec * 16000 + 0.5)))) g4_fail("g4 bench: out of memory");
+        else rc = 0;
     }
+    free(data);
+    if (rc) return -1;
     info->clip_s = (double)n / 16000.0;
-    int rc = g4_audio_log_mel(pcm, n, &bm->mel, &bm->mask, &bm->T);
+    rc = g4_audio_log_mel(pcm, n, &bm->mel, &bm->mask, &bm->T);
     free(pcm);
     if (rc) return -1;
     info->audio = 1;
