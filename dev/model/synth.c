@@ -575,7 +575,7 @@ static int add_globals(plan_t *p, const g4_config *c, gen_t *codes, gen_t *scale
     const char *pre = c->assistant ? "model." : "model.language_model.";
     for (int i = 0; i < g4_n_global_modules; i++) {
         const g4_module *md = &g4_global_modules[i];
-        char name[192];
+        char name[160];
         if (md->top || !g4_module_present(c, NULL, md)) continue;
         g4_global_module_name(name, sizeof name, pre, md);
         int rc = 0;
