@@ -7,8 +7,9 @@
 
 CC      ?= cc
 # The runtime (src/) sees include/ and src/ only; the development library (dev/) sees itself too;
-# the command (tools/), the tests and the benchmarks see all three tiers (TIER_INC per folder below).
-CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iinclude -Isrc $(TIER_INC) -MMD -MP
+# the command (tools/) sees include/, dev/ and itself, never src/; the tests and the benchmarks see
+# every tier (TIER_INC per folder below).
+CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iinclude $(TIER_INC) -MMD -MP
 LDLIBS  = -lcjson -lpcre2-8 -lm -pthread $(MEDIA_LIBS)
 # g4 serve's HTTP (libmicrohttpd): the g4 command and the server's tests only, not the library
 SERVE_LIBS = -lmicrohttpd
@@ -47,10 +48,14 @@ $(OUT)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(CC) $(CFLAGS_COMMON) $(OPT) $(CFLAGS) -c $< -o $@
 
-# The tiers' include paths: dev/ may use the runtime's internals; tools/, tests/ and bench/ (and the
-# cross build's tests) use the public header, the dev header and, for now, some internals.
-$(OUT)/dev/%.o: TIER_INC = -Idev
-$(OUT)/tools/%.o $(OUT)/tests/%.o $(OUT)/bench/%.o: TIER_INC = -Idev -Itools
+# The tiers' include paths: dev/ may use the runtime's internals; tools/ (the g4 command and its
+# server) gets the public header and the dev header only, so an internal include there fails to
+# build (what tools need of the runtime is in include/g4.h, or in dev/ for development commands);
+# tests/ and bench/ (and the cross build's tests) see everything, to test the internals.
+$(OUT)/src/%.o $(OUT)/pic/src/%.o: TIER_INC = -Isrc
+$(OUT)/dev/%.o: TIER_INC = -Isrc -Idev
+$(OUT)/tools/%.o: TIER_INC = -Idev -Itools
+$(OUT)/tests/%.o $(OUT)/bench/%.o: TIER_INC = -Isrc -Idev -Itools
 
 # Register-pressure-aware scheduling before allocation keeps the int8 tiles' int16 sums in
 # registers (without it GCC 12 spills one per block in the 2-bit prefill loop); it only reorders
@@ -229,8 +234,9 @@ A64_OUT = build/aarch64
 NEON_TESTS = test_kernels $(DISPATCH_TESTS)
 A64_LIB_OBJ = $(LIB_SRC:%.c=$(A64_OUT)/%.o)
 A64_DEV_OBJ = $(DEV_SRC:%.c=$(A64_OUT)/%.o)
-$(A64_OUT)/dev/%.o: TIER_INC = -Idev
-$(A64_OUT)/tests/%.o: TIER_INC = -Idev -Itools
+$(A64_OUT)/src/%.o: TIER_INC = -Isrc
+$(A64_OUT)/dev/%.o: TIER_INC = -Isrc -Idev
+$(A64_OUT)/tests/%.o: TIER_INC = -Isrc -Idev -Itools
 .SECONDARY: $(NEON_TESTS:%=$(A64_OUT)/tests/%.o)
 
 $(AARCH64_DEPS)/usr/include/cjson/cJSON.h:

@@ -15,6 +15,8 @@ LIB_SRC += src/model/checkpoint.c
 DEV_SRC = dev/util/npy.c dev/format/safetensors_write.c dev/quant/blockq.c \
   dev/model/capture.c dev/model/synth.c dev/model/quantize.c \
   dev/eval/gsm8k.c dev/eval/results.c dev/eval/harness.c dev/eval/merge.c
+# what g4 bench measures inside the runtime (kernel levels by name, the towers' encodes, one linear)
+DEV_SRC += dev/bench/measure.c
 # Image and audio input (issue 35): decoding (libpng, libjpeg-turbo; WAV), resampling (libsoxr), the
 # log-mel FFT (kissfft), the towers. Kept out of LIB_SRC so the aarch64 cross build (neon-test), which
 # has only cjson/pcre2 arm64 copies, needs none of their libraries.

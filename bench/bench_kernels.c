@@ -21,7 +21,7 @@
 #include "kernels/kernels.h"
 #include "kernels/levels.h"
 #include "kernels/pool.h"
-#include "stream_bw.h"
+#include "bench/stream_bw.h"
 #include "quant/pack.h"
 
 /* Weight + scale bytes touched per decoded token (model.md §11). */

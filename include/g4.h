@@ -389,6 +389,10 @@ int g4_detokenizer_push(g4_detokenizer *d, int32_t id, const char **bytes, size_
 int g4_detokenizer_flush(g4_detokenizer *d, const char **bytes, size_t *len);
 void g4_detokenizer_reset(g4_detokenizer *d);
 void g4_detokenizer_free(g4_detokenizer *d);
+/* The length of the longest prefix of s[0, n) that is valid UTF-8 (shortest forms, no
+ * surrogates, at most U+10FFFF): n when all of it is. What a front end keeps of untrusted text
+ * before it echoes it back (a request body, an error message quoting it). */
+size_t g4_text_utf8_prefix(const char *s, size_t n);
 
 /* Gemma 4 chat prompt rendering and parsing of the model's reply (thought, answer, tool calls).
  *
@@ -471,6 +475,12 @@ int g4_chat_render(const g4_chat_message *msgs, size_t n, const g4_chat_options 
  * contents without control-token strings the ids equal encoding g4_chat_render's text. */
 int g4_chat_encode(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, const g4_chat_options *opt,
                    int32_t **ids, size_t *n_ids);
+/* What g4_chat_render refuses, without rendering: bad options, an invalid role, a tool message
+ * that answers no call (a server checks a request's messages before it queues them). */
+int g4_chat_check(const g4_chat_message *msgs, size_t n, const g4_chat_options *opt);
+/* Python's str.strip on s[0, n) (what the template's `trim` removes from every content): the kept
+ * span [*start, *end). */
+void g4_chat_trim(const char *s, size_t n, size_t *start, size_t *end);
 
 /* The template's strip_thinking for earlier model turns: drops every
  * "<|channel>...<channel|>" span, then trims. *out is malloc'd. */
@@ -933,6 +943,21 @@ typedef enum { G4_MEDIA_IMAGE = 0, G4_MEDIA_AUDIO = 1 } g4_media_kind;
 /* A media kind's begin marker, soft-token placeholder and end marker ids in tok (its special
  * tokens of those names). Fails, naming the token, when the tokenizer lacks one. */
 int g4_media_marker_ids(const g4_tokenizer *tok, g4_media_kind kind, int32_t ids[3]);
+/* A media part of message msgs[msg]: a message's parts come before its text, in order, as the
+ * template renders a content list of media parts then text. */
+typedef struct {
+    size_t msg;
+    g4_media_kind kind;
+    int n; /* soft tokens */
+} g4_chat_media;
+/* g4_chat_encode with media parts: each renders as the processor expands the template's
+ * placeholder (<|image|>, <|audio|>): its begin marker, n placeholders, its end marker
+ * (g4_media_marker_ids). resume 0 encodes the whole prompt; resume k > 0 starts where a generated
+ * reply stopped, msgs[k - 1] being a model message whose turn opening and text the sequence
+ * already holds (what comes out starts with that message's closing). *opens_thought (may be
+ * NULL): the generation prompt ends inside a thought ("<|channel>thought\n"). */
+int g4_chat_encode_media(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt,
+                         const g4_chat_media *media, size_t n_media, int32_t **ids, size_t *n_ids, int *opens_thought);
 
 typedef struct g4_conversation g4_conversation;
 

@@ -32,14 +32,6 @@
 
 static const char *clips[] = {"s16_16k_mono", "s16_44k_stereo", "u8_8k_mono", "s24_48k_mono", "s32_16k_stereo", "f32_22k_3ch"};
 
-static const g4_tensor *golden(const g4_safetensors *st, const char *clip, const char *what) {
-    char name[128];
-    snprintf(name, sizeof name, "%s.%s", clip, what);
-    const g4_tensor *t = g4_st_find(st, name);
-    CHECK(t != NULL, "golden tensor %s missing", name);
-    return t;
-}
-
 static float max_diff_f32(const float *a, const g4_tensor *t, size_t n, double *mean) {
     float m = 0;
     double sum = 0;
@@ -79,8 +71,7 @@ static void check_mel(const char *clip, const char *from, const float *pcm, size
 
 static void test_clips(void) {
     g4_safetensors st;
-    int rc = g4_st_open_file(&st, FIX "/golden.safetensors");
-    CHECK(rc == 0, "%s", g4_last_error());
+    int rc = golden_open(&st, FIX "/golden.safetensors");
     if (rc != 0) return;
     for (size_t c = 0; c < sizeof clips / sizeof clips[0]; c++) {
         const char *clip = clips[c];
@@ -92,7 +83,8 @@ static void test_clips(void) {
             CHECK(0, "%s", g4_last_error());
             continue;
         }
-        const g4_tensor *gpcm = golden(&st, clip, "pcm16k"), *gmel = golden(&st, clip, "mel"), *gmask = golden(&st, clip, "mask");
+        const g4_tensor *gpcm = golden_find(&st, "%s.pcm16k", clip), *gmel = golden_find(&st, "%s.mel", clip),
+                       *gmask = golden_find(&st, "%s.mask", clip);
         float *pcm;
         size_t n;
         rc = g4_audio_pcm16k(bytes, len, path, &pcm, &n);
@@ -105,8 +97,7 @@ static void test_clips(void) {
                 printf("ok %s: pcm16k %zu samples, max |diff| %.3g (band %g)\n", clip, n, d, PCM_BAND);
             }
             /* the features alone (from transformers' own pcm), then the whole chain */
-            float *ref = malloc((size_t)gpcm->shape[0] * sizeof *ref);
-            for (int64_t i = 0; i < gpcm->shape[0]; i++) ref[i] = g4_load_f32(gpcm->data + 4 * i);
+            float *ref = golden_copy_f32(gpcm);
             check_mel(clip, "transformers' pcm", ref, (size_t)gpcm->shape[0], gmel, gmask);
             check_mel(clip, "the WAV", pcm, n, gmel, gmask);
             free(ref);
@@ -117,31 +108,18 @@ static void test_clips(void) {
     g4_st_close(&st);
 }
 
-/* tensor t (F32) copied out of the map */
-static float *f32_of(const g4_tensor *t) {
-    size_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) v[i] = g4_load_f32(t->data + 4 * i);
-    return v;
-}
-
 /* The two subsampling conv layers against transformers' modules (subsample.safetensors: seeded
  * float weights, the s16_16k_mono features). Band: float32 against torch's float32 convolution and
  * LayerNorm, another summation order: measured max 1.2e-6 (outputs O(1)), band 1e-5. */
 #define SUB_BAND 1e-5f
 static void test_subsample(void) {
     g4_safetensors st, gs;
-    if (g4_st_open_file(&st, FIX "/subsample.safetensors") != 0) {
-        CHECK(0, "%s", g4_last_error());
-        return;
-    }
-    if (g4_st_open_file(&gs, FIX "/golden.safetensors") != 0) {
-        CHECK(0, "%s", g4_last_error());
+    if (golden_open(&st, FIX "/subsample.safetensors")) return;
+    if (golden_open(&gs, FIX "/golden.safetensors")) {
         g4_st_close(&st);
         return;
     }
-    const g4_tensor *mel_t = golden(&gs, "s16_16k_mono", "mel"), *mask_t = golden(&gs, "s16_16k_mono", "mask");
+    const g4_tensor *mel_t = golden_find(&gs, "s16_16k_mono.mel"), *mask_t = golden_find(&gs, "s16_16k_mono.mask");
     const g4_tensor *w0 = g4_st_find(&st, "w0"), *n0 = g4_st_find(&st, "n0"), *w1 = g4_st_find(&st, "w1"),
                     *n1 = g4_st_find(&st, "n1"), *o0 = g4_st_find(&st, "out0"), *o1 = g4_st_find(&st, "out1"),
                     *m1 = g4_st_find(&st, "mask1"), *m2 = g4_st_find(&st, "mask2");
@@ -153,7 +131,7 @@ static void test_subsample(void) {
         CHECK(T1 == o0->shape[0] && F1 == o0->shape[1] && T2 == o1->shape[0] && F2 == o1->shape[1],
               "subsampled sizes %dx%d, %dx%d", T1, F1, T2, F2);
         if (T1 == o0->shape[0] && F1 == o0->shape[1] && T2 == o1->shape[0] && F2 == o1->shape[1]) {
-            float *mel = f32_of(mel_t), *fw0 = f32_of(w0), *fn0 = f32_of(n0), *fw1 = f32_of(w1), *fn1 = f32_of(n1);
+            float *mel = golden_copy_f32(mel_t), *fw0 = golden_copy_f32(w0), *fn0 = golden_copy_f32(n0), *fw1 = golden_copy_f32(w1), *fn1 = golden_copy_f32(n1);
             float *h0 = malloc((size_t)T1 * F1 * 8 * sizeof *h0), *h1 = malloc((size_t)T2 * F2 * 4 * sizeof *h1);
             uint8_t *mask1 = malloc((size_t)T1), *mask2 = malloc((size_t)T2);
             g4_audio_subsample_layer(mel, mask_t->data, T, F, 1, fw0, fn0, 8, 1e-6f, h0, mask1);
@@ -178,10 +156,7 @@ static void test_subsample(void) {
 #define ATT_BAND 1e-5f
 static void test_attention(void) {
     g4_safetensors st;
-    if (g4_st_open_file(&st, FIX "/attention.safetensors") != 0) {
-        CHECK(0, "%s", g4_last_error());
-        return;
-    }
+    if (golden_open(&st, FIX "/attention.safetensors")) return;
     const char *names[] = {"q", "k", "v", "relk", "pos", "ctx", "per_dim_scale", "valid"};
     const g4_tensor *t[8];
     int all = 1;
@@ -189,7 +164,7 @@ static void test_attention(void) {
     CHECK(all, "attention.safetensors: a tensor is missing");
     if (all) {
         int T = (int)t[0]->shape[0], HD = (int)t[0]->shape[1], L = (int)t[3]->shape[0], H = 2, D = HD / H;
-        float *q = f32_of(t[0]), *k = f32_of(t[1]), *v = f32_of(t[2]), *relk = f32_of(t[3]), *pds = f32_of(t[6]);
+        float *q = golden_copy_f32(t[0]), *k = golden_copy_f32(t[1]), *v = golden_copy_f32(t[2]), *relk = golden_copy_f32(t[3]), *pds = golden_copy_f32(t[6]);
         float *pos = malloc((size_t)L * HD * sizeof *pos), *ctx = malloc((size_t)T * HD * sizeof *ctx);
         g4_audio_rel_pos_sinusoids(HD, L, pos);
         float dp = max_diff_f32(pos, t[4], (size_t)L * HD, NULL);
@@ -207,7 +182,7 @@ static void test_attention(void) {
     CHECK(li && lw && lo, "attention.safetensors: the lconv tensors are missing");
     if (li && lw && lo) {
         int T = (int)li->shape[0], C = (int)lw->shape[0], K = (int)lw->shape[1];
-        float *x = f32_of(li), *w = f32_of(lw), *y = malloc((size_t)T * C * sizeof *y);
+        float *x = golden_copy_f32(li), *w = golden_copy_f32(lw), *y = malloc((size_t)T * C * sizeof *y);
         CHECK(g4_audio_glu_depthwise_conv(x, T, C, w, K, y) == 0, "light conv core: %s", g4_last_error());
         float d = max_diff_f32(y, lo, (size_t)T * C, NULL);
         CHECK(d <= ATT_BAND && K == 5, "light conv core: max |diff| %g > %g (kernel %d)", d, ATT_BAND, K);
@@ -411,17 +386,6 @@ static void test_bad_media(void) {
 
 /* ---- the tower (part "tower"): tower/ is gen_audio_tower.py's variant of tiny-mobile ---- */
 
-/* Max |a - b| over n values, relative to the largest |b|. */
-static double rel_diff(const float *a, const float *b, size_t n) {
-    double md = 0, mb = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= md)) md = d; /* NaN propagates */
-        if (fabs(b[i]) > mb) mb = fabs(b[i]);
-    }
-    return mb > 0 ? md / mb : md;
-}
-
 /* Bands (max |difference| / max |golden|) against gen_audio_tower.py's goldens: float and fake
  * against transformers' own modes, int against the fake-quant goldens. Measured on the two
  * full-band clips: float 4.9e-7, fake and int 3.0e-7 (int gives fake quantization's codes at
@@ -456,12 +420,9 @@ static void check_clip_modes(const g4_model *m, const g4_safetensors *st, int ci
     size_t len;
     snprintf(path, sizeof path, FIX "/%s", tower_clips[ci]);
     CHECK(g4_read_file(path, &data, &len) == 0, "%s", g4_last_error());
-    char gname[64];
     for (size_t md = 0; md < sizeof TOWER_MODES / sizeof TOWER_MODES[0]; md++) {
         o.act = TOWER_MODES[md].act;
-        snprintf(gname, sizeof gname, "clip%d.%s", ci, TOWER_MODES[md].golden);
-        const g4_tensor *g = g4_st_find(st, gname);
-        CHECK(g != NULL, "golden %s missing", gname);
+        const g4_tensor *g = golden_find(st, "clip%d.%s", ci, TOWER_MODES[md].golden);
         if (!g) continue;
         float *ref = NULL;
         int n_ref = 0, levels = 0;
@@ -480,11 +441,9 @@ static void check_clip_modes(const g4_model *m, const g4_safetensors *st, int ci
                 CHECK(g->ndim == 2 && g->shape[0] == n && g->shape[1] == D, "%s %s: %d tokens x %d, golden %lld x %lld", tower_clips[ci],
                       TOWER_MODES[md].name, n, D, (long long)g->shape[0], (long long)g->shape[1]);
                 if (g->shape[0] == n && g->shape[1] == D) {
-                    double r = rel_diff(e, (const float *)(const void *)g->data, (size_t)n * D), band = TOWER_MODES[md].band;
-                    if (strstr(tower_clips[ci], "8k")) band = TOWER_BAND_8K;
-                    printf("ok tower %s %s: %d soft tokens, max |g4 - transformers| / max |transformers| = %.3g (band %.3g)\n", tower_clips[ci],
-                           TOWER_MODES[md].name, n, r, band);
-                    CHECK(r <= band, "%s %s: relative difference %.3g over the band %.3g", tower_clips[ci], TOWER_MODES[md].name, r, band);
+                    char what[160];
+                    snprintf(what, sizeof what, "tower %s %s", tower_clips[ci], TOWER_MODES[md].name);
+                    golden_band(what, e, n, D, g, strstr(tower_clips[ci], "8k") ? TOWER_BAND_8K : TOWER_MODES[md].band);
                 }
             } else {
                 CHECK(n == n_ref && memcmp(e, ref, sizeof *e * (size_t)n * D) == 0, "%s %s: level %s differs from the first level",
@@ -590,10 +549,7 @@ static void expect_tower_refusal(const char *from, const char *to, const char *n
 
 static void test_tower(void) {
     g4_safetensors st;
-    if (g4_st_open_file(&st, FIX "/tower/goldens.safetensors") != 0) {
-        CHECK(0, "%s", g4_last_error());
-        return;
-    }
+    if (golden_open(&st, FIX "/tower/goldens.safetensors")) return;
     g4_options o;
     g4_options_default(&o);
     g4_model *m = g4_model_load_options(FIX "/tower", &o);

@@ -23,16 +23,6 @@ static const input_t inputs[] = {{"tests/fixtures/vision/rgb.png", "img0.soft", 
                                  {"tests/fixtures/audio/s16_16k_mono.wav", "clip0.soft", 0},
                                  {"tests/fixtures/audio/s16_44k_stereo.wav", "clip1.soft", 0}};
 
-static double rel_diff(const float *a, const float *b, size_t n) {
-    double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - (double)b[i]);
-        if (e > d || isnan(e)) d = isnan(e) ? INFINITY : e;
-        if (fabs((double)b[i]) > m) m = fabs((double)b[i]);
-    }
-    return m > 0 ? d / m : d;
-}
-
 static int soft_tokens(const g4_model *m, const g4_options *o, const input_t *in, const char *data, size_t len, float **e, int *n) {
     return in->image ? g4_image_soft_tokens(m, o, data, len, 70, e, n) : g4_audio_soft_tokens(m, o, data, len, e, n);
 }
@@ -70,10 +60,9 @@ static void check_input(const g4_model *m, const g4_safetensors *st, const input
             }
             levels++;
             if (!ref) {
-                double r = rel_diff(e, (const float *)(const void *)g->data, (size_t)n * D);
-                printf("ok %s: %d soft tokens, max |g4 - transformers| / max |transformers| = %.3g (band %g, float, level %s)\n", in->path, n,
-                       r, BAND, kl->name);
-                CHECK(r <= BAND, "%s: relative difference %.3g over the band %g", in->path, r, BAND);
+                char what[160];
+                snprintf(what, sizeof what, "%s (float, level %s)", in->path, kl->name);
+                golden_band(what, e, n, D, g, BAND);
                 ref = e;
             } else {
                 CHECK(memcmp(e, ref, sizeof *e * (size_t)n * D) == 0, "%s %s: level %s differs from float on the first level", in->path,
@@ -90,10 +79,7 @@ static void check_input(const g4_model *m, const g4_safetensors *st, const input
 
 int main(void) {
     g4_safetensors st;
-    if (g4_st_open_file(&st, BDIR "/goldens.safetensors") != 0) {
-        fprintf(stderr, "%s\n", g4_last_error());
-        return 2;
-    }
+    if (golden_open(&st, BDIR "/goldens.safetensors")) return check_report("test_bf16_towers");
     if (check_dispatch_level()) {
         g4_model *m = g4_model_load(BDIR);
         CHECK(m != NULL, "%s: %s", BDIR, g4_last_error());

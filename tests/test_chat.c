@@ -221,6 +221,37 @@ static void check_errors(void) {
     CHECK(g4_chat_role_parse("robot", &r) == -1 && strstr(g4_last_error(), "robot"), "unknown role");
 }
 
+/* g4_chat_check refuses what g4_chat_render refuses, without rendering; g4_chat_trim is Python's
+ * str.strip (worked out with Python 3: " \u00a0\t x y\u3000\n\x1c".strip() == "x y", bytes 5 to 8);
+ * g4_text_utf8_prefix keeps the longest valid UTF-8 prefix (Python's decode of each prefix). */
+static void check_front_end_helpers(void) {
+    g4_chat_options o = g4_chat_default_options();
+    const g4_chat_message ok[] = {{G4_CHAT_USER, "hi"}}, bad_role[] = {{(g4_chat_role)7, "x"}},
+                          stray_tool[] = {{G4_CHAT_USER, "hi"}, {G4_CHAT_TOOL, "42"}};
+    char *out = NULL;
+    size_t len;
+    CHECK(g4_chat_check(ok, 1, &o) == 0, "a user message: %s", g4_last_error());
+    CHECK(g4_chat_check(bad_role, 1, &o) == -1 && strstr(g4_last_error(), "role"), "invalid role: %s", g4_last_error());
+    CHECK(g4_chat_check(stray_tool, 2, &o) == -1 && g4_chat_render(stray_tool, 2, &o, &out, &len) == -1,
+          "a tool message that answers no call: check and render disagree");
+    CHECK(g4_chat_check(ok, 1, NULL) == -1, "NULL options");
+    static const char ws[] = " \xC2\xA0\t x y\xE3\x80\x80\n\x1C";
+    size_t a = 99, b = 99;
+    g4_chat_trim(ws, sizeof ws - 1, &a, &b);
+    CHECK(a == 5 && b == 8, "trim: [%zu, %zu), want [5, 8)", a, b);
+    g4_chat_trim("   ", 3, &a, &b);
+    CHECK(a == b, "trim of blanks: [%zu, %zu)", a, b);
+    static const struct {
+        const char *s;
+        size_t n, keep;
+    } utf8[] = {{"abc", 3, 3}, {"a\xC3", 2, 1}, {"a\xC3\xA9", 3, 3}, {"\xED\xA0\x80", 3, 0}, {"\xC0\xAF", 2, 0},
+                {"\xF4\x90\x80\x80", 4, 0}, {"\xC3\xA9\xFFx", 4, 2}, {"", 0, 0}};
+    for (size_t i = 0; i < sizeof utf8 / sizeof *utf8; i++)
+        CHECK(g4_text_utf8_prefix(utf8[i].s, utf8[i].n) == utf8[i].keep, "utf8 prefix of case %zu: %zu, want %zu", i,
+              g4_text_utf8_prefix(utf8[i].s, utf8[i].n), utf8[i].keep);
+    printf("ok chat check, trim and the UTF-8 prefix on worked examples\n");
+}
+
 /* ---------------------------------------------------------------- thought channel */
 
 static void check_strip_thinking(void) {
@@ -368,6 +399,7 @@ int main(void) {
         check_decode_pipeline(tok);
     }
     check_errors();
+    check_front_end_helpers();
     check_strip_thinking();
     check_parse_reply();
     check_thought_filter();

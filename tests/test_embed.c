@@ -531,6 +531,17 @@ static void check_conversation(const char *dir) {
     CHECK(n_sp == 2 && sp[0].at == img_at && sp[0].n == 4 && sp[1].at == img_at + 6 && sp[1].n == 3 && ids[sp[1].at] == 761,
           "spans: %d, at %d (+%d) and %d (+%d)", n_sp, n_sp > 0 ? sp[0].at : -1, n_sp > 0 ? sp[0].n : 0, n_sp > 1 ? sp[1].at : -1,
           n_sp > 1 ? sp[1].n : 0);
+    /* the same ids from the chat encoder alone (g4_chat_encode_media, what g4 serve encodes a request with) */
+    const g4_chat_message um = {G4_CHAT_USER, "  What is 2+3?\n"};
+    const g4_chat_media parts[2] = {{0, G4_MEDIA_IMAGE, 4}, {0, G4_MEDIA_AUDIO, 3}};
+    g4_chat_options copt = g4_chat_default_options();
+    int32_t *direct = NULL;
+    size_t n_direct = 0;
+    int opens = -1;
+    CHECK(g4_chat_encode_media(tok, &um, 1, 0, &copt, parts, 2, &direct, &n_direct, &opens) == 0 && n_direct == n_want &&
+              memcmp(direct, want, sizeof *want * n_want) == 0 && opens == 0,
+          "g4_chat_encode_media: %zu ids (want %zu), opens_thought %d: %s", n_direct, n_want, opens, g4_last_error());
+    free(direct);
     free(want);
     /* reply 1 equals a fresh session's with the same spans, and differs from the placeholders fed as tokens */
     int32_t prompt1[256], ref[16], tokens_only[16];

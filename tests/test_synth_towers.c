@@ -66,7 +66,7 @@ static void test_layout(const char *dir) {
     char path[600];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     g4_safetensors st;
-    CHECK(g4_st_open_file(&st, path) == 0, "%s", g4_last_error());
+    if (golden_open(&st, path)) return;
     /* the tiny towers: vision 32 wide, 2 heads x 16, MLP 64, patch 4; audio 32 wide, channels [128, 4], output 64 */
     expect_quantized(&st, "model.vision_tower.encoder.layers.1.self_attn.q_proj", 8, 32, 32);
     expect_quantized(&st, "model.vision_tower.encoder.layers.0.mlp.down_proj", 8, 64, 32);

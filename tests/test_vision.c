@@ -19,14 +19,10 @@
 static const char *const FILES[] = {"rgb.png", "gray.png", "rgba.png", "palette.png", "photo.jpg", "gray.jpg"};
 enum { N_FILES = sizeof FILES / sizeof FILES[0] };
 
+/* Image i's golden `what`; a missing one ends the program (its checks read it). */
 static const g4_tensor *golden(const g4_safetensors *st, int i, const char *what) {
-    char name[64];
-    snprintf(name, sizeof name, "img%d.%s", i, what);
-    const g4_tensor *t = g4_st_find(st, name);
-    if (!t) {
-        fprintf(stderr, "golden %s missing\n", name);
-        exit(2);
-    }
+    const g4_tensor *t = golden_find(st, "img%d.%s", i, what);
+    if (!t) exit(check_report("test_vision"));
     return t;
 }
 
@@ -171,17 +167,6 @@ static void test_bad(void) {
           g4_last_error());
 }
 
-/* Max |a - b| over n values, relative to the largest |b|. */
-static double rel_diff(const float *a, const float *b, size_t n) {
-    double md = 0, mb = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= md)) md = d; /* NaN propagates */
-        if (fabs(b[i]) > mb) mb = fabs(b[i]);
-    }
-    return mb > 0 ? md / mb : md;
-}
-
 /* Bands (max |difference| / max |golden|), against gen_vision.py's goldens: float and fake
  * against transformers' own modes, int against the fake-quant goldens. Measured on the six
  * images: at most 3.8e-7 in every mode (float rounding of the norms, RoPE, softmax; the int path
@@ -227,10 +212,9 @@ static void check_image_modes(const g4_model *m, const g4_safetensors *st, int g
                 CHECK(g->ndim == 2 && g->shape[0] == n && g->shape[1] == D, "%s %s: %d tokens x %d, golden %lld x %lld", file, MODES[md].name, n, D,
                       (long long)g->shape[0], (long long)g->shape[1]);
                 if (g->shape[0] == n && g->shape[1] == D) {
-                    double r = rel_diff(e, (const float *)(const void *)g->data, (size_t)n * D);
-                    printf("ok %s %s: %d soft tokens, max |g4 - transformers| / max |transformers| = %.3g (band %.3g)\n", file, MODES[md].name, n, r,
-                           MODES[md].band);
-                    CHECK(r <= MODES[md].band, "%s %s: relative difference %.3g over the band %.3g", file, MODES[md].name, r, MODES[md].band);
+                    char what[160];
+                    snprintf(what, sizeof what, "%s %s", file, MODES[md].name);
+                    golden_band(what, e, n, D, g, MODES[md].band);
                 }
             } else {
                 CHECK(n == n_ref && memcmp(e, ref, sizeof *e * (size_t)n * D) == 0, "%s %s: level %s differs from the first level", file,
@@ -286,10 +270,7 @@ static void test_tower(const g4_safetensors *st) {
  * (budget 0 here). */
 static void test_clip(void) {
     g4_safetensors st;
-    if (g4_st_open_file(&st, VDIR "/clip/goldens.safetensors") != 0) {
-        CHECK(0, "%s", g4_last_error());
-        return;
-    }
+    if (golden_open(&st, VDIR "/clip/goldens.safetensors")) return;
     g4_options o;
     g4_options_default(&o);
     g4_model *m = g4_model_load_options(VDIR "/clip", &o);
@@ -305,10 +286,7 @@ static void test_clip(void) {
 int main(void) {
     if (!test_parts_known("decode,preprocess,bad,tower,clip")) return check_report("test_vision");
     g4_safetensors st;
-    if (g4_st_open_file(&st, VDIR "/goldens.safetensors") != 0) {
-        fprintf(stderr, "%s\n", g4_last_error());
-        return 2;
-    }
+    if (golden_open(&st, VDIR "/goldens.safetensors")) return check_report("test_vision");
     if (test_part("decode")) test_decode(&st);
     if (test_part("preprocess")) test_preprocess(&st);
     if (test_part("bad")) test_bad();

@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "g4.h"
 #include "kernels/kernels.h"
 #include "model/capture.h"
+#include "util/err.h"
 #include "util/file.h"
 
 /* `make dispatch-test` runs the model-level tests again under each kernel level, named by
@@ -103,6 +105,59 @@ static inline const float *golden_f32(const g4_safetensors *st, const char *name
     }
     if (numel) *numel = t->numel;
     return (const float *)(const void *)t->data;
+}
+
+/* ---- goldens of the towers' tests (test_vision, test_audio, test_bf16_towers, test_synth_towers) ---- */
+
+/* Opens the safetensors file at path (goldens, or a checkpoint a test wrote); a failed check naming
+ * it when it cannot. 0 or -1. */
+static inline int golden_open(g4_safetensors *st, const char *path) {
+    int rc = g4_st_open_file(st, path);
+    CHECK(rc == 0, "%s", g4_last_error());
+    return rc;
+}
+
+/* The golden tensor named like printf(fmt, ...) ("img%d.%s"), or NULL after a failed check. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static inline const g4_tensor *golden_find(const g4_safetensors *st, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const g4_tensor *t = g4_st_find(st, name);
+    CHECK(t != NULL, "golden tensor %s missing", name);
+    return t;
+}
+
+/* Float tensor t's values copied out of the map (malloc'd; any alignment). */
+static inline float *golden_copy_f32(const g4_tensor *t) {
+    float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
+    for (int64_t i = 0; v && i < t->numel; i++) v[i] = g4_load_f32(t->data + 4 * i);
+    return v;
+}
+
+/* Max |a - b| over n values, relative to the largest |b| (a NaN propagates as a failure). */
+static inline double rel_diff(const float *a, const float *b, size_t n) {
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= md)) md = d;
+        if (fabs(b[i]) > mb) mb = fabs(b[i]);
+    }
+    return mb > 0 ? md / mb : md;
+}
+
+/* A tower's n_rows soft tokens e (rows of D floats) against golden float tensor g of as many rows:
+ * within band of it, relative to its largest value (rel_diff). Prints what it measured under
+ * `what` and checks the band; returns the difference. */
+static inline double golden_band(const char *what, const float *e, int n_rows, int D, const g4_tensor *g, double band) {
+    double r = rel_diff(e, (const float *)(const void *)g->data, (size_t)n_rows * D);
+    printf("ok %s: %d soft tokens, max |g4 - transformers| / max |transformers| = %.3g (band %.3g)\n", what, n_rows, r, band);
+    CHECK(r <= band, "%s: relative difference %.3g over the band %.3g", what, r, band);
+    return r;
 }
 
 /* Writes a whole file; a test that cannot write its own temp files exits (status 2). */

@@ -13,14 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../bench/stream_bw.h"
+#include "bench/stream_bw.h"
 #include "cli.h"
 #include "g4dev.h"
-#include "model/model.h"
-#include "model/probe.h"
-#include "audio/audio.h"
-#include "audio/tower.h"
-#include "vision/tower.h"
 
 /* --kernels: the levels compared, at most this many; and the models (-m given several times) */
 #define BENCH_MAX_LEVELS 5
@@ -182,7 +177,7 @@ static int run_rep(const g4_model *m, const bench_args *b, unsigned seed, const 
         double ts = 0;
         if (r->step_s) {
             r->step_level[i] = (level + i) % b->n_levels;
-            g4_session_set_kernels(s, b->levels[r->step_level[i]]);
+            g4_bench_session_level(s, b->levels[r->step_level[i]]);
             ts = now_s();
         }
         if (g4_stepper_step(st, token) < 0) goto done;
@@ -235,9 +230,9 @@ static int parse_levels(const char *v, bench_args *b) {
         if (len == 0 || len >= sizeof name) return die("g4 bench: --kernels %s: expected levels separated by commas", v);
         memcpy(name, c, len);
         name[len] = 0;
-        if (!g4_kernels_level(name)) {
+        if (!g4_bench_level_available(name)) {
             char msg[160];
-            snprintf(msg, sizeof msg, "%s is not a level this CPU has (levels: %s)", name, g4_kernels_names());
+            snprintf(msg, sizeof msg, "%s is not a level this CPU has (levels: %s)", name, g4_bench_levels());
             return die("g4 bench: --kernels: %s", msg);
         }
         for (int i = 0; i < b->n_levels; i++)
@@ -339,16 +334,16 @@ static const char *variant_name(const bench_args *b, int l) {
 /* The kernel level in use, the one the dispatcher would choose unforced, G4_DISPATCH and the CPU
  * flags the choice is made from, as JSON fields (each run says what it measured) or a line. */
 static void print_kernels(FILE *f, int json, const bench_args *b) {
-    const char *env = getenv("G4_DISPATCH"), *flags = g4_kernels_cpu_flags();
+    const char *env = getenv("G4_DISPATCH"), *flags = g4_bench_cpu_flags();
     if (!json) {
         fprintf(f, "  kernels         ");
         if (b->n_levels)
             for (int l = 0; l < b->n_levels; l++) fprintf(f, "%s%s", l ? ", " : "compared: ", b->levels[l]);
-        else fprintf(f, "%s (G4_DISPATCH %s)", g4_kernels_get()->name, env && *env ? env : "unset");
-        fprintf(f, "; this CPU's best: %s; CPU flags: %s\n", g4_kernels_best()->name, *flags ? flags : "none");
+        else fprintf(f, "%s (G4_DISPATCH %s)", g4_bench_level(), env && *env ? env : "unset");
+        fprintf(f, "; this CPU's best: %s; CPU flags: %s\n", g4_bench_level_best(), *flags ? flags : "none");
         return;
     }
-    fprintf(f, ", \"kernels_best\": \"%s\", \"kernels_env\": ", g4_kernels_best()->name);
+    fprintf(f, ", \"kernels_best\": \"%s\", \"kernels_env\": ", g4_bench_level_best());
     if (env && *env) {
         fputc('"', f);
         for (const char *c = env; *c; c++) /* as a JSON string, whatever it holds */
@@ -571,7 +566,7 @@ static int draft_costs(const g4_model *m, const bench_args *b, double load_s) {
     if (b->json) {
         printf("{\"model\": \"%s\", \"draft\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"act\": \"%s\", \"prompt_tokens\": %d, "
                "\"reps\": %d, \"load_s\": %.4f, \"weights\": \"%s\"",
-               b->dir, b->draft.dir, g4_kernels_get()->name, b->o.threads, act_name(&b->o), b->prompt, b->reps, load_s, weights_name(m));
+               b->dir, b->draft.dir, g4_bench_level(), b->o.threads, act_name(&b->o), b->prompt, b->reps, load_s, weights_name(m));
         print_kernels(stdout, 1, b);
         printf(", \"decode_step_s\": %.6f, \"draft_step_s\": %.6f, \"draft_ratio\": %.4f, \"verify\": [", sec[0], sec[COST_MAX_K + 1], d);
         for (int k = 0; k <= COST_MAX_K; k++)
@@ -587,7 +582,7 @@ static int draft_costs(const g4_model *m, const bench_args *b, double load_s) {
         return 0;
     }
     printf("model %s, drafter %s, kernels %s, %d thread(s), --act %s, prompt %d tokens, %d rounds\n", b->dir, b->draft.dir,
-           g4_kernels_get()->name, b->o.threads, act_name(&b->o), b->prompt, b->reps);
+           g4_bench_level(), b->o.threads, act_name(&b->o), b->prompt, b->reps);
     print_kernels(stdout, 0, b);
     printf("  load            %.3f s (weights %s)\n", load_s, weights_name(m));
     printf("  decode step     %.2f ms median (1 row)\n", 1e3 * sec[0]);
@@ -619,70 +614,10 @@ static int draft_costs(const g4_model *m, const bench_args *b, double load_s) {
  * text rate linear for linear; the rest of an encode (attention, convolutions, norms) is given
  * apart. */
 
-/* An RGB test image of w x h: smooth gradients and a disc (edges for the resampler) plus hashed
- * noise; the values do not matter to the timing, only the size. */
-static int synth_image(int w, int h, g4_rgb_image *im) {
-    im->w = w, im->h = h;
-    im->rgb = malloc((size_t)w * h * 3);
-    if (!im->rgb) return -1;
-    for (int y = 0; y < h; y++)
-        for (int x = 0; x < w; x++) {
-            int disc = (x - w / 2) * (x - w / 2) + (y - h / 2) * (y - h / 2) < (w < h ? w : h) * (w < h ? w : h) / 9;
-            for (int c = 0; c < 3; c++) {
-                unsigned hash = ((unsigned)(y * w + x) * 3u + (unsigned)c) * 2654435761u;
-                int v = (x * 255 / w + y * 255 / h * (c + 1)) / (c + 2) + (int)(hash >> 28) - 8;
-                v = disc ? 255 - v : v;
-                im->rgb[((size_t)y * w + x) * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-            }
-        }
-    return 0;
-}
-
-/* A 16 kHz test clip of n samples: a sweeping tone with a slow envelope and hashed noise. */
-static float *synth_clip(size_t n) {
-    float *pcm = malloc(sizeof *pcm * (n ? n : 1));
-    if (!pcm) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        double t = (double)i / 16000.0, f = 200.0 + 150.0 * t;
-        unsigned hash = (unsigned)i * 2654435761u;
-        pcm[i] = (float)(0.3 * sin(2 * 3.141592653589793 * f * t) * (0.6 + 0.4 * sin(t * 1.7)) + ((double)(hash >> 16) / 65536.0 - 0.5) * 0.05);
-    }
-    return pcm;
-}
-
-/* "WxH" (both 1..16384), else 0. */
-static int parse_wxh(const char *v, int *w, int *h) {
-    char tail;
-    return sscanf(v, "%dx%d%c", w, h, &tail) == 2 && *w >= 1 && *h >= 1 && *w <= G4_IMAGE_MAX_SIDE && *h <= G4_IMAGE_MAX_SIDE;
-}
-
+/* One encode's figures, as the medians read them (offsetof). */
 typedef struct {
     double enc, lin, att, sub, int_macs, float_macs;
 } tower_rep;
-
-typedef struct {
-    double macs, seconds;
-    int int_path;
-} text_rate;
-
-/* The text model's `module` on a 64-row chunk for >= 0.3 s in a session of the current level. */
-static text_rate time_text_linear(const g4_model *m, const g4_options *o, int layer) {
-    text_rate r = {0, 0, 0};
-    char name[128];
-    snprintf(name, sizeof name, "model.language_model.layers.%d.mlp.gate_proj", layer);
-    g4_session *s = g4_session_new(m, o);
-    int H = g4_model_hidden_size(m), F = m->layers[layer].mlp_dim, iters = 0;
-    float *x = calloc((size_t)64 * H, sizeof *x), *y = calloc((size_t)64 * F, sizeof *y);
-    if (s && x && y) {
-        for (size_t i = 0; i < (size_t)64 * H; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-        double t1 = now_s();
-        while ((r.seconds = now_s() - t1) < 0.3 && (r.int_path = g4_session_run_linear(s, name, x, 64, y, NULL, NULL)) >= 0) iters++;
-    }
-    r.macs = (double)iters * 64 * H * F;
-    g4_session_free(s);
-    free(x), free(y);
-    return r;
-}
 
 static double rate_g(double macs, double s) { return s > 0 ? macs / s / 1e9 : 0; }
 
@@ -694,77 +629,16 @@ static double median_of(const tower_rep *r, int reps, size_t field) {
 
 static int tower_bench(const g4_model *m, const bench_args *b) {
     const int L = b->n_levels ? b->n_levels : 1, reps = b->reps;
-    g4_image_patches p = {0};
-    float *mel = NULL;
-    uint8_t *mask = NULL;
-    int T = 0, img_w = 0, img_h = 0, rc = 1;
-    double img_prep = 0, clip_s = 0, clip_prep = 0;
-    const g4_vision_tower *vt = NULL;
-    const g4_audio_tower *at = NULL;
+    int rc = 1, n_img_tokens = 0, n_clip_tokens = 0, last = g4_bench_n_layers(m) - 1;
+    g4_bench_media_info in;
+    g4_bench_media *bm = NULL;
     tower_rep *vr = calloc((size_t)reps * L, sizeof *vr), *ar = calloc((size_t)reps * L, sizeof *ar);
-    text_rate *t4 = calloc((size_t)reps * L, sizeof *t4), *t2 = calloc((size_t)reps * L, sizeof *t2);
-    int n_img_tokens = 0, n_clip_tokens = 0, last = m->cfg.n_layers - 1;
+    g4_bench_linear *t4 = calloc((size_t)reps * L, sizeof *t4), *t2 = calloc((size_t)reps * L, sizeof *t2);
     if (!vr || !ar || !t4 || !t2) {
         die("g4 bench: out of memory%s", "");
         goto done;
     }
-    if (b->image) {
-        g4_rgb_image im;
-        double t0 = now_s();
-        if (!(vt = g4_vision_tower_get(m))) goto lib_fail;
-        if (g4_file_exists(b->image)) {
-            char *data;
-            size_t len;
-            if (g4_read_file_bounded(b->image, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) goto lib_fail;
-            int drc = g4_image_decode(data, len, &im);
-            free(data);
-            if (drc) goto lib_fail;
-        } else if (parse_wxh(b->image, &img_w, &img_h)) {
-            if (synth_image(img_w, img_h, &im)) {
-                die("g4 bench: out of memory%s", "");
-                goto done;
-            }
-        } else {
-            die("g4 bench: --image %s: no such file, and not WxH (e.g. 768x768)", b->image);
-            goto done;
-        }
-        img_w = im.w, img_h = im.h;
-        int prc = g4_image_patchify(&im, g4_vision_patch_size(vt), g4_vision_pooling(vt), g4_vision_default_soft_tokens(vt), &p);
-        g4_rgb_image_free(&im);
-        if (prc) goto lib_fail;
-        img_prep = now_s() - t0;
-    }
-    if (b->audio) {
-        float *pcm = NULL;
-        size_t n = 0;
-        double t0 = now_s();
-        if (!(at = g4_audio_tower_get(m))) goto lib_fail;
-        if (g4_file_exists(b->audio)) {
-            char *data;
-            size_t len;
-            if (g4_read_file_bounded(b->audio, (size_t)256 << 20, G4_READ_REGULAR, &data, &len)) goto lib_fail;
-            int arc = g4_audio_pcm16k(data, len, b->audio, &pcm, &n);
-            free(data);
-            if (arc) goto lib_fail;
-        } else {
-            char *end;
-            double sec = strtod(b->audio, &end);
-            if (end == b->audio || *end || !(sec > 0 && sec <= 30)) {
-                die("g4 bench: --audio %s: no such file, and not a length in seconds (0 < s <= 30)", b->audio);
-                goto done;
-            }
-            n = (size_t)(sec * 16000 + 0.5);
-            if (!(pcm = synth_clip(n))) {
-                die("g4 bench: out of memory%s", "");
-                goto done;
-            }
-        }
-        clip_s = (double)n / 16000.0;
-        int mrc = g4_audio_log_mel(pcm, n, &mel, &mask, &T);
-        free(pcm);
-        if (mrc) goto lib_fail;
-        clip_prep = now_s() - t0;
-    }
+    if (!(bm = g4_bench_media_new(m, b->image, b->audio, &in))) goto lib_fail;
     const char *outer = getenv("G4_DISPATCH");
     char *saved_env = outer ? strdup(outer) : NULL;
     int failed = 0;
@@ -772,22 +646,13 @@ static int tower_bench(const g4_model *m, const bench_args *b) {
         for (int k = 0; k < L && !failed; k++) {
             int l = r % 2 ? L - 1 - k : k, at_i = r * L + l;
             if (b->n_levels) setenv("G4_DISPATCH", b->levels[l], 1);
-            if (vt) {
-                float *e = NULL;
-                g4_vision_stats st;
-                if (g4_vision_encode(m, vt, &b->o, &p, &e, &n_img_tokens, &st)) failed = 1;
-                free(e);
-                if (!failed) vr[at_i] = (tower_rep){st.seconds, st.linear_seconds, st.attention_seconds, 0, st.int_macs, st.float_macs};
-            }
-            if (at && !failed) {
-                float *e = NULL;
-                g4_audio_stats st;
-                if (g4_audio_encode(m, at, &b->o, mel, mask, T, &e, &n_clip_tokens, &st)) failed = 1;
-                free(e);
-                if (!failed) ar[at_i] = (tower_rep){st.seconds, st.linear_seconds, st.attention_seconds, st.subsample_seconds, st.int_macs, st.float_macs};
-            }
-            t4[at_i] = time_text_linear(m, &b->o, 0);
-            t2[at_i] = time_text_linear(m, &b->o, last);
+            g4_bench_encode ve, ae;
+            if (g4_bench_media_encode(bm, &b->o, &ve, &ae)) failed = 1;
+            if (!failed && in.image) n_img_tokens = ve.n_tokens, vr[at_i] = (tower_rep){ve.seconds, ve.linear_s, ve.attention_s, 0, ve.int_macs, ve.float_macs};
+            if (!failed && in.audio)
+                n_clip_tokens = ae.n_tokens, ar[at_i] = (tower_rep){ae.seconds, ae.linear_s, ae.attention_s, ae.subsample_s, ae.int_macs, ae.float_macs};
+            t4[at_i] = g4_bench_gate_proj(m, &b->o, 0);
+            t2[at_i] = g4_bench_gate_proj(m, &b->o, last);
         }
     if (b->n_levels) {
         if (saved_env) setenv("G4_DISPATCH", saved_env, 1);
@@ -804,33 +669,33 @@ static int tower_bench(const g4_model *m, const bench_args *b) {
     else
         printf("model %s, %d thread(s), --act %s, %d reps (medians), peak RSS %.1f MB with the towers loaded\n", b->dir, b->o.threads, act, reps,
                rss_mb);
-    if (vt) {
+    if (in.image) {
         if (b->json)
             printf(", \"image\": {\"input\": \"%s\", \"width\": %d, \"height\": %d, \"patches\": %d, \"grid\": [%d, %d], \"soft_tokens\": %d, "
                    "\"prep_s\": %.6f}",
-                   b->image, img_w, img_h, p.n_real, p.grid_w, p.grid_h, n_img_tokens, img_prep);
+                   b->image, in.width, in.height, in.patches, in.grid_w, in.grid_h, n_img_tokens, in.image_prep_s);
         else
-            printf("image %s: %d x %d -> %d patches (%d x %d) -> %d soft tokens; decode + preprocess %.1f ms\n", b->image, img_w, img_h, p.n_real,
-                   p.grid_w, p.grid_h, n_img_tokens, img_prep * 1e3);
+            printf("image %s: %d x %d -> %d patches (%d x %d) -> %d soft tokens; decode + preprocess %.1f ms\n", b->image, in.width, in.height,
+                   in.patches, in.grid_w, in.grid_h, n_img_tokens, in.image_prep_s * 1e3);
     }
-    if (at) {
+    if (in.audio) {
         if (b->json)
             printf(", \"audio\": {\"input\": \"%s\", \"seconds\": %.3f, \"mel_frames\": %d, \"soft_tokens\": %d, \"prep_s\": %.6f}", b->audio,
-                   clip_s, T, n_clip_tokens, clip_prep);
+                   in.clip_s, in.mel_frames, n_clip_tokens, in.clip_prep_s);
         else
-            printf("audio %s: %.2f s -> %d mel frames -> %d soft tokens; decode + resample + log-mel %.1f ms\n", b->audio, clip_s, T,
-                   n_clip_tokens, clip_prep * 1e3);
+            printf("audio %s: %.2f s -> %d mel frames -> %d soft tokens; decode + resample + log-mel %.1f ms\n", b->audio, in.clip_s, in.mel_frames,
+                   n_clip_tokens, in.clip_prep_s * 1e3);
     }
     if (b->json) printf(", \"by_kernels\": [");
     for (int l = 0; l < L; l++) {
         tower_rep v[1000], a[1000];
-        text_rate q4 = {0, 0, 0}, q2 = {0, 0, 0};
+        g4_bench_linear q4 = {0, 0, 0}, q2 = {0, 0, 0};
         for (int r = 0; r < reps; r++) {
             v[r] = vr[r * L + l], a[r] = ar[r * L + l];
             q4.macs += t4[r * L + l].macs, q4.seconds += t4[r * L + l].seconds, q4.int_path = t4[r * L + l].int_path;
             q2.macs += t2[r * L + l].macs, q2.seconds += t2[r * L + l].seconds, q2.int_path = t2[r * L + l].int_path;
         }
-        const char *level = b->n_levels ? b->levels[l] : g4_kernels_get()->name;
+        const char *level = b->n_levels ? b->levels[l] : g4_bench_level();
         double text4 = rate_g(q4.macs, q4.seconds), text2 = rate_g(q2.macs, q2.seconds);
         double v_enc = median_of(v, reps, offsetof(tower_rep, enc)), v_lin = median_of(v, reps, offsetof(tower_rep, lin));
         double v_att = median_of(v, reps, offsetof(tower_rep, att)), v_rate = rate_g(v[0].int_macs + v[0].float_macs, v_lin);
@@ -839,30 +704,30 @@ static int tower_bench(const g4_model *m, const bench_args *b) {
         double a_rate = rate_g(a[0].int_macs + a[0].float_macs, a_lin);
         if (b->json) {
             printf("%s{\"kernels\": \"%s\", \"text_gate_first_gmacs\": %.3f, \"text_gate_last_gmacs\": %.3f", l ? ", " : "", level, text4, text2);
-            if (vt)
+            if (in.image)
                 printf(", \"vision\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"int_macs\": %.0f, \"float_macs\": %.0f, "
                        "\"linear_gmacs\": %.3f}",
                        v_enc, v_lin, v_att, v[0].int_macs, v[0].float_macs, v_rate);
-            if (at)
+            if (in.audio)
                 printf(", \"audio\": {\"encode_s\": %.6f, \"linear_s\": %.6f, \"attention_s\": %.6f, \"subsample_s\": %.6f, \"int_macs\": %.0f, "
                        "\"float_macs\": %.0f, \"linear_gmacs\": %.3f, \"x_realtime\": %.3f}",
-                       a_enc, a_lin, a_att, a_sub, a[0].int_macs, a[0].float_macs, a_rate, a_enc > 0 ? clip_s / a_enc : 0);
+                       a_enc, a_lin, a_att, a_sub, a[0].int_macs, a[0].float_macs, a_rate, a_enc > 0 ? in.clip_s / a_enc : 0);
             printf("}");
             continue;
         }
         printf("  [%s]\n", level);
         printf("  text prefill    %.2f G MAC/s layer 0 gate_proj, %.2f G MAC/s layer %d gate_proj (64 rows, %s path)\n", text4, text2, last,
                q4.int_path == 1 ? "int8" : "float");
-        if (vt) {
+        if (in.image) {
             printf("  vision encode   %.1f ms: linears %.1f ms, attention %.1f ms, other %.1f ms\n", v_enc * 1e3, v_lin * 1e3, v_att * 1e3,
                    (v_enc - v_lin - v_att) * 1e3);
             printf("  vision linears  %.2f G MAC/s (%.2f G MACs in int8, %.2f G in float) = %.2f x the layer 0 prefill rate\n", v_rate,
                    v[0].int_macs / 1e9, v[0].float_macs / 1e9, text4 > 0 ? v_rate / text4 : 0);
         }
-        if (at) {
+        if (in.audio) {
             printf("  audio encode    %.1f ms = %.1f x real time (%.1f x with the preprocessing): subsampling %.1f ms, linears %.1f ms, "
                    "attention %.1f ms, other %.1f ms\n",
-                   a_enc * 1e3, a_enc > 0 ? clip_s / a_enc : 0, clip_s / (a_enc + clip_prep), a_sub * 1e3, a_lin * 1e3, a_att * 1e3,
+                   a_enc * 1e3, a_enc > 0 ? in.clip_s / a_enc : 0, in.clip_s / (a_enc + in.clip_prep_s), a_sub * 1e3, a_lin * 1e3, a_att * 1e3,
                    (a_enc - a_sub - a_lin - a_att) * 1e3);
             printf("  audio linears   %.2f G MAC/s (%.2f G MACs in int8, %.2f G in float) = %.2f x the layer %d prefill rate\n", a_rate,
                    a[0].int_macs / 1e9, a[0].float_macs / 1e9, text2 > 0 ? a_rate / text2 : 0, last);
@@ -880,8 +745,7 @@ static int tower_bench(const g4_model *m, const bench_args *b) {
 lib_fail:
     rc = die_lib();
 done:
-    g4_image_patches_free(&p);
-    free(mel), free(mask);
+    g4_bench_media_free(bm);
     free(vr), free(ar), free(t4), free(t2);
     return rc;
 }
@@ -939,7 +803,7 @@ int cmd_bench(args_t *a) {
         int round = i / L, l = round % 2 ? L - 1 - i % L : i % L;
         rep_of[round * L + l] = i;
         if (b.n_levels) setenv("G4_DISPATCH", b.levels[l], 1);
-        rep_level[i] = g4_kernels_get()->name;
+        rep_level[i] = g4_bench_level();
         if (b.alt_steps) {
             reps[i].step_s = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_s);
             reps[i].step_level = calloc((size_t)(b.gen > 0 ? b.gen : 1), sizeof *reps[i].step_level);

@@ -13,7 +13,6 @@
 #include "eval/gsm8k.h"
 #include "eval/results.h"
 #include "g4.h"
-#include "text/tokenizer.h"
 
 /* ---- statistics ---- */
 

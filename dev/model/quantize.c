@@ -232,8 +232,6 @@ static cJSON *bits_entry(int bits) {
 }
 
 void *g4_quantize_config_json(g4_embed_quant embed, int assistant) {
-    static const char *const float_modules[] = {"model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio",
-                                                "per_layer_model_projection"};
     cJSON *q = cJSON_CreateObject(), *m = cJSON_CreateObject(), *nc = cJSON_CreateArray();
     if (!q || !m || !nc) {
         cJSON_Delete(q);
@@ -250,8 +248,12 @@ void *g4_quantize_config_json(g4_embed_quant embed, int assistant) {
         if (assistant) cJSON_AddItemToObject(m, "^model\\.embed_tokens$", bits_entry(bits)); /* a drafter's (g4_draft_load) */
     }
     cJSON_AddItemToObject(q, "module_quant_configs", m);
-    for (size_t i = 0; i < sizeof float_modules / sizeof *float_modules; i++) cJSON_AddItemToArray(nc, cJSON_CreateString(float_modules[i]));
-    if (embed == G4_EMBED_BF16) cJSON_AddItemToArray(nc, cJSON_CreateString("lm_head"));
+    /* float: the towers and their embedders, then the decoder's kept-float linears (modules.h) */
+    for (int i = 0; i < g4_n_media_parts; i++) cJSON_AddItemToArray(nc, cJSON_CreateString(g4_media_parts[i]));
+    for (int i = 0; i < g4_n_global_modules; i++)
+        if (g4_global_modules[i].kind == G4_MOD_LINEAR && g4_global_modules[i].kept_float)
+            cJSON_AddItemToArray(nc, cJSON_CreateString(g4_global_modules[i].name));
+    if (embed == G4_EMBED_BF16) cJSON_AddItemToArray(nc, cJSON_CreateString(g4_global_module("lm_head")->name));
     cJSON_AddItemToObject(q, "modules_to_not_convert", nc);
     cJSON_AddNumberToObject(q, "num_bits", 4);
     cJSON_AddStringToObject(q, "quant_method", "gemma");

@@ -159,14 +159,17 @@ static cJSON *quant_config(const preset_t *p) {
     size_t n_pats = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i].pattern) pats[n_pats].pattern = all[i].pattern, pats[n_pats++].bits = all[i].bits;
+    /* the towers' float modules, as the published file lists them; then the decoder's (modules.h) */
     static const char *const not_convert[] = {"model.vision_tower.patch_embedder", "model.audio_tower.subsample_conv_projection",
                                               "model.audio_tower.output_proj",     "relative_k_proj",
-                                              "model.embed_audio",                 "model.embed_vision",
-                                              "per_layer_model_projection"};
+                                              "model.embed_audio",                 "model.embed_vision"};
     cJSON *q = cJSON_CreateObject(), *m = cJSON_CreateObject(), *nc = cJSON_CreateArray();
     for (size_t i = 0; i < n_pats; i++) cJSON_AddItemToObject(m, pats[i].pattern, bits_entry(pats[i].bits));
     for (size_t i = 0; i < sizeof not_convert / sizeof not_convert[0]; i++)
         cJSON_AddItemToArray(nc, cJSON_CreateString(not_convert[i]));
+    for (int i = 0; i < g4_n_global_modules; i++)
+        if (g4_global_modules[i].kind == G4_MOD_LINEAR && g4_global_modules[i].kept_float)
+            cJSON_AddItemToArray(nc, cJSON_CreateString(g4_global_modules[i].name));
     cJSON_AddItemToObject(q, "module_quant_configs", m);
     cJSON_AddItemToObject(q, "modules_to_not_convert", nc);
     cJSON_AddNumberToObject(q, "num_bits", 4);
@@ -542,71 +545,78 @@ static int add_dummy_towers(plan_t *p, int hidden, int quantized) {
     return 0;
 }
 
-/* The plain checkpoint's float embedding tables, `.weight` BF16 (uniform +-a has RMS a / sqrt(3):
- * RMS 1 after the x sqrt(dim) of model.md §5). */
-static int add_bf16_embeddings(plan_t *p, const g4_config *c) {
-    double ae = sqrt(3.0 / c->hidden), ap = sqrt(3.0 / c->ple_dim);
-    return add_uniform(p, "model.language_model.embed_tokens.weight", G4_DT_BF16, 2, (int64_t[]){c->vocab, c->hidden}, (float)-ae,
-                       (float)ae) ||
-                   add_uniform(p, "model.language_model.embed_tokens_per_layer.weight", G4_DT_BF16, 2,
-                               (int64_t[]){c->vocab_ple, (int64_t)c->n_layers * c->ple_dim}, (float)-ap, (float)ap)
-               ? -1
-               : 0;
+/* An embedding table of the module table: BF16 `.weight` in a plain checkpoint (uniform +-a has RMS
+ * a / sqrt(3): RMS 1 after the x sqrt(dim) of model.md §5), else codes and one scale per (row,
+ * block), a block being one layer's slice of the per-layer table; embed_tokens' gens go to
+ * codes/scale, for the lm_head to replay. */
+static int add_embedding(plan_t *p, const g4_config *c, const g4_module *md, const char *name, gen_t *codes, gen_t *scale) {
+    char a[192], b[192];
+    int64_t rows = g4_dim_size(c, NULL, md->out), cols = g4_dim_size(c, NULL, md->in);
+    int blocks = md->in == G4_DIM_PLE_ALL ? c->n_layers : 1, width = (int)(cols / blocks);
+    if (c->quant.method == G4_QUANT_NONE) {
+        double ae = sqrt(3.0 / width);
+        snprintf(a, sizeof a, "%s.weight", name);
+        return add_uniform(p, a, G4_DT_BF16, 2, (int64_t[]){rows, cols}, (float)-ae, (float)ae);
+    }
+    int bits = g4_config_module_bits(c, name);
+    if (check_bits(p, name, bits) != 0) return -1;
+    snprintf(a, sizeof a, "%s.embedding_quantized", name);
+    snprintf(b, sizeof b, "%s.embedding_scale", name);
+    int main_table = md->in != G4_DIM_PLE_ALL;
+    return add_codes_and_scales(p, a, b, bits, rows, cols, blocks, g4_config_module_block(c, name), 1.0 / sqrt((double)width),
+                                main_table ? codes : NULL, main_table ? scale : NULL);
+}
+
+/* The model-level modules of the table (modules.h) that config c binds, under the decoder's
+ * prefix: the embeddings, the per-layer-input projection (float in every recipe) and its norm, the
+ * final norm. The lm_head and a drafter's projections (named at the top level) come after the
+ * layers. */
+static int add_globals(plan_t *p, const g4_config *c, gen_t *codes, gen_t *scale) {
+    const char *pre = c->assistant ? "model." : "model.language_model.";
+    for (int i = 0; i < g4_n_global_modules; i++) {
+        const g4_module *md = &g4_global_modules[i];
+        char name[160];
+        if (md->top || !g4_module_present(c, NULL, md)) continue;
+        g4_global_module_name(name, sizeof name, pre, md);
+        int rc = 0;
+        if (md->kind == G4_MOD_EMBEDDING) {
+            rc = add_embedding(p, c, md, name, codes, scale);
+        } else if (md->kind == G4_MOD_LINEAR) {
+            rc = add_linear(p, c, name, g4_dim_size(c, NULL, md->in), g4_dim_size(c, NULL, md->out), 0, 0);
+        } else {
+            strcat(name, ".weight");
+            rc = add_uniform(p, name, G4_DT_BF16, 1, (int64_t[]){g4_dim_size(c, NULL, md->out)}, 0.9f, 1.1f);
+        }
+        if (rc != 0) return -1;
+    }
+    return 0;
 }
 
 static int build_plan(plan_t *p, const g4_config *c) {
-    char a[160], b[160];
-    const char *pre = "model.language_model.";
-    int H = c->hidden, LP = c->n_layers * c->ple_dim;
-    if (c->quant.method == G4_QUANT_NONE) { /* BF16 throughout, the lm_head tied */
-        if (add_bf16_embeddings(p, c) != 0) return -1;
-        snprintf(a, sizeof a, "%sper_layer_model_projection", pre);
-        snprintf(b, sizeof b, "%sper_layer_projection_norm.weight", pre);
-        if (add_linear(p, c, a, H, LP, 0, 0) || add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){c->ple_dim}, 0.9f, 1.1f)) return -1;
-        snprintf(b, sizeof b, "%snorm.weight", pre);
-        if (add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f)) return -1;
-        for (int l = 0; l < c->n_layers; l++)
-            if (add_layer(p, c, l) != 0) return -1;
-        return 0;
-    }
-    if (!c->quant.quantize_embeddings) return g4_fail("%s: synth needs quantize_embeddings", p->path);
-    int eb = g4_config_module_bits(c, "model.language_model.embed_tokens");
-    int pb = g4_config_module_bits(c, "model.language_model.embed_tokens_per_layer");
-    if (check_bits(p, "model.language_model.embed_tokens", eb) || check_bits(p, "model.language_model.embed_tokens_per_layer", pb))
-        return -1;
-    /* main embedding: RMS 1 after the x sqrt(H) of model.md §5 */
+    char name[160], a[192], b[192];
+    int H = c->hidden;
+    if (c->quant.method != G4_QUANT_NONE && !c->quant.quantize_embeddings) return g4_fail("%s: synth needs quantize_embeddings", p->path);
+    /* main embedding: RMS 1 after the x sqrt(H) of model.md §5; PLE table: RMS 1 after the x sqrt(P) */
     gen_t ecodes, escale;
-    snprintf(a, sizeof a, "%sembed_tokens.embedding_quantized", pre);
-    snprintf(b, sizeof b, "%sembed_tokens.embedding_scale", pre);
-    if (add_codes_and_scales(p, a, b, eb, c->vocab, H, 1, g4_config_module_block(c, "model.language_model.embed_tokens"),
-                             1.0 / sqrt((double)H), &ecodes, &escale) != 0)
-        return -1;
-    /* PLE table: one scale per (row, layer) block; RMS 1 after the x sqrt(P) */
-    snprintf(a, sizeof a, "%sembed_tokens_per_layer.embedding_quantized", pre);
-    snprintf(b, sizeof b, "%sembed_tokens_per_layer.embedding_scale", pre);
-    if (add_codes_and_scales(p, a, b, pb, c->vocab_ple, LP, c->n_layers, g4_config_module_block(c, "model.language_model.embed_tokens_per_layer"),
-                             1.0 / sqrt((double)c->ple_dim), NULL, NULL) != 0)
-        return -1;
-    snprintf(a, sizeof a, "%sper_layer_model_projection", pre);
-    if (add_linear(p, c, a, H, LP, 0, 0) != 0) return -1;
-    snprintf(a, sizeof a, "%sper_layer_projection_norm.weight", pre);
-    snprintf(b, sizeof b, "%snorm.weight", pre);
-    if (add_uniform(p, a, G4_DT_BF16, 1, (int64_t[]){c->ple_dim}, 0.9f, 1.1f) ||
-        add_uniform(p, b, G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f))
-        return -1;
+    if (add_globals(p, c, &ecodes, &escale) != 0) return -1;
     for (int l = 0; l < c->n_layers; l++)
         if (add_layer(p, c, l) != 0) return -1;
-    /* lm_head: the converter copies embed_tokens (codes and scales), so replay their streams;
-     * its activation scales are exactly 0 (uncalibrated) as in the real file */
-    if (c->tie_word_embeddings) return 0;
-    int lb = g4_config_module_bits(c, "lm_head");
+    /* BF16 throughout: the lm_head tied. Else the converter copies embed_tokens (codes and scales)
+     * into the lm_head, so replay their streams; its activation scales are exactly 0 (uncalibrated)
+     * as in the real file */
+    if (c->quant.method == G4_QUANT_NONE || c->tie_word_embeddings) return 0;
+    g4_global_module_name(name, sizeof name, "", g4_global_module("lm_head"));
+    g4_global_module_name(a, sizeof a, "model.language_model.", g4_global_module("embed_tokens"));
+    int lb = g4_config_module_bits(c, name), eb = g4_config_module_bits(c, a);
     if (lb != eb) return g4_fail("%s: lm_head (%d bits) must match embed_tokens (%d bits) to be its copy", p->path, lb, eb);
-    if (plan_add(p, "lm_head.weight", eb == 8 ? G4_DT_I8 : G4_DT_U8, 2,
-                 (int64_t[]){c->vocab, (int64_t)g4_packed_row_bytes(eb, (size_t)H)}, ecodes) ||
-        plan_add(p, "lm_head.weight_scale", G4_DT_F32, 2, (int64_t[]){c->vocab, 1}, escale) ||
-        add_const(p, "lm_head.input_activation_scale", 0) || add_const(p, "lm_head.output_activation_scale", 0))
+    snprintf(a, sizeof a, "%s.weight", name);
+    snprintf(b, sizeof b, "%s.weight_scale", name);
+    if (plan_add(p, a, eb == 8 ? G4_DT_I8 : G4_DT_U8, 2, (int64_t[]){c->vocab, (int64_t)g4_packed_row_bytes(eb, (size_t)H)}, ecodes) ||
+        plan_add(p, b, G4_DT_F32, 2, (int64_t[]){c->vocab, 1}, escale))
         return -1;
-    return 0;
+    snprintf(a, sizeof a, "%s.input_activation_scale", name);
+    snprintf(b, sizeof b, "%s.output_activation_scale", name);
+    return add_const(p, a, 0) || add_const(p, b, 0) ? -1 : 0;
 }
 
 /* The drafter (Gemma4AssistantForCausalLM's state dict as save_pretrained writes it: BF16, the
@@ -617,11 +627,8 @@ static int build_plan(plan_t *p, const g4_config *c) {
  * k_proj, v_proj, k_norm or KV-cache scales. Value ranges as the BF16 preset's, except
  * layer_scalar, drawn in the 0.04-0.43 range the published drafter's take. */
 static int build_drafter_plan(plan_t *p, const preset_t *d, const g4_config *c) {
-    int64_t H = d->hidden, V = d->vocab;
-    float ae = (float)sqrt(3.0 / (double)H);
-    if (add_uniform(p, "model.embed_tokens.weight", G4_DT_BF16, 2, (int64_t[]){V, H}, -ae, ae) ||
-        add_uniform(p, "model.norm.weight", G4_DT_BF16, 1, (int64_t[]){H}, 0.9f, 1.1f))
-        return -1;
+    int64_t V = d->vocab;
+    if (add_globals(p, c, NULL, NULL) != 0) return -1; /* its embedding and final norm */
     for (int l = 0; l < c->n_layers; l++)
         if (add_layer(p, c, l) != 0) return -1;
     /* the drafter's own linears (modules.h: G4_PART_DRAFTER), BF16 */

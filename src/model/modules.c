@@ -51,6 +51,9 @@ const g4_module g4_global_modules[] = {
 };
 const int g4_n_global_modules = (int)(sizeof g4_global_modules / sizeof *g4_global_modules);
 
+const char *const g4_media_parts[] = {"model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio"};
+const int g4_n_media_parts = (int)(sizeof g4_media_parts / sizeof *g4_media_parts);
+
 g4_layer_shape g4_layer_shape_of(const g4_config *c, int l) {
     g4_layer_shape s;
     s.type = c->layer_types[l];

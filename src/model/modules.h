@@ -81,6 +81,13 @@ extern const int g4_n_layer_modules;
 extern const g4_module g4_global_modules[];
 extern const int g4_n_global_modules;
 
+/* The checkpoint's parts beside the decoder (multimodal.md): the vision and audio towers and their
+ * embedders into the text model, bound by src/vision and src/audio, never by the decoder's binding.
+ * A writer that quantizes the decoder only (g4 quantize) leaves them float: modules_to_not_convert
+ * lists them, then the table's kept-float linears. */
+extern const char *const g4_media_parts[];
+extern const int g4_n_media_parts;
+
 /* A global module by name, or NULL. */
 const g4_module *g4_global_module(const char *name);
 /* Layer l's module `md` under prefix ("model.language_model." or "model."): out[cap]. */

@@ -1,21 +1,14 @@
 /* Chat prompt rendering (the Gemma 4 chat templates) and parsing of the model's reply are part of
- * the public API: include/g4.h declares them, with their rules. Below: what the rest of src/text
- * shares with the renderer. */
+ * the public API: include/g4.h declares them, with their rules (g4_chat_check, g4_chat_trim and
+ * g4_chat_encode_media too). Below: what the rest of src/text shares with the renderer. */
 #ifndef G4_TEXT_CHAT_H
 #define G4_TEXT_CHAT_H
 
 #include "g4.h"
 
-/* Python's str.strip on s[0, n) (what the template's `trim` removes): the kept span [*start, *end). */
-void g4_chat_trim(const char *s, size_t n, size_t *start, size_t *end);
-
 /* Jinja's dictsort order (the template's order of a mapping's keys): key a before key b, compared
  * case-insensitively (src/text/tools.c; the tool-call grammar writes keys in it too). */
 int g4_chat_key_before(const char *a, const char *b);
-
-/* What g4_chat_render refuses, without rendering: bad options, an invalid role, a tool message
- * that answers no call. */
-int g4_chat_check(const g4_chat_message *msgs, size_t n, const g4_chat_options *opt);
 
 /* g4_chat_render / g4_chat_encode of msgs[0, n) from where a generated reply stopped: msgs[resume - 1]
  * is a model message whose turn opening and text the sequence already holds (the model wrote them),
@@ -26,19 +19,5 @@ int g4_chat_render_from(const g4_chat_message *msgs, size_t n, size_t resume, co
                         size_t *out_len, int *opens_thought);
 int g4_chat_encode_from(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt,
                         int32_t **ids, size_t *n_ids, int *opens_thought);
-
-/* A media part of message msgs[msg]: a message's parts come before its text, in order, as the
- * template renders a content list of media parts then text. */
-typedef struct {
-    size_t msg;
-    g4_media_kind kind;
-    int n; /* soft tokens */
-} g4_chat_media;
-
-/* g4_chat_encode_from with media parts: each renders as the processor expands the template's
- * placeholder (<|image|>, <|audio|>): its begin marker, n placeholders, its end marker
- * (g4_media_marker_ids). */
-int g4_chat_encode_media(const g4_tokenizer *tok, const g4_chat_message *msgs, size_t n, size_t resume, const g4_chat_options *opt,
-                         const g4_chat_media *media, size_t n_media, int32_t **ids, size_t *n_ids, int *opens_thought);
 
 #endif

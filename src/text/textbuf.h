@@ -1,12 +1,12 @@
 /* A growable, always NUL-terminated byte string, shared by the chat renderer, the reply splitter
- * and the conversation (src/text/). */
+ * and the conversation (src/text/), and by the server (tools/serve/, through dev/g4dev.h). */
 #ifndef G4_TEXT_TEXTBUF_H
 #define G4_TEXT_TEXTBUF_H
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/err.h"
+#include "../util/err.h" /* relative: the tools reach this header through dev/g4dev.h, without -Isrc */
 
 typedef struct {
     char *p;

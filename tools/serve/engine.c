@@ -16,7 +16,6 @@
 
 #include "cli.h"
 #include "serve/reply.h"
-#include "text/textbuf.h"
 
 /* One of a job's n choices (OpenAI's n): its reply, in a slot of its own while it runs. */
 typedef struct {

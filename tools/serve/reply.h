@@ -11,7 +11,7 @@
 
 #include "g4.h"
 #include "serve/request.h"
-#include "text/textbuf.h"
+#include "g4dev.h" /* g4_textbuf */
 
 typedef struct {
     serve_kind kind;

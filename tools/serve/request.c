@@ -11,9 +11,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "text/chat.h"
-#include "text/textbuf.h"
-#include "text/tokenizer.h"
+#include "g4dev.h"
 
 static const char INVALID[] = "invalid_request_error";
 

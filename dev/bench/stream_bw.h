@@ -6,7 +6,7 @@
  * ones on the 2-core development machine (Zen 3), and 16-byte loads in turn 6-15 % slower than
  * 32-byte ones with 2 threads (about 20 % with one), slower than the AVX2 matmuls themselves
  * stream their weights: a roofline that the engine's own kernels can beat would flatter them.
- * Header-only: both programs are built from it, the library does not carry it. */
+ * Header-only (dev/, the development tier): both programs are built from it, no library carries it. */
 #ifndef G4_BENCH_STREAM_BW_H
 #define G4_BENCH_STREAM_BW_H
 
