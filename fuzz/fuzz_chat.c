@@ -15,7 +15,7 @@
  *     g4_chat_parse_reply, and the streaming thought filter fed in chunks (sizes from the
  *     flag byte) must give exactly what one push gives. */
 #include "text/chat.h"
-#include "text/tokenizer.h"
+#include "g4.h"
 #include "util/err.h"
 
 #include "fuzz_common.h"

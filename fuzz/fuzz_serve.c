@@ -22,7 +22,7 @@
 #include "serve/reply.h"
 #include "serve/request.h"
 #include "text/chat.h"
-#include "text/tokenizer.h"
+#include "g4.h"
 #include "util/err.h"
 
 #include "fuzz_common.h"

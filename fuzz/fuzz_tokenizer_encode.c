@@ -12,7 +12,7 @@
  *     not for untrusted text;
  *   - the streaming detokenizer, fed the ids one by one, gives whole UTF-8 characters per
  *     push and, with flush, exactly decode's output; a reset detokenizer can be reused. */
-#include "text/tokenizer.h"
+#include "g4.h"
 #include "util/err.h"
 
 #include "fuzz_common.h"

@@ -1,11 +1,11 @@
-/* Fuzz target: tokenizer.json loading (src/text/tokenizer.h).
+/* Fuzz target: tokenizer.json loading (src/text/tokenizer.c).
  *
  * Input: the bytes of a tokenizer.json, loaded with g4_tokenizer_load_ex(path,
  * G4_TOKENIZER_NO_CACHE) (no cache file is read or written). A tokenizer that loads is then
  * used: every id (up to 4096) through id_to_piece / piece_to_id / is_special, encode and
  * decode of fixed texts and of its own pieces, and the streaming detokenizer, which must
  * agree with decode. Decoded text must always be valid UTF-8. */
-#include "text/tokenizer.h"
+#include "g4.h"
 #include "util/err.h"
 
 #include "fuzz_common.h"

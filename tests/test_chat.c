@@ -4,7 +4,7 @@
  * streaming). Environment: G4_SHARED (shared dir). */
 #include "check.h"
 #include "text/chat.h"
-#include "text/tokenizer.h"
+#include "g4.h"
 #include "util/err.h"
 
 #include <cjson/cJSON.h>

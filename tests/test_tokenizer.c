@@ -7,7 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "check.h"
-#include "text/tokenizer.h"
+#include "g4.h"
 #include "util/err.h"
 
 #include <cjson/cJSON.h>

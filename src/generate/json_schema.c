@@ -11,7 +11,6 @@
 
 #include "g4.h"
 #include "util/err.h"
-#include "text/tokenizer.h"
 #include "text/chat.h"
 
 #define MAX_SCHEMA_BYTES (1u << 20)

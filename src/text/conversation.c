@@ -11,7 +11,6 @@
 #include "generate/generate.h"
 #include "text/chat.h"
 #include "text/textbuf.h"
-#include "text/tokenizer.h"
 #include "util/err.h"
 
 /* What a thought the generation prompt opened looks like in the model's message. */

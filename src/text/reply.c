@@ -5,7 +5,7 @@
 
 #include "text/chat.h"
 #include "text/textbuf.h"
-#include "text/tokenizer.h"
+#include "g4.h"
 
 static const char OPEN_THOUGHT[] = "<|channel>";
 static const char CLOSE_THOUGHT[] = "<channel|>";

@@ -6,7 +6,7 @@
  * merge hash, added-token trie, code point table) are derived from the image at load. */
 #define _POSIX_C_SOURCE 200809L
 
-#include "text/tokenizer.h"
+#include "g4.h"
 
 #include "util/err.h"
 
