@@ -187,7 +187,6 @@ static inline const char *fz_shared_file(const char *rel) {
 
 /* ---------------------------------------------------------------- the Gemma 4 tokenizer */
 
-#ifdef G4_TEXT_TOKENIZER_H
 /* Loads shared/data/tokenizers/gemma4/tokenizer.json. Parsing its 14 MB of JSON takes ~5 s
  * under ASan, so by default it is opened through a symlink in /tmp/g4fuzz-tokcache-<uid>/,
  * where the library keeps its binary cache (shared/ is read-only, and nothing is written
@@ -217,7 +216,6 @@ static inline g4_tokenizer *fz_load_gemma_tokenizer(void) {
     if (!t) fz_die("cannot load %s: %s", link, g4_last_error());
     return t;
 }
-#endif
 
 /* ---------------------------------------------------------------- UTF-8 oracle */
 
