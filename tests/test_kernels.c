@@ -297,6 +297,19 @@ static void amx_prepared_layout(void) {
     CHECK(!g4_amx_prepare(&pb.w) && !g4_amx_prepare(&pf.w), "amx prepare takes no block-scaled or BF16 weight");
     free_problem(&pb);
     free_problem(&pf);
+    /* the amx level's hook copies the 8-bit weights alone (amx.c, amx_prepare: the measured choice) */
+    if (g4_kernels_amx.built) {
+        shape sizes[3] = {{.bits = 2, .in = 100, .out = 20, .n = 1}, {.bits = 4, .in = 100, .out = 20, .n = 1}, {.bits = 8, .in = 100, .out = 20, .n = 1}};
+        for (int b = 0; b < 3; b++) {
+            problem pp;
+            make_problem(&pp, &sizes[b]);
+            g4_wprep *c = g4_kernels_amx.prepare(&pp.w);
+            CHECK((c != NULL) == (sizes[b].bits == 8) && (!c || c->level == &g4_kernels_amx), "amx level's hook on a %d-bit weight: %s",
+                  sizes[b].bits, c ? "a copy" : "none");
+            g4_wprep_free(c);
+            free_problem(&pp);
+        }
+    }
     /* the hook is the amx level's alone: every other level reads the stored layout */
     for (int l = 0; l < g4_kernels_count(); l++) {
         const g4_kernels *k = g4_kernels_at(l);

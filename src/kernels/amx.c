@@ -276,6 +276,14 @@ static int amx_supported(void) {
     return c->amx_tile && c->amx_int8 && g4_kernels_available(&g4_kernels_avx512vnni) && g4_x86_amx_granted();
 }
 
+/* The level's weight-preparation hook: a copy in tile order (g4_amx_prepare) of the 8-bit weights
+ * alone, whose copy is the size of their codes, so it adds no bytes a call reads and saves the
+ * per-call unpack: 1.19-1.30x on E2B's 1536x256 q8 at 1-64 rows, 1.03x at 128-512 (`bench_kernels
+ * rows 2` on the device host; README, "The AMX level"). A 4-bit copy is twice and a 2-bit one four
+ * times the codes' bytes, and there the larger reads cost more than the unpack saves (0.78-0.96x
+ * at 1-128 rows; 1.00x and 1.13x at 512), so those stay in their stored layout. */
+static g4_wprep *amx_prepare(const g4_qweight *w) { return w->bits == 8 ? g4_amx_prepare(w) : NULL; }
+
 void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
     if (n <= 0 || w->out <= 0) return;
     int bits = w->bits;
@@ -328,7 +336,7 @@ const g4_kernels g4_kernels_amx = {.name = "amx", .cpu_needs = NEEDS, .built = 1
                                    .matmul_f32 = amx_matmul_f32, .matmul_i8 = amx_matmul_i8, .quantize = g4_avx2_quantize,
                                    .fake_quant = g4_avx2_fake_quant, .requant_f32 = g4_avx2_requant_f32,
                                    .acc_scale = g4_avx2_acc_scale, .gelu_mul = g4_avx2_gelu_mul, .attention = g4_avx2_attention,
-                                   .softcap = g4_avx2_softcap, .prepare = g4_amx_prepare};
+                                   .softcap = g4_avx2_softcap, .prepare = amx_prepare};
 
 #else /* not x86-64 */
 
