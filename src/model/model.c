@@ -232,7 +232,6 @@ static void prepare_linear(g4_model *m, g4_linear *lin) {
         return;
     }
     m->owned[m->n_owned++] = p;
-    m->prep_bytes += p->bytes;
     lin->w.prep = p;
 }
 

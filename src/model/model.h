@@ -55,9 +55,8 @@ struct g4_model {
     size_t resident_len; /* its mapping's length */
     void **owned;        /* f32 copies made at load, and the levels' prepared weights */
     /* The level whose prepared copies of the weights (kernels.h, g4_wprep) the linears carry, NULL
-     * for none (a level without the hook, --weights mapped, a drafter), and their bytes. */
+     * for none (a level without the hook, --weights mapped, a drafter). */
     const g4_kernels *prep_level;
-    size_t prep_bytes;
     int n_owned, cap_owned;
     /* Whether the checkpoint carries static activation quantization (the mobile recipe: some
      * linear or KV-cache scale is not 0). Without it every --act mode computes float activations,
