@@ -3,7 +3,7 @@ LIB_SRC = \
   src/util/err.c src/util/file.c src/util/select.c \
   src/format/safetensors.c src/format/config.c \
   src/quant/pack.c src/quant/int8.c src/quant/dynamic.c \
-  src/kernels/ref.c src/kernels/portable.c src/kernels/dispatch.c src/kernels/codes_f32.c src/kernels/codes_argmax.c src/kernels/attention.c src/kernels/avx2.c src/kernels/avx512vnni.c src/kernels/amx.c src/kernels/avxvnni.c src/kernels/cpu_x86.c src/kernels/neon.c src/kernels/pool.c \
+  src/kernels/ref.c src/kernels/portable.c src/kernels/dispatch.c src/kernels/codes_f32.c src/kernels/codes_argmax.c src/kernels/attention.c src/kernels/avx2.c src/kernels/avx512vnni.c src/kernels/amx.c src/kernels/amx_pack.c src/kernels/avxvnni.c src/kernels/cpu_x86.c src/kernels/neon.c src/kernels/pool.c \
   src/model/model.c src/model/session.c src/model/decode.c src/model/forward.c src/model/options.c src/model/lmhead.c src/model/linear.c src/model/layer.c src/model/profile.c src/model/describe.c src/model/draft.c src/model/modules.c \
   src/generate/sampler.c src/generate/stepper.c src/generate/generate.c src/generate/grammar.c src/generate/json_schema.c src/generate/grammar_cache.c \
   src/text/tokenizer.c src/text/chat.c src/text/reply.c src/text/conversation.c src/text/tools.c

@@ -411,21 +411,25 @@ static void print_load(const char *when) {
 /* ---- rows: where the AMX tiles overtake the vector levels (the amx level's amx_min_rows) ---- */
 
 /* The int8 matmul of n activation rows on E2B shapes through avx2, avx512vnni and the AMX tiles
- * (g4_amx_matmul_i8_tiles, whatever the level's threshold), alternating round after round, at
- * `threads` threads: microseconds per call (best of 5 rounds) and each one's speed-up over the
- * best vector level. */
+ * (g4_amx_matmul_i8_tiles, whatever the level's threshold) unpacking the stored codes and reading
+ * the level's prepared copy (g4_amx_prepare, as the model makes at load), alternating round after
+ * round, at `threads` threads: microseconds per call (best of 5 rounds) and each one's speed-up
+ * over the best vector level. */
 typedef struct {
     g4_qweight *qw;
     uint8_t **w;
+    g4_wprep **prep; /* each copy's prepared tiles */
     int copies, calls, n;
     const int8_t *xi;
     int32_t *acc;
-    g4_matmul_i8_fn fn[3];
+    g4_matmul_i8_fn fn[4];
 } rows_call;
 
 static void run_rows(void *ctx, int v) {
     rows_call *r = ctx;
-    r->qw->w = r->w[r->calls++ % r->copies];
+    int c = r->calls++ % r->copies;
+    r->qw->w = r->w[c];
+    r->qw->prep = v == 3 ? r->prep[c] : NULL; /* variant 3: the tiles from the copy */
     r->fn[v](r->qw, r->xi, r->n, r->acc);
 }
 
@@ -443,9 +447,12 @@ static void bench_rows(int threads, int quick) {
         size_t row_bytes = g4_packed_row_bytes(s->bits, (size_t)s->in), wbytes = row_bytes * (size_t)s->out;
         int copies = (int)((256e6 + wbytes - 1) / wbytes);
         uint8_t **w = malloc(sizeof *w * (size_t)copies);
+        g4_wprep **prep = malloc(sizeof *prep * (size_t)copies);
         for (int c = 0; c < copies; c++) {
             w[c] = aligned_alloc(64, (wbytes + 63) & ~(size_t)63);
             for (size_t i = 0; i < wbytes; i++) w[c][i] = (uint8_t)rnd();
+            g4_qweight whole = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[c]};
+            prep[c] = g4_amx_prepare(&whole);
         }
         int nmax = 512;
         int8_t *xi = malloc((size_t)nmax * s->in);
@@ -453,22 +460,27 @@ static void bench_rows(int threads, int quick) {
         for (size_t i = 0; i < (size_t)nmax * s->in; i++) xi[i] = (int8_t)rnd();
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             g4_qweight qw = {.bits = s->bits, .in = s->in, .out = s->out, .row_bytes = row_bytes, .w = w[0]};
-            rows_call rc = {.qw = &qw, .w = w, .copies = copies, .n = ns[ni], .xi = xi, .acc = acc,
-                            .fn = {a2->matmul_i8, v5->matmul_i8, g4_amx_matmul_i8_tiles}};
-            int on[MAX_LEVELS] = {1, 1, 1};
+            rows_call rc = {.qw = &qw, .w = w, .prep = prep, .copies = copies, .n = ns[ni], .xi = xi, .acc = acc,
+                            .fn = {a2->matmul_i8, v5->matmul_i8, g4_amx_matmul_i8_tiles, g4_amx_matmul_i8_tiles}};
+            int on[MAX_LEVELS] = {1, 1, 1, prep[0] != NULL};
             double per[MAX_LEVELS];
             int saved = n_all_levels;
-            n_all_levels = 3; /* best_per_call's variants: the three above */
+            n_all_levels = 4; /* best_per_call's variants: the four above */
             best_per_call(run_rows, &rc, on, quick, per);
             n_all_levels = saved;
             double vec = per[0] < per[1] ? per[0] : per[1];
-            printf("rows %-22s thr=%-2d n=%-3d  avx2 %9.1f us  avx512vnni %9.1f us  amx-tiles %9.1f us  tiles/best-vector %.2fx  (%.1f GMAC/s)\n",
-                   s->name, threads, ns[ni], per[0] * 1e6, per[1] * 1e6, per[2] * 1e6, vec / per[2],
-                   (double)s->in * s->out * ns[ni] / per[2] / 1e9);
+            printf("rows %-22s thr=%-2d n=%-3d  avx2 %9.1f us  avx512vnni %9.1f us  amx-tiles %9.1f us  amx-prepared %9.1f us  "
+                   "tiles/best-vector %.2fx  prepared/tiles %.2fx  (prepared %.1f GMAC/s)\n",
+                   s->name, threads, ns[ni], per[0] * 1e6, per[1] * 1e6, per[2] * 1e6, per[3] * 1e6, vec / per[2], per[2] / per[3],
+                   (double)s->in * s->out * ns[ni] / per[3] / 1e9);
             fflush(stdout);
         }
-        for (int c = 0; c < copies; c++) free(w[c]);
+        for (int c = 0; c < copies; c++) {
+            free(w[c]);
+            g4_wprep_free(prep[c]);
+        }
         free(w);
+        free(prep);
         free(xi);
         free(acc);
     }

@@ -209,6 +209,116 @@ static void fixed_shapes(void) {
     for (size_t i = 0; i < sizeof big / sizeof *big; i++) check_shape(&big[i], "big");
 }
 
+/* acc rows of view v = rows [o0, o0 + v->out) of p's weight, through matmul, against the reference's
+ * sums of the whole weight: 1 when every sum is bit-identical. */
+static int view_matches(const problem *p, const shape *s, const g4_qweight *v, int o0, g4_matmul_i8_fn matmul) {
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)s->n * (size_t)v->out);
+    memset(a, 0xA5, sizeof(int32_t) * (size_t)s->n * (size_t)v->out);
+    matmul(v, p->xi, s->n, a);
+    int ok = 1;
+    for (int t = 0; t < s->n; t++)
+        ok &= memcmp(a + (size_t)t * v->out, p->aref + (size_t)t * s->out + o0, sizeof(int32_t) * (size_t)v->out) == 0;
+    free(a);
+    return ok;
+}
+
+/* The weight-preparation hook's copies (kernels.h, g4_wprep) and the AMX level's (amx_pack.c),
+ * on any CPU: every code read back from the tile layout equals the stored code (g4_packed_code);
+ * a view of rows finds its first row in the copy, its tiles where it starts on a 16-row group and
+ * none inside one; a copy is refused to another level, to codes copied elsewhere, to another shape
+ * and to rows past its end; formats the tiles do not take get none; and every available level
+ * given a weight that carries the copy (whole, and views of rows) gives the reference's sums:
+ * the levels without the hook ignore it, the amx level (where the CPU has it) reads it. */
+static void amx_prepared_layout(void) {
+    static const int ins[] = {1, 5, 63, 64, 65, 129, 257, 300, 1000};
+    int count = 0;
+    for (int c = 0; c < 24; c++) {
+        shape s = {.bits = c % 3 == 0 ? 2 : c % 3 == 1 ? 4 : 8, .in = ins[rnd() % 9], .out = rnd_int(1, 70), .n = rnd_int(1, 40),
+                   .extra = rnd() % 3 == 0 ? (size_t)rnd_int(1, 70) : 0};
+        problem p;
+        make_problem(&p, &s);
+        g4_wprep *prep = g4_amx_prepare(&p.w);
+        size_t q = g4_amx_tile_vectors(s.bits, s.in), gbytes = q * G4_AMX_TILE_BYTES;
+        CHECK(prep && prep->level == &g4_kernels_amx && prep->bytes == ((size_t)(s.out + 15) / 16 + 1) * gbytes,
+              "amx prepare bits=%d in=%d out=%d: a copy of %zu bytes", s.bits, s.in, s.out, prep ? prep->bytes : 0);
+        if (!prep) {
+            free_problem(&p);
+            continue;
+        }
+        long wrong = 0;
+        for (int o = 0; o < s.out; o++)
+            for (int i = 0; i < s.in; i++)
+                wrong += g4_amx_prepared_code(prep, o, i) != g4_packed_code(p.wbuf + (size_t)o * p.w.row_bytes, s.bits, (size_t)i);
+        CHECK(wrong == 0, "amx tile layout bits=%d in=%d out=%d extra=%zu: %ld codes differ from the stored ones", s.bits, s.in, s.out,
+              s.extra, wrong);
+        p.w.prep = prep;
+        CHECK(g4_wprep_row0(&p.w, &g4_kernels_amx) == 0 && g4_amx_prepared_tiles(&p.w) == prep->data, "amx copy: the whole weight");
+        for (int o0 = 1; o0 < s.out; o0 += rnd_int(1, 20)) {
+            g4_qweight v = g4_qweight_rows(&p.w, o0, rnd_int(1, s.out - o0));
+            const uint8_t *tiles = g4_amx_prepared_tiles(&v);
+            CHECK(g4_wprep_row0(&v, &g4_kernels_amx) == o0 && tiles == (o0 % 16 ? NULL : prep->data + (size_t)(o0 / 16) * gbytes),
+                  "amx copy: view of rows [%d, %d) out of %d", o0, o0 + v.out, s.out);
+            for (int l = 0; l < n_levels; l++)
+                if (g4_kernels_available(levels[l])) {
+                    int ok = view_matches(&p, &s, &v, o0, levels[l]->matmul_i8);
+                    CHECK(ok, "%s matmul_i8 on a view [%d, +%d) carrying the amx copy, bits=%d in=%d out=%d n=%d", levels[l]->name, o0, v.out,
+                          s.bits, s.in, s.out, s.n);
+                    count += ok;
+                }
+        }
+        for (int l = 0; l < n_levels; l++)
+            if (g4_kernels_available(levels[l])) {
+                int ok = view_matches(&p, &s, &p.w, 0, levels[l]->matmul_i8);
+                CHECK(ok, "%s matmul_i8 on a weight carrying the amx copy, bits=%d in=%d out=%d n=%d", levels[l]->name, s.bits, s.in, s.out, s.n);
+                count += ok;
+            }
+        /* refused: another level's lookup, codes copied elsewhere or not at a row, another shape, rows past the end */
+        size_t total = (size_t)(s.out - 1) * p.w.row_bytes + g4_packed_row_bytes(s.bits, (size_t)s.in);
+        uint8_t *copy = malloc(total);
+        memcpy(copy, p.wbuf, total);
+        g4_qweight moved = p.w, shifted = p.w, wider = p.w, longer = p.w;
+        moved.w = copy;
+        shifted.w = p.wbuf + 1, shifted.out = s.out - 1;
+        wider.in = s.in + 1;
+        longer.out = s.out + 1;
+        CHECK(g4_wprep_row0(&p.w, &g4_kernels_avx2) < 0 && g4_wprep_row0(&moved, &g4_kernels_amx) < 0 &&
+                  (s.out < 2 || p.w.row_bytes < 2 || g4_wprep_row0(&shifted, &g4_kernels_amx) < 0) && g4_wprep_row0(&wider, &g4_kernels_amx) < 0 &&
+                  g4_wprep_row0(&longer, &g4_kernels_amx) < 0 && !g4_amx_prepared_tiles(&moved) && !g4_amx_prepared_tiles(&longer),
+              "amx copy refused to another level, moved codes, a misaligned view, another shape, rows past the end (bits=%d in=%d out=%d)",
+              s.bits, s.in, s.out);
+        free(copy);
+        g4_wprep_free(prep);
+        free_problem(&p);
+    }
+    shape blocked = {.bits = 4, .in = 64, .out = 3, .n = 1, .block = 32}, bf16 = {.bits = G4_WT_BF16, .in = 8, .out = 3, .n = 1};
+    problem pb, pf;
+    make_problem(&pb, &blocked);
+    make_problem(&pf, &bf16);
+    CHECK(!g4_amx_prepare(&pb.w) && !g4_amx_prepare(&pf.w), "amx prepare takes no block-scaled or BF16 weight");
+    free_problem(&pb);
+    free_problem(&pf);
+    /* the amx level's hook copies the 8-bit weights alone (amx.c, amx_prepare: the measured choice) */
+    if (g4_kernels_amx.built) {
+        shape sizes[3] = {{.bits = 2, .in = 100, .out = 20, .n = 1}, {.bits = 4, .in = 100, .out = 20, .n = 1}, {.bits = 8, .in = 100, .out = 20, .n = 1}};
+        for (int b = 0; b < 3; b++) {
+            problem pp;
+            make_problem(&pp, &sizes[b]);
+            g4_wprep *c = g4_kernels_amx.prepare(&pp.w);
+            CHECK((c != NULL) == (sizes[b].bits == 8) && (!c || c->level == &g4_kernels_amx), "amx level's hook on a %d-bit weight: %s",
+                  sizes[b].bits, c ? "a copy" : "none");
+            g4_wprep_free(c);
+            free_problem(&pp);
+        }
+    }
+    /* the hook is the amx level's alone: every other level reads the stored layout */
+    for (int l = 0; l < g4_kernels_count(); l++) {
+        const g4_kernels *k = g4_kernels_at(l);
+        CHECK((k->prepare != NULL) == (k == &g4_kernels_amx && k->built), "%s: prepare hook %s", k->name, k->prepare ? "set" : "unset");
+    }
+    printf("ok amx prepared weights: tile layout equals the stored codes; %d level runs with the copy attached bit-identical (threads=%d)\n",
+           count, g4_kernels_threads());
+}
+
 /* The AMX level's tiles on every shape edge, called directly (the level's matmul_i8 hands fewer
  * than its threshold of rows to the vector levels): K (packed bytes) not a multiple of the 64-byte
  * tile row, weight rows and activation rows not multiples of 16 or of the 32 a thread takes,
@@ -244,7 +354,21 @@ static void amx_tile_shapes(void) {
             CHECK(ok, "amx tiles bits=%d in=%d out=%d n=%d extra=%zu extreme=%d threads=%d", sh->bits, sh->in, sh->out, sh->n, sh->extra,
                   sh->extreme, g4_kernels_threads());
             count += ok;
-            run_level(&g4_kernels_amx, &p, sh, "amx"); /* the level's own choice per shape, and its f32 path */
+            /* the same from the level's prepared copy: the whole weight, views from a 16-row group
+             * (tiles from the copy) and from inside one (the stored codes) */
+            g4_wprep *prep = g4_amx_prepare(&p.w);
+            p.w.prep = prep;
+            ok = prep && g4_amx_prepared_tiles(&p.w) && view_matches(&p, sh, &p.w, 0, g4_amx_matmul_i8_tiles);
+            for (int o0 = 16; ok && o0 < sh->out; o0 += 9) {
+                g4_qweight v = g4_qweight_rows(&p.w, o0, sh->out - o0);
+                ok = view_matches(&p, sh, &v, o0, g4_amx_matmul_i8_tiles);
+            }
+            CHECK(ok, "amx tiles from the prepared copy bits=%d in=%d out=%d n=%d extra=%zu extreme=%d threads=%d", sh->bits, sh->in, sh->out,
+                  sh->n, sh->extra, sh->extreme, g4_kernels_threads());
+            count += ok;
+            run_level(&g4_kernels_amx, &p, sh, "amx"); /* the level's own choice per shape, and its f32 path, with the copy */
+            p.w.prep = NULL;
+            g4_wprep_free(prep);
             free_problem(&p);
         }
     }
@@ -1161,6 +1285,7 @@ int main(void) {
         blocks_fold_order();
         elementwise_kernels();
         amx_tile_shapes();
+        amx_prepared_layout();
     }
     g4_kernels_set_threads(2);
     concurrency();

@@ -15,11 +15,14 @@
  * per 64-byte weight block, zero-padded, with the off*sum x corrections) are the B operand once
  * each group of 16 rows is interleaved four bytes at a time (the tile layout TDPBUSD reads).
  *
- * The weights stay in their stored layout (no copy is made at load, so resident memory does not
- * grow and `--weights mapped` works unchanged): a thread unpacks each 16-row group's fields into a
- * scratch of 64-byte tile rows once, front to back, and runs every group of 16 activation rows
- * through it. Integer sums are exact in any order, so no tile shape, padding or thread split
- * changes a bit. */
+ * The weights: where the model prepared the level's copy of a weight when it bound it (the
+ * weight-preparation hook, g4_amx_prepare in amx_pack.c: the A tiles in tile order), the tiles
+ * load it as it is. Otherwise (`--weights mapped`, a model loaded while another level was chosen,
+ * a view that starts inside a 16-row group, memory short) the stored codes are read: a thread
+ * unpacks each 16-row group's fields into a scratch of 64-byte tile rows once, front to back, into
+ * exactly the bytes the copy holds, and runs every group of 16 activation rows through it. Integer
+ * sums are exact in any order, so no tile shape, padding, thread split or weight path changes a
+ * bit. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +85,7 @@ typedef struct {
     int q;         /* 64-byte vectors of a prepared row: blocks x fields */
     int nfull, tail;
     const uint8_t *xt; /* [groups][q] B tiles */
+    const uint8_t *wt; /* the prepared A tiles of the weight's first group, or NULL: unpack the stored codes */
     const uint32_t *corr;
     const int8_t *x; /* the activation rows themselves, for the out-of-memory path */
     int32_t *acc;
@@ -182,7 +186,8 @@ static void run_pair(const amx_job *j, int o, int end, const uint8_t *ws0, const
 
 /* Weight rows [o0, o1) of the job, 32 at a time (o0 a multiple of 32: the pool's grain). */
 static inline __attribute__((always_inline)) void amx_rows_bits(const amx_job *j, int o0, int o1, uint8_t *ws, const int BITS) {
-    uint8_t *ws1 = ws + (size_t)j->q * TBYTES;
+    const size_t gbytes = (size_t)j->q * TBYTES;
+    uint8_t *ws1 = ws + gbytes;
     for (int o = o0; o < o1; o += 2 * TROWS) {
         unpack_group(j, o, o1, ws, BITS);
         unpack_group(j, o + TROWS, o1, ws1, BITS);
@@ -190,8 +195,24 @@ static inline __attribute__((always_inline)) void amx_rows_bits(const amx_job *j
     }
 }
 
+/* The same from the prepared tiles: group o / 16 and the next (the copy ends in a zero group, so
+ * the next always exists). */
+static void amx_rows_prepared(const amx_job *j, int o0, int o1) {
+    const size_t gbytes = (size_t)j->q * TBYTES;
+    for (int o = o0; o < o1; o += 2 * TROWS) {
+        const uint8_t *ws0 = j->wt + (size_t)(o / TROWS) * gbytes;
+        run_pair(j, o, o1, ws0, ws0 + gbytes);
+    }
+}
+
 static void amx_rows(void *ctx, int o0, int o1) {
     const amx_job *j = ctx;
+    if (j->wt) {
+        load_tile_config();
+        amx_rows_prepared(j, o0, o1);
+        _tile_release();
+        return;
+    }
     uint8_t *ws = aligned_alloc(64, (size_t)2 * j->q * TBYTES);
     if (!ws) { /* out of memory: the reference's dots, which need none */
         for (int t = 0; t < j->n; t++)
@@ -255,6 +276,14 @@ static int amx_supported(void) {
     return c->amx_tile && c->amx_int8 && g4_kernels_available(&g4_kernels_avx512vnni) && g4_x86_amx_granted();
 }
 
+/* The level's weight-preparation hook: a copy in tile order (g4_amx_prepare) of the 8-bit weights
+ * alone, whose copy is the size of their codes, so it adds no bytes a call reads and saves the
+ * per-call unpack: 1.19-1.30x on E2B's 1536x256 q8 at 1-64 rows, 1.03x at 128-512 (`bench_kernels
+ * rows 2` on the device host; README, "The AMX level"). A 4-bit copy is twice and a 2-bit one four
+ * times the codes' bytes, and there the larger reads cost more than the unpack saves (0.78-0.96x
+ * at 1-128 rows; 1.00x and 1.13x at 512), so those stay in their stored layout. */
+static g4_wprep *amx_prepare(const g4_qweight *w) { return w->bits == 8 ? g4_amx_prepare(w) : NULL; }
+
 void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t *acc) {
     if (n <= 0 || w->out <= 0) return;
     int bits = w->bits;
@@ -280,7 +309,7 @@ void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t
         return;
     }
     amx_job j = {.w = w, .n = n, .groups = groups, .q = q, .nfull = (int)(pb / BLK), .tail = (int)(pb % BLK), .xt = xt,
-                 .corr = corr, .x = x, .acc = acc};
+                 .wt = g4_amx_prepared_tiles(w), .corr = corr, .x = x, .acc = acc};
     g4_pool_for(w->out, 2 * TROWS, (double)w->out * w->in * n, amx_rows, &j);
     free(xt);
     free(corr);
@@ -307,7 +336,7 @@ const g4_kernels g4_kernels_amx = {.name = "amx", .cpu_needs = NEEDS, .built = 1
                                    .matmul_f32 = amx_matmul_f32, .matmul_i8 = amx_matmul_i8, .quantize = g4_avx2_quantize,
                                    .fake_quant = g4_avx2_fake_quant, .requant_f32 = g4_avx2_requant_f32,
                                    .acc_scale = g4_avx2_acc_scale, .gelu_mul = g4_avx2_gelu_mul, .attention = g4_avx2_attention,
-                                   .softcap = g4_avx2_softcap};
+                                   .softcap = g4_avx2_softcap, .prepare = amx_prepare};
 
 #else /* not x86-64 */
 

@@ -63,3 +63,37 @@ const g4_kernels *g4_kernels_get(void) {
                 g4_kernels_names(), best->name);
     return best;
 }
+
+/* ---- the weight-preparation hook's copies (kernels.h, g4_wprep) ---- */
+
+g4_wprep *g4_wprep_new(const g4_kernels *level, const g4_qweight *w, size_t bytes) {
+    g4_wprep *p = malloc(sizeof *p);
+    uint8_t *data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p || !data) {
+        free(p);
+        free(data);
+        return NULL;
+    }
+    *p = (g4_wprep){.level = level, .codes = w->w, .bits = w->bits, .in = w->in, .out = w->out, .block = w->block,
+                    .row_bytes = w->row_bytes, .bytes = bytes, .data = data};
+    return p;
+}
+
+void g4_wprep_free(g4_wprep *p) {
+    if (!p) return;
+    free(p->data);
+    free(p);
+}
+
+long g4_wprep_row0(const g4_qweight *w, const g4_kernels *level) {
+    const g4_wprep *p = w->prep;
+    if (!p || p->level != level || p->bits != w->bits || p->in != w->in || p->block != w->block || p->row_bytes != w->row_bytes ||
+        p->row_bytes == 0)
+        return -1;
+    /* as integers: w may point into another allocation altogether (a reordered copy of the rows) */
+    uintptr_t at = (uintptr_t)w->w, from = (uintptr_t)p->codes;
+    if (at < from || (at - from) % p->row_bytes) return -1;
+    size_t row0 = (at - from) / p->row_bytes;
+    if (w->out < 0 || row0 + (size_t)w->out > (size_t)p->out) return -1;
+    return (long)row0;
+}

@@ -30,6 +30,23 @@
  * unsigned, and every width comparison would mix signedness). */
 typedef enum { G4_WT_Q2 = 2, G4_WT_Q4 = 4, G4_WT_Q8 = 8, G4_WT_BF16 = 16 } g4_wtype;
 
+struct g4_kernels;
+
+/* A kernel level's own copy of a weight, in the layout its matmul reads best: the per-level
+ * weight-preparation hook (g4_kernels.prepare; llama.cpp's "extra buffer types"). Made once per
+ * weight when the model binds it, for the level chosen then, and freed with the model. The stored
+ * codes stay where they are: the other levels, single-row decode (which the level may hand to a
+ * vector kernel), the embedding lookup and any view that is not whole groups of the copy read
+ * them, so the copy is extra memory (the level's README section says how much). */
+typedef struct {
+    const struct g4_kernels *level; /* the level that made it, the only one that reads it */
+    const uint8_t *codes;           /* the stored codes it was made from (the whole weight's w) */
+    int bits, in, out, block;       /* the whole weight's */
+    size_t row_bytes;
+    size_t bytes;  /* of data */
+    uint8_t *data; /* the level's layout, 64-byte aligned */
+} g4_wprep;
+
 /* A weight matrix [out, in] as stored: packed 2/4/8-bit codes with one f32 scale per output row
  * (block == 0) or one per block of `block` inputs (block > 0, in a multiple of it: w_scale[o *
  * in / block + b] scales inputs [b * block, (b + 1) * block) of row o; llama.cpp's Q4_0 and Q8_0
@@ -41,6 +58,11 @@ typedef struct {
     size_t row_bytes;
     const uint8_t *w;
     const float *w_scale;
+    /* A level's prepared copy of the whole weight this is (rows of), or NULL. A view of rows
+     * (g4_qweight_rows) keeps it: the level finds the view's rows in it from w (g4_wprep_row0),
+     * and a weight whose codes were copied elsewhere (w no longer inside prep->codes) is not
+     * rows of it, so its copy is not read. */
+    const g4_wprep *prep;
 } g4_qweight;
 
 /* Scales per output row: 1, or in / block for a block-scaled weight. */
@@ -206,7 +228,7 @@ void g4_ref_softcap(float *x, size_t n, float cap);
 
 /* One kernel level: its name (as G4_DISPATCH names it), what it needs of the CPU, and its
  * operations. Every level's file defines one (levels.h lists them, best first). */
-typedef struct {
+typedef struct g4_kernels {
     const char *name;
     /* The CPU features the level needs, space-separated under the names the kernel reports
      * (/proc/cpuinfo's flags on x86, HWCAP's on aarch64; "" for none): the tests check the probe
@@ -235,7 +257,24 @@ typedef struct {
     void (*attention)(const g4_attn *a);
     /* x[i] = cap * g4_tanhf(x[i] / cap) */
     void (*softcap)(float *x, size_t n, float cap);
+    /* The weight-preparation hook (g4_wprep above); NULL for a level that reads the stored layout,
+     * so that nothing is made for it. Returns w's copy in the level's layout (level = this one,
+     * made with g4_wprep_new), or NULL where the level takes none for this weight (a format it
+     * does not run from a copy) or memory is short: its matmuls then read the stored codes, with
+     * the same bits. */
+    g4_wprep *(*prepare)(const g4_qweight *w);
 } g4_kernels;
+
+/* A g4_wprep of `bytes` of data (64-byte aligned, uninitialized) for the whole weight w, made
+ * by `level`; NULL when memory is short. g4_wprep_free frees it (NULL is fine). */
+g4_wprep *g4_wprep_new(const g4_kernels *level, const g4_qweight *w, size_t bytes);
+void g4_wprep_free(g4_wprep *p);
+
+/* The first row of view w in the copy `level` made of its weight, or -1 when w has no such copy:
+ * none, another level's, or w not rows of the weight it was made from (other codes, another
+ * shape, rows past its end). Only level's own matmuls call it with level, so a level forced by
+ * G4_DISPATCH never reads another level's layout. */
+long g4_wprep_row0(const g4_qweight *w, const g4_kernels *level);
 
 /* Every level, best first, whether this build and CPU have it or not (kernels/levels.h holds the
  * one list): g4_kernels_at(i) for i < g4_kernels_count(). Tests and benchmarks iterate it to

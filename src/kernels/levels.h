@@ -66,4 +66,19 @@ void g4_avx512vnni_prepare(const int8_t *x, int n, int in, int bits, size_t nblk
  * on a CPU where the amx level is available. */
 void g4_amx_matmul_i8_tiles(const g4_qweight *w, const int8_t *x, int n, int32_t *acc);
 
+/* The AMX level's prepared weights (kernels/amx_pack.c, plain C on every target; the layout is
+ * described there): its prepare entry, g4_amx_prepare, repacks a weight once into the A tiles
+ * tdpbusd reads, groups of 16 rows of q = g4_amx_tile_vectors tiles of G4_AMX_TILE_BYTES. */
+#define G4_AMX_TILE_BYTES 1024
+size_t g4_amx_tile_vectors(int bits, int in);
+/* The tiles of weight rows [o, o + 16) into dst (q tiles; rows at or past w->out zero). */
+void g4_amx_pack_group(const g4_qweight *w, int o, uint8_t *dst);
+/* w's copy, or NULL: block-scaled, BF16 or empty weights, or memory short. */
+g4_wprep *g4_amx_prepare(const g4_qweight *w);
+/* The tiles of view w's first group in the amx level's copy of its weight, or NULL: no such copy,
+ * or w starts inside a group (the tiles then unpack the stored codes, as without the hook). */
+const uint8_t *g4_amx_prepared_tiles(const g4_qweight *w);
+/* Code of element i of weight row o read back from the copy p (for the tests). */
+int g4_amx_prepared_code(const g4_wprep *p, int o, int i);
+
 #endif

@@ -15,14 +15,20 @@
 #include "quant/pack.h"
 #include "util/err.h"
 
-static void *own(g4_model *m, size_t bytes) {
+/* Room for one more owned pointer: 0, or -1 when memory is short. */
+static int owned_room(g4_model *m) {
     if (m->n_owned == m->cap_owned) {
         int cap = m->cap_owned ? 2 * m->cap_owned : 256;
         void **p = realloc(m->owned, sizeof *p * (size_t)cap);
-        if (!p) return NULL;
+        if (!p) return -1;
         m->owned = p;
         m->cap_owned = cap;
     }
+    return 0;
+}
+
+static void *own(g4_model *m, size_t bytes) {
+    if (owned_room(m) != 0) return NULL;
     void *p = calloc(1, bytes ? bytes : 1);
     if (p) m->owned[m->n_owned++] = p;
     return p;
@@ -173,7 +179,7 @@ static int bind_block_scales(g4_model *m, g4_linear *lin, const char *module, in
 }
 
 /* Binds the linear `module` ([out, in]); its bit width comes from the quantization config. */
-int g4_model_bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, int out) {
+static int bind_linear_stored(g4_model *m, g4_linear *lin, const char *module, int in, int out) {
     char name[192];
     snprintf(lin->name, sizeof lin->name, "%s", module);
     lin->id = m->n_linears++;
@@ -210,6 +216,29 @@ int g4_model_bind_linear(g4_model *m, g4_linear *lin, const char *module, int in
     if (load_activation_scale(m, name, &lin->s_in) != 0) return -1;
     snprintf(name, sizeof name, "%s.output_activation_scale", module);
     return load_activation_scale(m, name, &lin->s_out);
+}
+
+/* The weight-preparation hook (kernels.h, g4_wprep): lin's copy in the layout of the level the
+ * model prepares for, kept with the model's other copies and freed with them. An optimization
+ * only: without a copy (the level takes none for this weight, memory short) the level reads the
+ * stored codes, with the same bits. */
+static void prepare_linear(g4_model *m, g4_linear *lin) {
+    if (!m->prep_level || lin->w.prep) return;
+    g4_wprep *p = owned_room(m) == 0 ? m->prep_level->prepare(&lin->w) : NULL;
+    if (!p) return;
+    m->owned[m->n_owned++] = p->data; /* the model frees its owned pointers with free() */
+    if (owned_room(m) != 0) {
+        free(p); /* the data stays owned; the copy is not used */
+        return;
+    }
+    m->owned[m->n_owned++] = p;
+    lin->w.prep = p;
+}
+
+int g4_model_bind_linear(g4_model *m, g4_linear *lin, const char *module, int in, int out) {
+    int rc = bind_linear_stored(m, lin, module, in, out);
+    if (rc == 0) prepare_linear(m, lin); /* a tower's, bound after the load (the others wait for it: load) */
+    return rc;
 }
 
 /* An embedding table that stays float: `module.weight`, BF16 [rows, cols]. */
@@ -557,6 +586,25 @@ static void make_weights_resident(g4_model *m) {
     free(lins);
 }
 
+/* Every bound linear's copy for the level sessions will run (g4_kernels_get: the best, or the one
+ * G4_DISPATCH forces), when that level has a prepare hook; the linears bound later (the towers')
+ * get theirs as they are bound. After make_weights_resident, whose copy of the codes is what the
+ * copies are made from (a copy records the codes it came from). Not with `--weights mapped`
+ * (mapped: no anonymous copy of the weights; the level reads the mapped codes) nor for a drafter
+ * (loaded mapped). A session running another level (g4 bench --kernels, say) reads the stored
+ * codes: no level reads another's copy. */
+static void prepare_weights(g4_model *m) {
+    const g4_kernels *k = g4_kernels_get();
+    if (!k->prepare) return;
+    int cap = 2 + 9 * m->cfg.n_layers;
+    g4_linear **lins = malloc(sizeof *lins * (size_t)cap);
+    if (!lins) return;
+    m->prep_level = k;
+    int n = streamed_linears(m, lins);
+    for (int i = 0; i < n; i++) prepare_linear(m, lins[i]);
+    free(lins);
+}
+
 /* A target (assistant 0) or a drafter's decoder (assistant 1); each refuses the other kind. */
 static g4_model *load(const char *dir, int mapped, int assistant) {
     g4_model *m = calloc(1, sizeof *m);
@@ -573,7 +621,10 @@ static g4_model *load(const char *dir, int mapped, int assistant) {
         g4_model_free(m);
         return NULL;
     }
-    if (!mapped) make_weights_resident(m);
+    if (!mapped) {
+        make_weights_resident(m);
+        prepare_weights(m);
+    }
     return m;
 }
 

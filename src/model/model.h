@@ -53,7 +53,10 @@ struct g4_model {
     int n_linears;       /* ids handed out by bind_linear */
     void *resident;      /* the streamed weights' copy (model.c, resident weights); NULL: mapped */
     size_t resident_len; /* its mapping's length */
-    void **owned;        /* f32 copies made at load */
+    void **owned;        /* f32 copies made at load, and the levels' prepared weights */
+    /* The level whose prepared copies of the weights (kernels.h, g4_wprep) the linears carry, NULL
+     * for none (a level without the hook, --weights mapped, a drafter). */
+    const g4_kernels *prep_level;
     int n_owned, cap_owned;
     /* Whether the checkpoint carries static activation quantization (the mobile recipe: some
      * linear or KV-cache scale is not 0). Without it every --act mode computes float activations,
