@@ -1502,6 +1502,7 @@ def cmd_train(args):
         if by_length is not None:  # a window of the length order: little padding (long prompts, short replies)
             w0 = int(torch.randint(0, data[0].shape[0] - args.bs + 1, (1,), device=device, generator=gen))
             sel = by_length[w0:w0 + args.bs]
+            sel = sel[:max(8, min(args.bs, args.max_batch_tokens // int(data[1][sel[-1]])))]  # the longest: fewer rows
         else:
             sel = torch.randint(0, data[0].shape[0], (args.bs,), device=device, generator=gen)
         loss, ntok = batch_loss(model, data[0][sel], data[1][sel], data[2][sel])
@@ -1838,6 +1839,7 @@ def main():
     a.add_argument("--task", choices=("math", "json"), default="math", help="math: word problems; json: follow a JSON schema")
     a.add_argument("--length-batches", action="store_true",
                    help="each batch a random window of the sequences sorted by length (less padding; the json task)")
+    a.add_argument("--max-batch-tokens", type=int, default=98304, help="with --length-batches: rows x length at most this")
     a = sub.add_parser("eval")
     a.add_argument("--model", required=True)
     a.add_argument("--n", type=int, default=1000)
