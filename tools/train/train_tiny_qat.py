@@ -28,6 +28,11 @@ Reproduce the shipped model (one H200, ~5.5 min):
   python3 tools/train/train_tiny_qat.py train --out /tmp/w/gemma4-tiny-math --tokenizer models/gemma4-tiny-math \
       --scratch /tmp/w --n-train 300000 --time-budget 200 --deadline 330
 
+Tasks (--task of tokenizer/train): math (the default: the word problems above, data unchanged) or json
+(tools/train/task_json.py: reply with an instance of a JSON schema given in the prompt the way instructor
+Mode.JSON / LangChain json_mode send it; models/gemma4-tiny-json, its MODEL_CARD.md has the command). The
+json task's evaluation scores validity against each held-out schema (and JSON-object rate, key order).
+
 The model is written out here (not transformers' module) so that every quantization point of
 shared/spec/activation-quant.md sits exactly where the spec puts it; `hfcheck` proves that the float
 math equals transformers' Gemma4ForConditionalGeneration on the exported file.
