@@ -367,9 +367,6 @@ class MathTask:
             for q, lines, a in test:
                 f.write(json.dumps({"question": q, "answer": gsm8k_answer(lines, a)}) + "\n")
 
-    def read_test(self, model_dir):
-        return read_test(model_dir)
-
     def gold(self, ex):
         return ex[2]
 
@@ -421,10 +418,6 @@ class JsonTask:
         with open(path, "w") as f:
             for ex in test:
                 f.write(json.dumps(ex, ensure_ascii=False) + "\n")
-
-    def read_test(self, model_dir):
-        with open(os.path.join(model_dir, "test.jsonl"), encoding="utf-8") as f:
-            return [json.loads(line, object_pairs_hook=OrderedDict) for line in f]
 
     def gold(self, ex):
         return ex["reply"]
