@@ -1767,7 +1767,12 @@ def cmd_hfcheck(args):
     """Loads the export with transformers (GemmaQuantizer) in fp32 and compares logits with load_export()."""
     from transformers import Gemma4ForConditionalGeneration
     tok = load_tokenizer(args.model)
-    test = read_test(args.model)
+    task = get_task(args.task)
+    if task.name == "json":
+        with open(os.path.join(args.model, "test.jsonl"), encoding="utf-8") as f:
+            test = [json.loads(line) for line in f]
+    else:
+        test = read_test(args.model)
     hf = Gemma4ForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager").eval()
     m = load_export(args.model, "cpu")
     worst = {}
@@ -1782,8 +1787,7 @@ def cmd_hfcheck(args):
         d = 0.0
         agree = 0
         for i in range(args.n):
-            q, lines, a = test[i]
-            ids = tok.encode(chat_prompt(q) + model_reply(lines, a), add_special_tokens=False).ids
+            ids = tok.encode(task.prompt(test[i]) + task.reply(test[i]), add_special_tokens=False).ids
             x = torch.tensor([ids])
             with torch.no_grad():
                 l_hf = hf(input_ids=x).logits[0]
@@ -1862,6 +1866,7 @@ def main():
     a.add_argument("--no-logits", action="store_true", help="skip the prefill-logit comparison")
     a = sub.add_parser("hfcheck")
     a.add_argument("--model", required=True)
+    a.add_argument("--task", choices=("math", "json"), default="math")
     a.add_argument("--n", type=int, default=4)
     args = ap.parse_args()
     {"tokenizer": cmd_tokenizer, "train": cmd_train, "eval": cmd_eval, "greedy": cmd_greedy,
