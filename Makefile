@@ -34,6 +34,8 @@ TESTS += test_checkpoint
 TESTS += test_reply
 # the synthesized towers and the BF16 clipped-linear tower goldens (issue 35)
 TESTS += test_synth_towers test_bf16_towers
+# the built-in JSON model follows a schema given as text (issue 36: instructor Mode.JSON)
+TESTS += test_json_model
 
 LIB_OBJ = $(LIB_SRC:%.c=$(OUT)/%.o) $(MEDIA_SRC:%.c=$(OUT)/%.o)
 DEV_OBJ = $(DEV_SRC:%.c=$(OUT)/%.o)

@@ -28,6 +28,11 @@ Reproduce the shipped model (one H200, ~5.5 min):
   python3 tools/train/train_tiny_qat.py train --out /tmp/w/gemma4-tiny-math --tokenizer models/gemma4-tiny-math \
       --scratch /tmp/w --n-train 300000 --time-budget 200 --deadline 330
 
+Tasks (--task of tokenizer/train): math (the default: the word problems above, data unchanged) or json
+(tools/train/task_json.py: reply with an instance of a JSON schema given in the prompt the way instructor
+Mode.JSON / LangChain json_mode send it; models/gemma4-tiny-json, its MODEL_CARD.md has the command). The
+json task's evaluation scores validity against each held-out schema (and JSON-object rate, key order).
+
 The model is written out here (not transformers' module) so that every quantization point of
 shared/spec/activation-quant.md sits exactly where the spec puts it; `hfcheck` proves that the float
 math equals transformers' Gemma4ForConditionalGeneration on the exported file.
@@ -276,17 +281,20 @@ CHUNK = 10000
 
 
 def _gen_chunk(args):
-    seed, k, n = args
+    seed, k, n = args[:3]
+    make = args[3] if len(args) > 3 else make_problem
     rng = random.Random(seed * 1000003 + k)
-    return [make_problem(rng) for _ in range(n)]
+    return [make(rng) for _ in range(n)]
 
 
-def gen_problems_parallel(seed, n, exclude=None, workers=None):
+def gen_problems_parallel(seed, n, exclude=None, workers=None, make=None, key=None):
     """Training data: fixed chunks of CHUNK problems, chunk k from Random(seed*1000003+k), so the result does
-    not depend on the number of worker processes; duplicates and excluded questions are dropped."""
+    not depend on the number of worker processes; duplicates and excluded questions are dropped. make/key: another
+    task's example maker and dedup key (default: the math problems, keyed by question)."""
     import multiprocessing as mp
+    key = key or (lambda prob: prob[0])
     nchunks = (n + CHUNK - 1) // CHUNK
-    jobs = [(seed, k, CHUNK) for k in range(nchunks)]
+    jobs = [(seed, k, CHUNK) + ((make,) if make else ()) for k in range(nchunks)]
     workers = workers or min(16, os.cpu_count() or 1)
     if workers > 1:
         with mp.get_context("fork").Pool(workers) as pool:
@@ -296,8 +304,8 @@ def gen_problems_parallel(seed, n, exclude=None, workers=None):
     out, seen = [], set(exclude or ())
     for ch in chunks:
         for prob in ch:
-            if prob[0] not in seen:
-                seen.add(prob[0])
+            if key(prob) not in seen:
+                seen.add(key(prob))
                 out.append(prob)
     return out[:n]
 
@@ -316,24 +324,138 @@ def gen_problems(seed, n, exclude=None):
 
 
 # ----------------------------------------------------------------------------------------------
+# tasks (--task): what the examples are, how a prompt and reply are written, how a reply is scored
+# ----------------------------------------------------------------------------------------------
+
+# trainer-side pre-split of the math task (see build_tokenizer)
+MATH_PRESPLIT = "\n+|[0-9]|\u2581?[^\u2581\n0-9]+|\u2581"
+
+
+class MathTask:
+    """The synthetic GSM8K-shape word problems (the default; the shipped gemma4-tiny-math). An example is
+    (question, solution_lines, answer)."""
+    name = "math"
+    presplit = MATH_PRESPLIT
+
+    def gen_test(self, seed, n):
+        return gen_problems(seed, n)
+
+    def gen_train(self, seed, n, exclude):
+        return gen_problems_parallel(seed, n, exclude=exclude)
+
+    def key(self, ex):
+        return ex[0]
+
+    def prompt(self, ex):
+        return chat_prompt(ex[0])
+
+    def reply(self, ex):
+        return model_reply(ex[1], ex[2])
+
+    def corpus(self, seed, n):
+        corpus = []
+        for q, lines, a in gen_problems(seed, n):
+            corpus.append(user_prompt(q))
+            corpus.append(model_reply(lines, a))
+        return corpus
+
+    def messages(self, ex):
+        return [{"role": "user", "content": user_prompt(ex[0])}]
+
+    def write_test(self, path, test):
+        with open(path, "w") as f:
+            for q, lines, a in test:
+                f.write(json.dumps({"question": q, "answer": gsm8k_answer(lines, a)}) + "\n")
+
+    def gold(self, ex):
+        return ex[2]
+
+    def score(self, ex, text):
+        """(prediction, correct, whole reply exact)"""
+        pred = extract_answer(text)
+        return pred, pred == ex[2], text.strip() == model_reply(ex[1], ex[2])
+
+
+class JsonTask:
+    """Follow a JSON schema given in the prompt (tools/train/task_json.py). An example is a dict (form, system,
+    user, schema, reply); the score is whether the reply validates against its schema."""
+    name = "json"
+    # digits alone, newline runs, runs of spaces (the indent=2 schemas), "▁word" pieces
+    presplit = "\n+|[0-9]|\u2581\u2581+|\u2581?[^\u2581\n0-9]+|\u2581"
+
+    def __init__(self):
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("task_json", os.path.join(os.path.dirname(os.path.abspath(__file__)), "task_json.py"))
+        self.t = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.t)
+
+    def gen_test(self, seed, n):
+        return self.t.gen_examples(seed, n)
+
+    def gen_train(self, seed, n, exclude):
+        return gen_problems_parallel(seed, n, exclude=exclude, make=_json_example, key=self.t.example_key)
+
+    def key(self, ex):
+        return self.t.example_key(ex)
+
+    def prompt(self, ex):
+        return self.t.chat_prompt(ex)
+
+    def reply(self, ex):
+        return ex["reply"]
+
+    def corpus(self, seed, n):
+        corpus = []
+        for ex in self.t.gen_examples(seed, n):
+            corpus += [ex["system"] or "", ex["user"], ex["reply"]]
+        return corpus
+
+    def messages(self, ex):
+        return ([{"role": "system", "content": ex["system"]}] if ex["system"] is not None else []) + \
+            [{"role": "user", "content": ex["user"]}]
+
+    def write_test(self, path, test):
+        with open(path, "w") as f:
+            for ex in test:
+                f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+
+    def gold(self, ex):
+        return ex["reply"]
+
+    def score(self, ex, text):
+        is_obj, valid, ordered = self.t.check_reply(text.strip(), ex["schema"])
+        return {"object": is_obj, "valid": valid, "keys_in_order": ordered}, valid, text.strip() == ex["reply"]
+
+
+def _json_example(rng):
+    return TASKS["json"].t.make_example(rng)
+
+
+TASKS = {}
+
+
+def get_task(name):
+    if name not in TASKS:
+        TASKS[name] = {"math": MathTask, "json": JsonTask}[name]()
+    return TASKS[name]
+
+
+# ----------------------------------------------------------------------------------------------
 # tokenizer (HF tokenizers BPE trainer for the merges; Gemma-layout tokenizer.json)
 # ----------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(out_dir, vocab_size, seed, n_corpus):
+def build_tokenizer(out_dir, vocab_size, seed, n_corpus, task=None):
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-    probs = gen_problems(seed, n_corpus)
-    corpus = []
-    for q, lines, a in probs:
-        corpus.append(user_prompt(q))
-        corpus.append(model_reply(lines, a))
+    task = task or get_task("math")
+    corpus = task.corpus(seed, n_corpus)
     corpus += ["user", "model", "system", "thought"] * 50
     # Trainer-side pre-split only (the shipped file has Gemma's no-op Split): newline runs, single digits,
     # a lone "▁", and "▁word" pieces, so no merge ever mixes digits, newlines, or crosses a word start.
     t = Tokenizer(models.BPE())
     t.normalizer = normalizers.Replace(" ", "\u2581")
-    t.pre_tokenizer = pre_tokenizers.Split(Regex("\n+|[0-9]|\u2581?[^\u2581\n0-9]+|\u2581"), behavior="isolated")
+    t.pre_tokenizer = pre_tokenizers.Split(Regex(task.presplit), behavior="isolated")
     n_base = BYTE_BASE + 256
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - n_base, min_frequency=2, show_progress=False,
                                   special_tokens=[], limit_alphabet=200)
@@ -394,18 +516,20 @@ def build_tokenizer(out_dir, vocab_size, seed, n_corpus):
         f.write("\n")
     # self-checks: round trip through the shipped file, chat template rendering, split-invariance
     tok = load_tokenizer(out_dir)
-    q, lines, a = probs[0]
-    p = chat_prompt(q)
+    probs = task.gen_test(seed, 2000)
     import jinja2
-    rendered = jinja2.Environment().from_string(CHAT_TEMPLATE).render(
-        messages=[{"role": "user", "content": user_prompt(q)}], bos_token="<bos>", add_generation_prompt=True)
-    assert rendered == p, (rendered, p)
-    ids_p = tok.encode(p, add_special_tokens=False).ids
-    r = model_reply(lines, a)
-    ids_r = tok.encode(r, add_special_tokens=False).ids
-    assert tok.encode(p + r + "<turn|>", add_special_tokens=False).ids == ids_p + ids_r + [TURN_END]
-    assert tok.decode(ids_p + ids_r, skip_special_tokens=False) == p + r
-    lens = [len(tok.encode(chat_prompt(q) + model_reply(l_, a_), add_special_tokens=False).ids) for q, l_, a_ in probs[:2000]]
+    for ex in probs[:50]:
+        p = task.prompt(ex)
+        rendered = jinja2.Environment().from_string(CHAT_TEMPLATE).render(
+            messages=task.messages(ex), bos_token="<bos>", add_generation_prompt=True)
+        assert rendered == p, (rendered, p)
+        ids_p = tok.encode(p, add_special_tokens=False).ids
+        r = task.reply(ex)
+        ids_r = tok.encode(r, add_special_tokens=False).ids
+        assert tok.encode(p + r + "<turn|>", add_special_tokens=False).ids == ids_p + ids_r + [TURN_END]
+        assert tok.decode(ids_p + ids_r, skip_special_tokens=False) == p + r
+    ids_p = tok.encode(task.prompt(probs[0]), add_special_tokens=False).ids
+    lens = [len(tok.encode(task.prompt(ex) + task.reply(ex), add_special_tokens=False).ids) for ex in probs]
     log(f"tokenizer: vocab {len(vocab)} (specials {len(SPECIAL_TOKENS)}, bytes 256, BPE {len(vocab) - n_base}), "
         f"merges {len(merges)}; example sequence lengths mean {np.mean(lens):.1f} max {max(lens)}")
     log("prompt ids of problem 0:", ids_p)
@@ -1028,6 +1152,8 @@ EVAL_MODES = ("full", "hf", "nokv", "nopmp", "wonly", "float")
 # metrics.json / torch_answers.json key of each mode run on the exported checkpoint
 EXPORT_MODE_KEYS = {"full": "export_full_fakequant", "hf": "export_hf_profile", "nokv": "export_no_kv_quant",
                     "nopmp": "export_no_pmp_quant", "wonly": "export_weights_only_float_acts"}
+JSON_ANSWERS_ABOUT = ("PyTorch greedy replies to test.jsonl in file order, per mode (keys as in metrics.json accuracy): "
+                      "answers[i] = {object, valid, keys_in_order} of replies[i] against the item's schema; gold: the generator's replies")
 ANSWERS_ABOUT = ("PyTorch greedy answers (extract_answer; null: no number) to test.jsonl in file order, per mode "
                  "(keys as in metrics.json accuracy); tests/test_quality.c compares g4's answers with them")
 
@@ -1108,8 +1234,9 @@ def greedy_batch(model, prompts, max_new, stop_ids, device, bs=500):
     return outs
 
 
-def evaluate(model, tok, test, device, max_new=192, bs=500, collect_stats=False, tag=""):
-    prompts = [tok.encode(chat_prompt(q), add_special_tokens=False).ids for q, _, _ in test]
+def evaluate(model, tok, test, device, max_new=192, bs=500, collect_stats=False, tag="", task=None):
+    task = task or get_task("math")
+    prompts = [tok.encode(task.prompt(ex), add_special_tokens=False).ids for ex in test]
     if collect_stats:
         model.f.stats = {}
     t0 = time.time()
@@ -1120,26 +1247,38 @@ def evaluate(model, tok, test, device, max_new=192, bs=500, collect_stats=False,
         model.f.stats = None
     correct, strict, stopped = 0, 0, 0
     preds = []
-    for (q, lines, a), g in zip(test, gens):
+    for ex, g in zip(test, gens):
         text = tok.decode([t for t in g if t not in (EOS, TURN_END)], skip_special_tokens=False)
-        pred = extract_answer(text)
+        pred, ok, exact = task.score(ex, text)
         preds.append(pred)
-        correct += int(pred == a)
-        strict += int(text.strip() == model_reply(lines, a))
+        correct += int(ok)
+        strict += int(exact)
         stopped += int(bool(g) and g[-1] in (EOS, TURN_END))
     n = len(test)
     res = {"n": n, "accuracy": correct / n, "exact_solution_match": strict / n, "stopped": stopped / n,
            "seconds": time.time() - t0}
+    if task.name == "json":  # validity by prompt form, and the share that parses as a JSON object at all
+        res["json_object"] = sum(p["object"] for p in preds) / n
+        res["keys_in_order"] = sum(p["keys_in_order"] for p in preds) / n
+        by = OrderedDict()
+        for ex, p in zip(test, preds):
+            c = by.setdefault(ex["form"] + ("/prose" if _has_values(ex) else "/example"), [0, 0])
+            c[0] += p["valid"]
+            c[1] += 1
+        res["valid_by_form"] = OrderedDict((k, "%d/%d" % tuple(v)) for k, v in sorted(by.items()))
+        res["texts"] = [tok.decode([t for t in g if t not in (EOS, TURN_END)], skip_special_tokens=False) for g in gens]
+        log(f"  json[{tag}]: object {res['json_object']:.4f}, keys in order {res['keys_in_order']:.4f}; valid by form "
+            f"{json.dumps(res['valid_by_form'])}")
     log(f"eval[{tag}]: accuracy {res['accuracy']:.4f} ({correct}/{n}), whole-solution match {res['exact_solution_match']:.4f}, "
         f"stopped {res['stopped']:.3f}, {res['seconds']:.1f}s")
     return res, stats, gens, preds
 
 
 @torch.no_grad()
-def clip_stats(model, tok, test, device, bs=250):
+def clip_stats(model, tok, test, device, bs=250, task=None):
     """Clip fraction P(|round(x/s)| beyond the int8 range) per quantization site, teacher-forced on
     prompt + reference reply of every test problem (real tokens only)."""
-    seqs, _ = encode_dataset(tok, test)
+    seqs, _ = encode_dataset(tok, test, task)
     model.f.stats = {}
     for b0 in range(0, len(seqs), bs):
         ch = seqs[b0:b0 + bs]
@@ -1170,9 +1309,16 @@ def summarize_clip(stats):
 # ----------------------------------------------------------------------------------------------
 
 
-def encode_dataset(tok, probs):
-    prompts = [chat_prompt(q) for q, _, _ in probs]
-    replies = [model_reply(lines, a) + "<turn|>" for _, lines, a in probs]
+def _has_values(ex):
+    """A JSON example whose user turn gives the values (prose) rather than asking for an example."""
+    return not any(w in ex["user"] for w in ("Describe ", "Give me an example", "Make up ", "Create ", "Return a sample",
+                                             "Generate ", "Invent "))
+
+
+def encode_dataset(tok, probs, task=None):
+    task = task or get_task("math")
+    prompts = [task.prompt(ex) for ex in probs]
+    replies = [task.reply(ex) + "<turn|>" for ex in probs]
     ep = tok.encode_batch(prompts, add_special_tokens=False)
     er = tok.encode_batch(replies, add_special_tokens=False)
     seqs, starts = [], []
@@ -1272,19 +1418,18 @@ def cmd_train(args):
     log("device:", device, torch.cuda.get_device_name(0) if device.type == "cuda" else "")
 
     # ---- data
+    task = get_task(args.task)
     t0 = time.time()
-    test = gen_problems(args.test_seed, args.n_test)
-    test_q = {q for q, _, _ in test}
-    train = gen_problems_parallel(args.seed, args.n_train, exclude=test_q)
-    seqs, starts = encode_dataset(tok, train)
+    test = task.gen_test(args.test_seed, args.n_test)
+    test_q = {task.key(ex) for ex in test}
+    train = task.gen_train(args.seed, args.n_train, test_q)
+    seqs, starts = encode_dataset(tok, train, task)
     data = to_tensor(seqs, starts, device)
     lens_np = np.array([len(s) for s in seqs])
     log(f"data: {len(train)} train problems (seed {args.seed}), {len(test)} test problems (seed {args.test_seed}); "
         f"seq len mean {lens_np.mean():.1f} max {lens_np.max()}; answer tokens mean {np.mean([len(s) - st for s, st in zip(seqs, starts)]):.1f}; "
         f"{time.time() - t0:.1f}s")
-    with open(os.path.join(args.out, "test.jsonl"), "w") as f:
-        for q, lines, a in test:
-            f.write(json.dumps({"question": q, "answer": gsm8k_answer(lines, a)}) + "\n")
+    task.write_test(os.path.join(args.out, "test.jsonl"), test)
 
     # ---- model
     model = TinyGemma4(cfg).to(device)
@@ -1310,6 +1455,7 @@ def cmd_train(args):
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
     step_based = args.float_steps is not None and args.qat_steps is not None
+    by_length = torch.argsort(data[1], stable=True) if args.length_batches else None
     budget = args.time_budget
     total_steps = (args.float_steps + args.qat_steps) if step_based else None
     model.train()
@@ -1351,7 +1497,12 @@ def cmd_train(args):
         lr = args.lr * warm * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(prog, 1.0))))
         for g in opt.param_groups:
             g["lr"] = lr * g.get("lr_mult", 1.0)
-        sel = torch.randint(0, data[0].shape[0], (args.bs,), device=device, generator=gen)
+        if by_length is not None:  # a window of the length order: little padding (long prompts, short replies)
+            w0 = int(torch.randint(0, data[0].shape[0] - args.bs + 1, (1,), device=device, generator=gen))
+            sel = by_length[w0:w0 + args.bs]
+            sel = sel[:max(8, min(args.bs, args.max_batch_tokens // int(data[1][sel[-1]])))]  # the longest: fewer rows
+        else:
+            sel = torch.randint(0, data[0].shape[0], (args.bs,), device=device, generator=gen)
         loss, ntok = batch_loss(model, data[0][sel], data[1][sel], data[2][sel])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -1428,20 +1579,24 @@ def cmd_train(args):
     def run_eval(key, m, mode, tag):
         t0 = time.time()
         set_mode(m, mode)
-        res, _, gens, preds = evaluate(m, tok, test_eval, device, tag=tag, bs=args.eval_bs)
+        res, _, gens, preds = evaluate(m, tok, test_eval, device, tag=tag, bs=args.eval_bs, task=task)
+        texts = res.pop("texts", None)
         metrics["accuracy"][key] = res
         answers["modes"][key] = {"mode": mode, "accuracy": res["accuracy"], "answers": preds}
+        if texts is not None:
+            answers["modes"][key]["replies"] = texts
         write_answers(args.out, answers)
         last[0] = time.time() - t0
         flush()
         return gens
 
     # per-question extracted answers of every evaluated mode (tests/test_quality.c compares g4's with them)
-    answers = OrderedDict([("about", ANSWERS_ABOUT), ("gold", [a for _, _, a in test_eval]), ("modes", OrderedDict())])
+    answers = OrderedDict([("about", ANSWERS_ABOUT if task.name == "math" else JSON_ANSWERS_ABOUT),
+                           ("gold", [task.gold(ex) for ex in test_eval]), ("modes", OrderedDict())])
     dm = load_export(args.out, device)
     gens = run_eval("export_full_fakequant", dm, "full", "export, full fake-quant = g4 --act fake defaults")
     metrics["first_generations_full"] = gens[:8]
-    stats = clip_stats(dm, tok, test_eval, device)
+    stats = clip_stats(dm, tok, test_eval, device, task=task)
     metrics["clip_fraction_by_site"] = summarize_clip(stats)
     metrics["clip_fraction_per_tensor"] = stats
     metrics["clip_fraction_overall_max"] = max(stats.values()) if stats else None
@@ -1450,7 +1605,7 @@ def cmd_train(args):
     # reference greedy ids for the g4 comparison (g4check --torch-ref): first items of test.jsonl, n=40
     tg = OrderedDict()
     items = list(range(min(args.n_greedy_ref, len(test))))
-    prompts = [tok.encode(chat_prompt(test[i][0]), add_special_tokens=False).ids for i in items]
+    prompts = [tok.encode(task.prompt(test[i]), add_special_tokens=False).ids for i in items]
     for mode in ("full", "hf", "wonly"):
         set_mode(dm, mode)
         g = greedy_batch(dm, prompts, 40, {EOS, TURN_END}, device, bs=len(prompts))
@@ -1605,14 +1760,19 @@ def cmd_g4check(args):
 
 
 def cmd_tokenizer(args):
-    build_tokenizer(args.out, args.vocab_size, args.seed, args.n_corpus)
+    build_tokenizer(args.out, args.vocab_size, args.seed, args.n_corpus, get_task(args.task))
 
 
 def cmd_hfcheck(args):
     """Loads the export with transformers (GemmaQuantizer) in fp32 and compares logits with load_export()."""
     from transformers import Gemma4ForConditionalGeneration
     tok = load_tokenizer(args.model)
-    test = read_test(args.model)
+    task = get_task(args.task)
+    if task.name == "json":
+        with open(os.path.join(args.model, "test.jsonl"), encoding="utf-8") as f:
+            test = [json.loads(line) for line in f]
+    else:
+        test = read_test(args.model)
     hf = Gemma4ForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager").eval()
     m = load_export(args.model, "cpu")
     worst = {}
@@ -1627,8 +1787,7 @@ def cmd_hfcheck(args):
         d = 0.0
         agree = 0
         for i in range(args.n):
-            q, lines, a = test[i]
-            ids = tok.encode(chat_prompt(q) + model_reply(lines, a), add_special_tokens=False).ids
+            ids = tok.encode(task.prompt(test[i]) + task.reply(test[i]), add_special_tokens=False).ids
             x = torch.tensor([ids])
             with torch.no_grad():
                 l_hf = hf(input_ids=x).logits[0]
@@ -1648,6 +1807,7 @@ def main():
     a.add_argument("--vocab-size", type=int, default=1024)
     a.add_argument("--seed", type=int, default=1)
     a.add_argument("--n-corpus", type=int, default=20000)
+    a.add_argument("--task", choices=("math", "json"), default="math", help="math: word problems; json: follow a JSON schema")
     a = sub.add_parser("train")
     a.add_argument("--out", required=True)
     a.add_argument("--tokenizer", help="directory with tokenizer.json etc. (default: --out)")
@@ -1678,6 +1838,10 @@ def main():
     a.add_argument("--deadline", type=float, default=1e9, help="skip further evaluations past this many seconds")
     a.add_argument("--after-export-hook", help="shell command run right after the export (e.g. tar the files)")
     a.add_argument("--cpu", action="store_true")
+    a.add_argument("--task", choices=("math", "json"), default="math", help="math: word problems; json: follow a JSON schema")
+    a.add_argument("--length-batches", action="store_true",
+                   help="each batch a random window of the sequences sorted by length (less padding; the json task)")
+    a.add_argument("--max-batch-tokens", type=int, default=98304, help="with --length-batches: rows x length at most this")
     a = sub.add_parser("eval")
     a.add_argument("--model", required=True)
     a.add_argument("--n", type=int, default=1000)
@@ -1702,6 +1866,7 @@ def main():
     a.add_argument("--no-logits", action="store_true", help="skip the prefill-logit comparison")
     a = sub.add_parser("hfcheck")
     a.add_argument("--model", required=True)
+    a.add_argument("--task", choices=("math", "json"), default="math")
     a.add_argument("--n", type=int, default=4)
     args = ap.parse_args()
     {"tokenizer": cmd_tokenizer, "train": cmd_train, "eval": cmd_eval, "greedy": cmd_greedy,
