@@ -9,7 +9,7 @@ CC      ?= cc
 # The runtime (src/) sees include/ and src/ only; the development library (dev/) sees itself too;
 # the command (tools/) sees include/, dev/ and itself, never src/; the tests and the benchmarks see
 # every tier (TIER_INC per folder below).
-CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -ffp-contract=off -pthread -Iinclude $(TIER_INC) -MMD -MP
+CFLAGS_COMMON = -std=c11 -Wall -Wextra -Werror -Wformat-security -ffp-contract=off -pthread -Iinclude $(TIER_INC) -MMD -MP
 LDLIBS  = -lcjson -lpcre2-8 -lm -pthread $(MEDIA_LIBS)
 # g4 serve's HTTP (libmicrohttpd): the g4 command and the server's tests only, not the library
 SERVE_LIBS = -lmicrohttpd

@@ -458,7 +458,7 @@ static enum MHD_Result post_completion(request_ctx *rc, struct MHD_Connection *c
         if (start) g4_grammar_cache_done(sv->grammars, start, NULL);
         if (j) serve_job_release(sv->engine, j);
         else serve_request_free(&r), free(ids), free(prefill);
-        return fail(rc, c, 500, "server_error", NULL, j ? g4_last_error() : "out of memory");
+        return fail(rc, c, 500, "server_error", NULL, "%s", j ? g4_last_error() : "out of memory");
     }
     if (start) serve_job_constrain(j, sv->grammars, start, open, close);
     if (serve_engine_submit(sv->engine, j, &e)) {
