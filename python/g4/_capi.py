@@ -214,6 +214,7 @@ class ReplyOptions(Structure):
         ("calls", c_int),
         ("raw", c_int),
         ("prefix", c_char_p),
+        ("max_calls", c_int),
     ]
 
 
