@@ -121,16 +121,6 @@ static char *answer(g4_session *s, const held_out *h, int constrained, int *ende
     return text;
 }
 
-static void json_line(FILE *f, const char *schema, const char *text) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "schema", cJSON_Parse(schema));
-    cJSON_AddStringToObject(o, "text", text);
-    char *line = cJSON_PrintUnformatted(o);
-    fprintf(f, "%s\n", line);
-    free(line);
-    cJSON_Delete(o);
-}
-
 /* validate.py's count of valid outputs in path ("validate.py: K of N outputs valid"), -1 when it did not run. */
 static int valid_count(const char *path, int *n) {
     char cmd[400];

@@ -71,16 +71,6 @@ static char *text_of(const int32_t *ids, int n, const g4_generate_result *r) {
     return text;
 }
 
-static void json_line(FILE *f, const char *schema, const char *text) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "schema", cJSON_Parse(schema));
-    cJSON_AddStringToObject(o, "text", text);
-    char *line = cJSON_PrintUnformatted(o);
-    fprintf(f, "%s\n", line);
-    free(line);
-    cJSON_Delete(o);
-}
-
 /* Every token a generation took, replayed on a fresh state: accepted, the stop only where complete. */
 static int replay_ok(const g4_grammar *g, const int32_t *ids, int n, const g4_generate_result *r) {
     g4_grammar_state *st = g4_grammar_start(g);

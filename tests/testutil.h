@@ -161,6 +161,18 @@ static inline double golden_band(const char *what, const float *e, int n_rows, i
 }
 
 /* Writes a whole file; a test that cannot write its own temp files exits (status 2). */
+/* One line of tests/structured/validate.py's input: {"schema": SCHEMA, "text": TEXT}, the text a
+ * reply that must be a JSON instance of the schema. */
+static inline void json_line(FILE *f, const char *schema, const char *text) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "schema", cJSON_Parse(schema));
+    cJSON_AddStringToObject(o, "text", text);
+    char *line = cJSON_PrintUnformatted(o);
+    fprintf(f, "%s\n", line);
+    free(line);
+    cJSON_Delete(o);
+}
+
 static inline void write_file_or_exit(const char *path, const void *data, size_t len) {
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
