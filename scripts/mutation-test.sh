@@ -18,8 +18,8 @@
 #   scripts/mutation-test.sh --check   only checks that every entry's text occurs exactly once
 # Environment: MUTATION_LIST (default tests/mutations.txt), MUTATION_TIMEOUT (seconds per program,
 # default 600: a hang guard; test_draft takes 35 s idle, 5 minutes on a loaded machine),
-# MUTATION_JOBS (make -j, default the number of CPUs), MUTATION_SHARDS (runs side by side, each on
-# every SHARDS-th mutant in a copy of its own; default the number of CPUs), MUTATION_KEEP=1 (keep the copy, to look at
+# MUTATION_JOBS (make -j, default the number of CPUs), MUTATION_SHARDS (runs side by side, each in a copy
+# of its own, taking the next mutant from a queue they share; default the number of CPUs), MUTATION_KEEP=1 (keep the copy, to look at
 # its logs), G4_SHARED (the shared fixtures, default ../shared).
 set -u
 export LC_ALL=C
@@ -166,18 +166,19 @@ if [ $check_only = 1 ]; then
     exit
 fi
 
-# ---- shards: MUTATION_SHARDS runs of this script side by side (default: one per CPU), each taking
-# every SHARDS-th mutant of the selection in a copy of the tree of its own; the first also checks the
-# unmutated tree. Each mutant is still applied alone. Their reports are printed one after the other
-# once all have finished, then the sums.
+# ---- shards: MUTATION_SHARDS runs of this script side by side (default: one per CPU), each in a copy
+# of the tree of its own, taking the next mutant of the selection from a queue they share (a counter
+# under flock), so a shard that is done with its part takes more: the first also checks the unmutated
+# tree, and mutants differ in cost. Each mutant is still applied alone. Their reports are printed one
+# after the other once all have finished, then the sums.
 shards=${MUTATION_SHARDS:-$jobs}
 if [ -z "${MUTATION_SHARD:-}" ] && [ "$shards" -gt 1 ] && [ ${#entries[@]} -gt 1 ]; then
     [ "$shards" -le ${#entries[@]} ] || shards=${#entries[@]}
-    pids=()
+    pids=() names=()
+    for e in "${entries[@]}"; do names+=("$(field "$e" name)"); done
+    echo 0 >"$work/queue"
     for ((i = 0; i < shards; i++)); do
-        names=()
-        for ((j = i; j < ${#entries[@]}; j += shards)); do names+=("$(field "${entries[$j]}" name)"); done
-        MUTATION_SHARD=$i "$0" "${names[@]}" >"$work/shard$i.log" 2>&1 &
+        MUTATION_SHARD=$i MUTATION_QUEUE=$work/queue "$0" "${names[@]}" >"$work/shard$i.log" 2>&1 &
         pids+=($!)
     done
     rc=0
@@ -238,7 +239,7 @@ first_failure() {
 
 t0=$(date +%s.%N)
 build || { tail -20 "$work/build.log"; die "the unmutated copy does not build"; }
-echo "mutation-test: built the copy in $(elapsed "$t0") s; ${#entries[@]} mutants, ${#tests[@]} test programs"
+echo "mutation-test: built the copy in $(elapsed "$t0") s; ${#entries[@]} mutants${MUTATION_QUEUE:+ in a queue the shards share}, ${#tests[@]} test programs"
 # The unmutated tree's programs (by the first shard only: the others copy the same tree), $jobs at a time (as `make test` runs them: none depends on
 # timing); each in a subshell with its own signal trap for its own running program.
 t0=$(date +%s.%N)
@@ -257,8 +258,22 @@ if [ "${MUTATION_SHARD:-0}" = 0 ]; then
 fi
 
 # ---- the mutants, one at a time ----
-killed=0 survived=0 broken=0 stale=0 skipped=0
-for e in "${entries[@]}"; do
+# next_mutant: idx, the next mutant's index: from the shards' queue (MUTATION_QUEUE), else each in turn
+taken=0
+next_mutant() {
+    if [ -n "${MUTATION_QUEUE:-}" ]; then
+        idx=$(flock "$MUTATION_QUEUE" sh -c 'n=$(cat "$1") && echo $((n + 1)) >"$1" && echo "$n"' sh "$MUTATION_QUEUE") ||
+            die "cannot take a mutant from $MUTATION_QUEUE"
+    else
+        idx=$taken
+        taken=$((taken + 1))
+    fi
+}
+
+killed=0 survived=0 broken=0 stale=0 skipped=0 total=0
+while next_mutant && [ "$idx" -lt ${#entries[@]} ]; do
+    e=${entries[$idx]}
+    total=$((total + 1))
     name=$(field "$e" name) file=$(field "$e" file) killer=$(field "$e" killer)
     t0=$(date +%s.%N)
     why=$(stale_in "$tree" "$e")
@@ -311,6 +326,5 @@ for e in "${entries[@]}"; do
     cp "$work/original" "$tree/$file" || die "cannot restore $file"
 done
 
-total=${#entries[@]}
 echo "mutation-test: $total mutants: $killed killed, $survived survived, $broken broken, $stale stale, $skipped skipped for a CPU feature ($(elapsed "$start") s)"
 [ $((killed + skipped)) -eq "$total" ]
