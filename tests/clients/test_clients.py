@@ -14,10 +14,11 @@ enforces "a JSON object", not the schema) -- instructor Mode.JSON (its own syste
 LangChain method="json_mode" (the caller's prompt: LangChain's PydanticOutputParser format
 instructions) -- need a model that reads a schema: they run against a second server with the
 built-in JSON model (models/gemma4-tiny-json, tools/train/task_json.py), the server treating them as
-any other request. Their valid Pets are counted and reported, NOT yet required: the shipped JSON model
-(778 training steps, 67 % valid greedy replies on held-out schemas, its MODEL_CARD.md) strays from the
-schema at temperature 1; instructor's replies must still each be a JSON object (what the server
-enforces). Prints one "client:" line per client (requests, successes, what failed and why)."""
+any other request, and must give a valid Pet every time too (the shipped JSON model: 97.6 % valid
+greedy replies on held-out schemas; at temperature 1 about 87 of 100 seeds give a valid Pet, the rest
+a JSON object with a kind outside the enum or a name over max_length: its MODEL_CARD.md; the SEEDS
+seeds here are fixed, and g4's sampling gives the same bits on every kernel level, so the outcome is
+the same on every machine). Prints one "client:" line per client (requests, successes, what failed and why)."""
 import json
 import os
 import re
@@ -151,34 +152,38 @@ def run_langchain_tools(base):
                 out.append("ok" if isinstance(pet, Pet) and valid_pet(pet) else "not a valid Pet: %r" % (pet,))
             except Exception as e:  # noqa: BLE001
                 out.append(reason(e))
-        # json_mode: reported, not required (the module's docstring says why)
         report("langchain", "with_structured_output(Pet, method=%r)%s" % (method, " (gemma4-tiny-json)" if method == "json_mode" else ""),
-               out, (lambda ok, o: ok == len(o)) if method == "function_calling" else (lambda ok, o: True))
+               out, lambda ok, o: ok == len(o))
 
 
 def run_instructor_modes(base):
     """instructor's other modes: Mode.TOOLS (its default: a named tool_choice, the call constrained) and Mode.JSON_SCHEMA
-    (response_format json_schema) must give a Pet every time."""
+    (response_format json_schema) must give a Pet every time. OpenPet (Pydantic's default schema: any further property may
+    follow) runs twice: on the math model, which knows nothing of JSON and may write further properties until max_tokens
+    (reported only), and on the JSON model, which closes the object and must give a Pet every time."""
     import instructor
     import openai
-    for mode, model in ((instructor.Mode.TOOLS, Pet), (instructor.Mode.JSON_SCHEMA, Pet), (instructor.Mode.JSON_SCHEMA, OpenPet)):
-        client = instructor.from_openai(openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120), mode=mode)
+    for mode, model, url, model_id in ((instructor.Mode.TOOLS, Pet, base, MODEL_ID), (instructor.Mode.JSON_SCHEMA, Pet, base, MODEL_ID),
+                                       (instructor.Mode.JSON_SCHEMA, OpenPet, base, MODEL_ID),
+                                       (instructor.Mode.JSON_SCHEMA, OpenPet, JSON_BASE[0], "gemma4-tiny-json")):
+        client = instructor.from_openai(openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), mode=mode)
         out = []
         for seed in range(SEEDS):
             try:
-                pet = client.chat.completions.create(model=MODEL_ID, response_model=model, messages=[{"role": "user", "content": PROMPT}],
+                pet = client.chat.completions.create(model=model_id, response_model=model, messages=[{"role": "user", "content": PROMPT}],
                                                      temperature=1, seed=seed, max_tokens=MAX_TOKENS, max_retries=0)
                 out.append("ok" if valid_pet(pet) else "not a valid Pet")
             except Exception as e:  # noqa: BLE001
                 out.append(reason(e))
-        # OpenPet's schema lets any further property in: reported, not required (the model may write them without end)
-        report("instructor", "Mode.%s with %s" % (mode.name, model.__name__), out, (lambda ok, o: ok == len(o)) if model is Pet else (lambda ok, o: True))
+        required = model is Pet or model_id != MODEL_ID
+        report("instructor", "Mode.%s with %s%s" % (mode.name, model.__name__, "" if model_id == MODEL_ID else " (%s)" % model_id), out,
+               (lambda ok, o: ok == len(o)) if required else (lambda ok, o: True))
 
 
 def run_instructor(_base):
     """instructor Mode.JSON (json_object; Pet's schema in instructor's own system message) against the JSON model's server:
-    every reply must be a JSON object (or, cut by max_tokens, its prefix); valid Pets are reported, not yet required (the
-    module's docstring says why). On a failure, the server's reply to the same request is printed (instructor hides it)."""
+    every reply must be a valid Pet. On a failure, the server's reply to the same request is printed (instructor hides it):
+    a JSON object, or its prefix when cut by max_tokens (what the server enforces), tells the model's miss from the server's."""
     import instructor
     import openai
     base = JSON_BASE[0]
@@ -209,7 +214,7 @@ def run_instructor(_base):
                 json_ok += text.lstrip().startswith("{")
                 out.append("cut by max_tokens (%s) inside the object" % finish if text.lstrip().startswith("{") else "NOT a JSON object's prefix")
     report("instructor", "Mode.JSON (json_object, the schema in its system prompt; gemma4-tiny-json)", out,
-           lambda ok, o: json_ok == len(o))
+           lambda ok, o: ok == len(o) and json_ok == len(o))
 
 
 _INSTRUCTOR_MESSAGES = []

@@ -405,7 +405,7 @@ def extract_request(rng, model, text):
 
 
 FORMS = ["instructor", "format", "plain", "plain_system", "keys"]
-FORM_WEIGHTS = [5, 2, 2, 1, 1]
+FORM_WEIGHTS = [5, 3, 2, 1, 1]
 
 
 def make_example(rng):

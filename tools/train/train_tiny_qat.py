@@ -1630,16 +1630,21 @@ def cmd_train(args):
 
 def cmd_eval(args):
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    task = get_task(args.task)
     tok = load_tokenizer(args.model)
-    test = read_test(args.model)[:args.n]
+    test = read_test(args.model, task)[:args.n]
     m = load_export(args.model, device)
-    answers = OrderedDict([("about", ANSWERS_ABOUT), ("gold", [a for _, _, a in test]), ("modes", OrderedDict())])
+    about = ANSWERS_ABOUT if task.name == "math" else JSON_ANSWERS_ABOUT
+    answers = OrderedDict([("about", about), ("gold", [task.gold(ex) for ex in test]), ("modes", OrderedDict())])
     for mode in args.modes.split(","):
         set_mode(m, mode)
-        res, _, _, preds = evaluate(m, tok, test, device, tag=mode, bs=args.eval_bs)
+        res, _, _, preds = evaluate(m, tok, test, device, tag=mode, bs=args.eval_bs, task=task)
+        texts = res.pop("texts", None)
         answers["modes"][EXPORT_MODE_KEYS[mode]] = {"mode": mode, "accuracy": res["accuracy"], "answers": preds}
+        if texts is not None:
+            answers["modes"][EXPORT_MODE_KEYS[mode]]["replies"] = texts
         if mode == "full":
-            log(json.dumps(summarize_clip(clip_stats(m, tok, test, device))))
+            log(json.dumps(summarize_clip(clip_stats(m, tok, test, device, task=task))))
     if args.write_answers:  # merged into the file's other modes (a mode may cover fewer questions than gold)
         path = os.path.join(args.model, "torch_answers.json")
         if os.path.exists(path):
@@ -1652,10 +1657,14 @@ def cmd_eval(args):
         write_answers(args.model, answers)
 
 
-def read_test(model_dir):
+def read_test(model_dir, task=None):
+    """MODEL/test.jsonl as the task's examples (math: (question, solution_lines, answer); json: the dicts)."""
     out = []
     for line in open(os.path.join(model_dir, "test.jsonl")):
-        d = json.loads(line)
+        d = json.loads(line, object_pairs_hook=OrderedDict)
+        if task is not None and task.name == "json":
+            out.append(d)
+            continue
         sol, ans = d["answer"].rsplit("\n#### ", 1)
         out.append((d["question"], sol.split("\n"), int(ans)))
     return out
@@ -1849,6 +1858,7 @@ def main():
     a.add_argument("--write-answers", action="store_true", help="write the per-question answers to MODEL/torch_answers.json")
     a.add_argument("--eval-bs", type=int, default=500)
     a.add_argument("--cpu", action="store_true")
+    a.add_argument("--task", choices=("math", "json"), default="math", help="the model's task (its test.jsonl's shape)")
     a = sub.add_parser("greedy")
     a.add_argument("--model", required=True)
     a.add_argument("--items", default="0,1,2,3,4")
