@@ -9,6 +9,9 @@
  *    follow-up turn (the rolled-back cache must hold what plain decoding leaves);
  *  - the trained drafter's acceptance on the built-in model (a drafter fed wrong states drafts
  *    almost nothing the target accepts);
+ *  - under a constraint (g4_generate_params.constraint): greedy decoding with the drafter gives the
+ *    tokens it gives without (drafts the grammar leaves out rejected, the ones it allows taken), and
+ *    speculative sampling's token is distributed as the constrained target's;
  *  - bad input: drafters that do not fit the target, malformed drafter files, bad flags. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -363,6 +366,119 @@ static void test_acceptance(const char *draft_dir) {
     g4_model_free(m);
 }
 
+/* ---- under a constraint ---- */
+
+typedef struct {
+    g4_tokenizer *tok;
+    g4_grammar_vocab *vocab;
+    g4_grammar *g;
+    g4_grammar_state *start;
+    uint32_t *mask;
+} constraint;
+
+/* A GBNF grammar over the model's tokenizer; 0 (checked) when it cannot be made. */
+static int constraint_open(constraint *c, const char *model_dir, const char *gbnf, int V) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    c->tok = g4_tokenizer_load(path);
+    c->vocab = c->tok ? g4_grammar_vocab_new(c->tok) : NULL;
+    c->g = c->vocab ? g4_grammar_compile(gbnf, strlen(gbnf)) : NULL;
+    c->start = c->g ? g4_grammar_start(c->g) : NULL;
+    c->mask = calloc(((size_t)V + 31) / 32, sizeof *c->mask);
+    CHECK(c->start && c->mask, "%s: %s", gbnf, g4_last_error());
+    return c->start && c->mask;
+}
+
+static void constraint_close(constraint *c) {
+    g4_grammar_state_free(c->start);
+    g4_grammar_free(c->g);
+    g4_grammar_vocab_free(c->vocab);
+    g4_tokenizer_free(c->tok);
+    free(c->mask);
+}
+
+/* logits with what the grammar leaves out at -infinity, from state `from` advanced by token `then` (-1: none). */
+static void constraint_mask(constraint *c, const g4_grammar_state *from, int32_t then, float *logits, int V) {
+    g4_grammar_state *st = g4_grammar_state_copy(from);
+    CHECK(st && (then < 0 || g4_grammar_accept_token(c->vocab, st, then) == 0) && g4_grammar_mask(c->vocab, st, NULL, 0, c->mask) > 0,
+          "mask after %d: %s", then, g4_last_error());
+    for (int v = 0; v < V; v++)
+        if (!st || (size_t)v >= g4_grammar_vocab_size(c->vocab) || !((c->mask[v >> 5] >> (v & 31)) & 1)) logits[v] = -INFINITY;
+    g4_grammar_state_free(st);
+}
+
+/* Greedy constrained decoding of the built-in model's example prompt with its trained drafter, for
+ * draft lengths 1, 3, the default and 8, gives the tokens it gives without the drafter, each
+ * accepted by a fresh state of the grammar; drafts are taken (the rounds yield more than a token)
+ * and drafts the grammar leaves out are rejected (the trained drafter drafts the target's
+ * unconstrained words, which `[^=]*` forbids where the reply says "=": every "=" the plain reply
+ * has is missing). */
+static void test_constrained_greedy(void) {
+    static const char *const grammars[] = {"root ::= [^=]*", "root ::= [^=+]* \"#### \" [0-9]+ [^0-9=] [^=]*"};
+    g4_model *m = g4_model_load(BUILTIN);
+    g4_draft *d = m ? g4_draft_load(BUILTIN_DRAFT, m) : NULL;
+    CHECK(d != NULL, "%s", g4_last_error());
+    int V = m ? g4_model_vocab_size(m) : 0, n_prompt = 0;
+    int32_t *prompt = builtin_prompt(&n_prompt);
+    g4_options o = opts_for("int", NULL);
+    o.ctx = 512;
+    g4_session *s = d ? g4_session_new(m, &o) : NULL;
+    g4_drafter *dr = s ? g4_drafter_new(d, s) : NULL;
+    CHECK(dr != NULL, "%s", g4_last_error());
+    static const int ks[] = {1, 3, 0, 8};
+    for (size_t gi = 0; dr && gi < sizeof grammars / sizeof *grammars; gi++) {
+        constraint c = {0};
+        if (!constraint_open(&c, BUILTIN, grammars[gi], V)) break;
+        int32_t plain[200];
+        int n_plain = 0;
+        g4_generate_result rp = {0};
+        for (int ki = -1; ki < (int)(sizeof ks / sizeof *ks); ki++) {
+            g4_generate_params p = {.max_tokens = 200, .draft = ki >= 0 ? dr : NULL, .draft_tokens = ki >= 0 ? ks[ki] : 0,
+                                    .constraint = c.start, .constraint_vocab = c.vocab};
+            g4_sampling_default(&p.sampling);
+            g4_stepper *st = g4_stepper_new(s, 0);
+            g4_session_reset(s);
+            CHECK(st && g4_stepper_add(st, 0, prompt, n_prompt, &p) == 0, "%s", g4_last_error());
+            g4_step_token ev[G4_MAX_DRAFT_TOKENS + 1];
+            while (st && g4_stepper_active(st) > 0) CHECK(g4_stepper_step(st, ev) >= 0, "%s", g4_last_error());
+            int n = 0;
+            const int32_t *ids = st ? g4_stepper_tokens(st, 0, &n) : NULL;
+            g4_generate_result r = {0};
+            if (st) g4_stepper_result(st, 0, &r);
+            long rounds = 0, drafted = 0, accepted = 0;
+            if (st) g4_stepper_draft_stats(st, &rounds, &drafted, &accepted);
+            if (ki < 0) {
+                n_plain = n < 200 ? n : 200;
+                memcpy(plain, ids, sizeof *ids * (size_t)n_plain);
+                rp = r;
+                /* every token in the grammar: a fresh state takes each but a final stop id */
+                g4_grammar_state *fresh = g4_grammar_start(c.g);
+                int body = r.stop == G4_STOP_EOS && r.stop_id >= 0 ? n - 1 : n, ok = fresh != NULL;
+                for (int i = 0; ok && i < body; i++) ok = g4_grammar_accept_token(c.vocab, fresh, ids[i]) == 0;
+                CHECK(ok && r.stop != G4_STOP_ERROR, "%s: the plain constrained reply breaks the grammar (%s)", grammars[gi],
+                      g4_stop_reason_name(r.stop));
+                g4_grammar_state_free(fresh);
+            } else {
+                CHECK(n == n_plain && !memcmp(ids, plain, sizeof *ids * (size_t)n) && r.stop == rp.stop,
+                      "%s, k %d: %d tokens (%s) with the drafter, %d (%s) without, or other ones", grammars[gi], ks[ki], n,
+                      g4_stop_reason_name(r.stop), n_plain, g4_stop_reason_name(rp.stop));
+                CHECK(rounds > 0 && accepted > 0 && drafted > accepted, "%s, k %d: %ld rounds, %ld of %ld drafts taken: expected some taken, some not",
+                      grammars[gi], ks[ki], rounds, accepted, drafted);
+                if (ks[ki] == 0)
+                    printf("constrained greedy with the drafter (%s): the same %d tokens, %ld of %ld drafts taken in %ld rounds\n", grammars[gi], n,
+                           accepted, drafted, rounds);
+            }
+            g4_stepper_free(st);
+        }
+        constraint_close(&c);
+    }
+    free(prompt);
+    g4_drafter_free(dr);
+    g4_session_free(s);
+    g4_draft_free(d);
+    g4_model_free(m);
+}
+
 /* ---- speculative sampling ---- */
 
 /* Speculative sampling keeps the target's distribution: over many seeds, the second generated
@@ -371,7 +487,8 @@ static void test_acceptance(const char *draft_dir) {
  * of 0.05 (N = 4000 draws over at most 16 outcomes: top-k 4 at both positions; sampling noise alone
  * gives about 0.02-0.03); plain sampling is held to the same bound; and the drafter's distribution
  * itself is far from it (so the bound can tell). Deterministic: seeds 1..N, exact arithmetic. */
-static void test_spec_sampling(const char *target_dir, const char *draft_dir, const int32_t *prompt, int n_prompt, float temp, int control) {
+static void test_spec_sampling(const char *target_dir, const char *draft_dir, const int32_t *prompt, int n_prompt, float temp, int control,
+                               const char *gbnf) {
     enum { N = 4000 };
     g4_model *m = g4_model_load(target_dir);
     g4_draft *d = m ? g4_draft_load(draft_dir, m) : NULL;
@@ -392,15 +509,22 @@ static void test_spec_sampling(const char *target_dir, const char *draft_dir, co
     double *p0 = calloc((size_t)V, sizeof *p0), *p1 = calloc((size_t)V, sizeof *p1), *marg = calloc((size_t)V, sizeof *marg);
     double *cnt_spec = calloc((size_t)V, sizeof *cnt_spec), *cnt_plain = calloc((size_t)V, sizeof *cnt_plain), *qd = calloc((size_t)V, sizeof *qd);
     float *logits = malloc(sizeof *logits * (size_t)V), *h = malloc(sizeof *h * (size_t)g4_model_hidden_size(m));
+    /* under a grammar: the target's distributions are those of its logits with what the grammar
+     * leaves out at -infinity (the stepper masks before the sampler's processors) */
+    constraint cons = {0};
+    int bad = 0;
+    if (gbnf && !constraint_open(&cons, target_dir, gbnf, V)) goto done;
     CHECK(dr && smp && logits, "%s", g4_last_error());
     if (!dr || !smp) goto done;
     g4_session_reset(s);
     CHECK(g4_session_feed(s, prompt, n_prompt, logits, 0) == 0, "%s", g4_last_error());
+    if (gbnf) constraint_mask(&cons, cons.start, -1, logits, V);
     g4_sampler_distribution(smp, logits, prompt, n_prompt, p0);
     for (int32_t t0 = 0; t0 < V; t0++) {
         if (p0[t0] == 0) continue;
         g4_session_truncate_seq(s, 0, n_prompt);
         CHECK(g4_session_feed(s, &t0, 1, logits, 0) == 0, "%s", g4_last_error());
+        if (gbnf) constraint_mask(&cons, cons.start, t0, logits, V);
         g4_sampler_distribution(smp, logits, prompt, n_prompt, p1);
         for (int v = 0; v < V; v++) marg[v] += p0[t0] * p1[v];
         /* the drafter's own distribution of that token, for the control */
@@ -415,17 +539,27 @@ static void test_spec_sampling(const char *target_dir, const char *draft_dir, co
         for (int v = 0; v < V; v++) qd[v] += p0[t0] * p1[v];
     }
     static const int none[1] = {-1};
+    /* the prompt but its last token is fed once; each draw feeds that token and generates after it */
+    g4_session_reset(s);
+    CHECK(g4_session_feed(s, prompt, n_prompt - 1, logits, 0) == 0, "%s", g4_last_error());
     for (int with = 0; with < 2; with++)
         for (int seed = 1; seed <= N; seed++) {
             /* a budget of 3: the prompt's row gives the first token, a round of one draft the second */
             g4_generate_params p = {.max_tokens = 3, .stop_ids = none, .n_stop_ids = 1, .sampling = sp, .draft = with ? dr : NULL,
-                                    .draft_tokens = 3};
+                                    .draft_tokens = 3, .constraint = cons.start, .constraint_vocab = cons.vocab};
             p.sampling.seed = (uint64_t)seed;
             collected c = {0};
             g4_generate_result r;
-            g4_session_reset(s);
-            CHECK(g4_generate(s, prompt, n_prompt, &p, collect, &c, &r) == 0 && c.n == 3, "%s", g4_last_error());
+            g4_session_truncate_seq(s, 0, n_prompt - 1);
+            CHECK(g4_generate(s, prompt + n_prompt - 1, 1, &p, collect, &c, &r) == 0 && c.n == 3, "%s", g4_last_error());
             if (c.n == 3) (with ? cnt_spec : cnt_plain)[c.ids[1]] += 1.0 / N;
+            if (gbnf && c.n == 3) { /* all three in the grammar: a fresh state takes them */
+                g4_grammar_state *fresh = g4_grammar_start(cons.g);
+                int ok = fresh != NULL;
+                for (int i = 0; ok && i < 3; i++) ok = g4_grammar_accept_token(cons.vocab, fresh, c.ids[i]) == 0;
+                bad += !ok;
+                g4_grammar_state_free(fresh);
+            }
         }
     long rounds, drafted, accepted;
     (void)rounds, (void)drafted, (void)accepted;
@@ -435,13 +569,15 @@ static void test_spec_sampling(const char *target_dir, const char *draft_dir, co
         tv_plain += fabs(cnt_plain[v] - marg[v]) / 2;
         tv_draft += fabs(qd[v] - marg[v]) / 2;
     }
-    printf("speculative sampling on %s with %s (temperature %.1f, top-k 4): total variation from the exact marginal %.4f (plain sampling %.4f, the drafter's "
-           "own distribution %.4f), %d draws each\n",
-           target_dir, draft_dir, temp, tv_spec, tv_plain, tv_draft, N);
+    printf("speculative sampling on %s with %s (temperature %.1f, top-k 4%s%s): total variation from the exact marginal %.4f (plain sampling %.4f, "
+           "the drafter's own distribution %.4f), %d draws each\n",
+           target_dir, draft_dir, temp, gbnf ? ", under " : "", gbnf ? gbnf : "", tv_spec, tv_plain, tv_draft, N);
     CHECK(tv_spec <= 0.05, "%s: speculative sampling's second token is %.4f from the target's distribution", target_dir, tv_spec);
     CHECK(tv_plain <= 0.05, "%s: plain sampling's second token is %.4f from the exact marginal", target_dir, tv_plain);
     if (control) CHECK(tv_draft > 0.1, "%s: the drafter's distribution is only %.4f from the target's: the control cannot tell", target_dir, tv_draft);
+    CHECK(bad == 0, "%s: %d of %d generations left the grammar", gbnf ? gbnf : "", bad, 2 * N);
 done:
+    constraint_close(&cons);
     free(p0), free(p1), free(marg), free(cnt_spec), free(cnt_plain), free(qd), free(logits), free(h);
     g4_sampler_free(smp);
     g4_drafter_free(dr);
@@ -631,7 +767,7 @@ static void test_cli(void) {
 }
 
 int main(void) {
-    if (!check_dispatch_level() || !test_parts_known("goldens,invariant,batched,acceptance,spec_random,spec_trained,bad_input,cli"))
+    if (!check_dispatch_level() || !test_parts_known("goldens,invariant,batched,acceptance,spec_random,spec_trained,constrained,bad_input,cli"))
         return check_report("draft");
     if (test_part("goldens")) {
         test_goldens(tiny_dir(), ASSIST_A);
@@ -652,11 +788,21 @@ int main(void) {
     if (test_part("acceptance")) test_acceptance(BUILTIN_DRAFT);
     /* a random drafter (nearly every draft rejected: the residual max(0, p - q) decides) and the
      * trained one (most accepted) */
-    if (test_part("spec_random")) test_spec_sampling(tiny_dir(), ASSIST_A, pa, 12, 1.0f, 1);
+    if (test_part("spec_random")) test_spec_sampling(tiny_dir(), ASSIST_A, pa, 12, 1.0f, 1, NULL);
     if (test_part("spec_trained")) {
         int n_ex;
         int32_t *ex = builtin_prompt(&n_ex);
-        if (ex) test_spec_sampling(BUILTIN, BUILTIN_DRAFT, ex, n_ex, 4.0f, 0); /* hot enough that its top 4 all count */
+        if (ex) test_spec_sampling(BUILTIN, BUILTIN_DRAFT, ex, n_ex, 4.0f, 0, NULL); /* hot enough that its top 4 all count */
+        free(ex);
+    }
+    if (test_part("constrained")) {
+        test_constrained_greedy();
+        /* the reply's first tokens are digits: a grammar without 1 and 4 in the first two takes some
+         * of the target's and the drafter's top 4 away; no digit after them (a round's last token
+         * must come from the state its draft left) */
+        int n_ex;
+        int32_t *ex = builtin_prompt(&n_ex);
+        if (ex) test_spec_sampling(BUILTIN, BUILTIN_DRAFT, ex, n_ex, 4.0f, 0, "root ::= [^14] [^14] [^0-9]*");
         free(ex);
     }
     if (test_part("bad_input")) test_bad_input();

@@ -212,7 +212,6 @@ static int alloc_generation(g4_stepper *st, generation *g, int cap) {
  * distribution, drafter's and target's alike: such generations decode a token a step. */
 static int can_draft(const generation *g) {
     if (g->logprobs) return 0; /* one token, one row of logits, a step */
-    if (g->gstate) return 0;   /* a constraint's mask is one state's: drafts would need a state per row */
     if (g4_sampling_is_argmax(&g->sampling)) return g->output == G4_OUTPUT_ARGMAX || g->output == G4_OUTPUT_LOGITS;
     return g4_sampling_history_free(&g->sampling);
 }
@@ -508,19 +507,18 @@ static int pick(g4_stepper *st, int q, const g4_batch_row *row, int at, int32_t 
 
 static int mask_has(const uint32_t *mask, int32_t t) { return (mask[t >> 5] >> (t & 31)) & 1; }
 
-/* A constrained pick (the rows ask for every logit): the sampler's pick from the logits with every
- * token the grammar's mask leaves out at -infinity, then the grammar advanced by it (a stop id
- * ends the reply). 1 with the error set when the mask fails or the grammar needs bytes no token
- * gives; 2 when the grammar is complete, cannot go on and there is no stop id to pick. */
-static int pick_constrained(g4_stepper *st, int q, const float *logits, int32_t *token) {
+/* The logits a constrained pick draws from, into st->fallback: in a thought, the row's but the
+ * stop ids (a thought is free text, the answer after it the constraint's); else the row's with
+ * every token the grammar's mask leaves out at -infinity (the thought's opening allowed as the
+ * reply's first token). 0; 1 with the error set when the mask fails or the grammar needs bytes no
+ * token gives; 2 when the grammar is complete, cannot go on and there is no stop id to pick. */
+static int constrained_logits(g4_stepper *st, int q, const float *logits) {
     generation *g = &st->seq[q];
-    if (g->in_thought) { /* a thought is free text but for the stop ids: the answer after it is the constraint's */
-        memcpy(st->fallback, logits, sizeof *logits * (size_t)st->vocab);
+    float *masked = st->fallback;
+    if (g->in_thought) {
+        memcpy(masked, logits, sizeof *logits * (size_t)st->vocab);
         for (int i = 0; i < g->n_stops; i++)
-            if (g->stops[i] >= 0 && g->stops[i] < st->vocab) st->fallback[g->stops[i]] = -INFINITY;
-        *token = g4_sampler_sample(g->sampler, st->fallback, g->history, g->n_hist);
-        g->in_thought = *token != g->thought_close;
-        if (g->logprobs) record_logprobs(st, g, logits, *token);
+            if (g->stops[i] >= 0 && g->stops[i] < st->vocab) masked[g->stops[i]] = -INFINITY;
         return 0;
     }
     int first = g->n_hist == g->n_prompt;
@@ -536,16 +534,37 @@ static int pick_constrained(g4_stepper *st, int q, const float *logits, int32_t 
                  allowed < 0 ? g4_last_error() : "the grammar needs bytes that no token of the vocabulary gives");
         return 1;
     }
-    float *masked = st->fallback;
     for (int v = 0; v < st->vocab; v++) masked[v] = (size_t)v < nv && mask_has(g->gmask, v) ? logits[v] : -INFINITY;
-    int32_t t = g4_sampler_sample(g->sampler, masked, g->history, g->n_hist);
-    /* a draw that rounding left on a masked-out token (weight 0) takes the best allowed one */
-    if (t < 0 || (size_t)t >= nv || !mask_has(g->gmask, t)) t = g4_argmax(masked, st->vocab);
-    if (first && g->thought_open > 0 && t == g->thought_open) g->in_thought = 1;
-    else if (!is_stop(g, t) && g4_grammar_accept_token(g->gvocab, g->gstate, t) != 0) {
-        snprintf(g->error, sizeof g->error, "constraint at generated token %d: %s", g->n_hist - g->n_prompt + 1, g4_last_error());
-        return 1;
+    return 0;
+}
+
+/* Takes token t (one constrained_logits allowed) into the constraint: a thought opens or closes,
+ * or the grammar advances by it (a stop id ends the reply). 1 with the error set when it cannot. */
+static int constraint_take(g4_stepper *st, int q, int32_t t) {
+    generation *g = &st->seq[q];
+    if (g->in_thought) {
+        g->in_thought = t != g->thought_close;
+        return 0;
     }
+    if (g->n_hist == g->n_prompt && g->thought_open > 0 && t == g->thought_open) {
+        g->in_thought = 1;
+        return 0;
+    }
+    if (is_stop(g, t) || g4_grammar_accept_token(g->gvocab, g->gstate, t) == 0) return 0;
+    snprintf(g->error, sizeof g->error, "constraint at generated token %d: %s", g->n_hist - g->n_prompt + 1, g4_last_error());
+    return 1;
+}
+
+/* A constrained pick (the rows ask for every logit): the sampler's pick from constrained_logits,
+ * taken into the constraint. 1 or 2 as constrained_logits or constraint_take give them. */
+static int pick_constrained(g4_stepper *st, int q, const float *logits, int32_t *token) {
+    generation *g = &st->seq[q];
+    int rc = constrained_logits(st, q, logits);
+    if (rc != 0) return rc;
+    int32_t t = g4_sampler_sample(g->sampler, st->fallback, g->history, g->n_hist);
+    /* a draw that rounding left on a token the constraint leaves out (weight 0) takes the best allowed one */
+    if (t < 0 || t >= st->vocab || st->fallback[t] == -INFINITY) t = g4_argmax(st->fallback, st->vocab);
+    if (constraint_take(st, q, t) != 0) return 1;
     if (g->logprobs) record_logprobs(st, g, logits, t);
     *token = t;
     return 0;
@@ -710,17 +729,23 @@ static int spec_pick(g4_stepper *st, int q, int i, int32_t *t) {
     generation *g = &st->seq[q];
     const g4_batch_row *row = &st->rows[g->row0 + i];
     if (i == g->n_draft || non_finite(st, q, row, g->row0 + i, row->logits)) return pick(st, q, row, g->row0 + i, t);
-    g4_sampler_distribution(g->sampler, row->logits, g->history, g->n_hist, st->p);
+    const float *logits = row->logits;
+    if (g->gstate) { /* p is the constrained distribution: a draft the grammar leaves out has p(d) = 0, never taken */
+        int rc = constrained_logits(st, q, logits);
+        if (rc != 0) return rc;
+        logits = st->fallback;
+    }
+    g4_sampler_distribution(g->sampler, logits, g->history, g->n_hist, st->p);
     int32_t d = g->draft[i];
     const double *qd = g->q + (size_t)i * st->vocab;
     if (g4_sampler_uniform(g->sampler) * qd[d] < st->p[d]) {
         *t = d;
-        return 0;
+    } else {
+        for (int v = 0; v < st->vocab; v++) st->p[v] = st->p[v] > qd[v] ? st->p[v] - qd[v] : 0;
+        *t = g4_sampler_draw_from(g->sampler, st->p);
+        if (*t < 0 || *t == d) return pick(st, q, row, g->row0 + i, t); /* p == q to the last bit: p itself */
     }
-    for (int v = 0; v < st->vocab; v++) st->p[v] = st->p[v] > qd[v] ? st->p[v] - qd[v] : 0;
-    *t = g4_sampler_draw_from(g->sampler, st->p);
-    if (*t < 0 || *t == d) return pick(st, q, row, g->row0 + i, t); /* p == q to the last bit: p itself */
-    return 0;
+    return g->gstate && constraint_take(st, q, *t) != 0 ? 1 : 0;
 }
 
 static int settle_round(g4_stepper *st, int q, g4_step_token *out) {

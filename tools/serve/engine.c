@@ -443,7 +443,7 @@ static g4_generate_params job_params(const serve_engine *e, const serve_job *j, 
                             .top_logprobs = j->req.top_logprobs};
     g4_sampling_override(&p.sampling, &j->req.sampling, j->req.sampling_given);
     p.sampling.seed = j->seed + (uint64_t)i;
-    p.draft = e->c.draft; /* the stepper drafts for greedy requests only */
+    p.draft = e->c.draft; /* greedy and sampled requests, constrained or not; not with logprobs or a repetition penalty */
     p.draft_tokens = e->c.draft_tokens;
     /* the scripted reply decides where it ends; a benchmark's replies all run to their budget */
     if (j->script >= 0 || e->c.ignore_eos) p.stop_ids = no_stops, p.n_stop_ids = 1;
