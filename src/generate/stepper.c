@@ -73,6 +73,7 @@ typedef struct {
     uint32_t *gmask;
     int32_t thought_open, thought_close;
     int in_thought;       /* the reply opened a thought: the constraint waits for its end */
+    g4_grammar_state *dstate; /* drafting under the constraint: the grammar after the round's drafts so far */
 } generation;
 
 struct g4_stepper {
@@ -90,7 +91,7 @@ struct g4_stepper {
     int hidden_size;
     float *draft_hidden;  /* [n_seq][hidden_size]: a round's drafting state */
     float *check;         /* [hidden_size]: a row's hidden state, looked at for NaN and infinities */
-    float *draft_logits;  /* [64][vocab]: a sampling group's drafter logits, allocated on first need */
+    float *draft_logits;  /* [64][vocab]: a sampling or constrained group's drafter logits, allocated on first need */
     double *p;            /* [vocab]: a verified row's distribution (speculative sampling) */
     long rounds, drafted, accepted;
 };
@@ -137,6 +138,7 @@ void g4_stepper_free(g4_stepper *st) {
         free(g->hidden);
         free(g->q);
         g4_grammar_state_free(g->gstate);
+        g4_grammar_state_free(g->dstate);
         free(g->gstops);
         free(g->gmask);
     }
@@ -233,12 +235,13 @@ static int set_draft(g4_stepper *st, generation *g, const g4_generate_params *p)
     g->sampled = g->draft_k && !g4_sampling_is_argmax(&g->sampling);
     if (g->sampled) {
         double *q = realloc(g->q, sizeof *q * (size_t)g->draft_k * (size_t)st->vocab);
-        if (!q || (!st->p && !(st->p = malloc(sizeof *st->p * (size_t)st->vocab))) ||
-            (!st->draft_logits && !(st->draft_logits = malloc(sizeof *st->draft_logits * (size_t)(st->n_seq < 64 ? st->n_seq : 64) *
-                                                              (size_t)st->vocab))))
-            return g4_fail("out of memory for speculative sampling");
+        if (!q || (!st->p && !(st->p = malloc(sizeof *st->p * (size_t)st->vocab)))) return g4_fail("out of memory for speculative sampling");
         g->q = q;
     }
+    /* speculative sampling weighs the drafter's distributions; a constraint masks them */
+    if ((g->sampled || (g->draft_k && g->gstate)) && !st->draft_logits &&
+        !(st->draft_logits = malloc(sizeof *st->draft_logits * (size_t)(st->n_seq < 64 ? st->n_seq : 64) * (size_t)st->vocab)))
+        return g4_fail("out of memory for speculative decoding");
     return 0;
 }
 
@@ -642,6 +645,20 @@ static int take_tokens(g4_stepper *st, int n, g4_step_token *out) {
 
 /* ---- speculative decoding ---- */
 
+/* A constrained round drafts what the grammar allows after the drafts before: the drafter's logits
+ * lg with every other token at -infinity (greedy drafts its best allowed token, sampling draws from
+ * the masked distribution). The target's verification alone keeps the output in the grammar; this
+ * only keeps the drafter from spending a round on tokens the target cannot take (a JSON schema's
+ * fixed keys and punctuation are then drafted exactly). 0 when nothing is allowed. */
+static int mask_draft(g4_stepper *st, generation *g, float *lg) {
+    long allowed = g4_grammar_mask(g->gvocab, g->dstate, g->gstops, (size_t)g->n_stops, g->gmask);
+    if (allowed <= 0) return 0;
+    size_t nv = g4_grammar_vocab_size(g->gvocab);
+    for (int v = 0; v < st->vocab; v++)
+        if ((size_t)v >= nv || !mask_has(g->gmask, v)) lg[v] = -INFINITY;
+    return 1;
+}
+
 /* Up to 64 rounds' drafts, all their steps batched (one drafter pass per step); at: the
  * sequences, whose hidden states are rows of st->draft_hidden. */
 static int draft_group(g4_stepper *st, int *at, int n) {
@@ -667,20 +684,31 @@ static int draft_group(g4_stepper *st, int *at, int n) {
             m++;
         }
         n = m;
-        int sampled = st->seq[at[0]].sampled; /* a group is all greedy or all sampling */
-        if (g4_drafter_step(st->dr, n, seqs, tokens, st->draft_hidden, next, sampled ? st->draft_logits : NULL) != 0) return -1;
+        if (n == 0) break; /* the grammar ended every round early */
+        int sampled = st->seq[at[0]].sampled, logits = sampled; /* a group is all greedy or all sampling */
+        for (int i = 0; i < n; i++) logits |= st->seq[at[i]].dstate != NULL;
+        if (g4_drafter_step(st->dr, n, seqs, tokens, st->draft_hidden, next, logits ? st->draft_logits : NULL) != 0) return -1;
         for (int i = 0; i < n; i++) {
             generation *g = &st->seq[at[i]];
+            float *lg = st->draft_logits + (size_t)i * st->vocab;
+            if (g->dstate && !mask_draft(st, g, lg)) {
+                g->n_draft = j; /* the grammar allows nothing more: the round verifies the drafts it has */
+                continue;
+            }
             if (sampled) {
                 /* the draft is sampled from the drafter's distribution, as the target's sampler
                  * would shape it; settle_round weighs it against the target's */
                 double *q = g->q + (size_t)j * st->vocab;
-                g4_sampler_distribution(g->sampler, st->draft_logits + (size_t)i * st->vocab, g->history, g->n_hist, q);
+                g4_sampler_distribution(g->sampler, lg, g->history, g->n_hist, q);
                 next[i] = g4_sampler_draw_from(g->sampler, q);
+            } else if (g->dstate) {
+                next[i] = g4_argmax(lg, st->vocab);
             }
             g->draft[j] = tokens[i] = next[i];
+            st->drafted++;
+            if (g->dstate && (is_stop(g, next[i]) || g4_grammar_accept_token(g->gvocab, g->dstate, next[i]) != 0))
+                g->n_draft = j + 1; /* nothing follows a stop id */
         }
-        st->drafted += n;
     }
     return 0;
 }
@@ -708,6 +736,10 @@ static int draft_kind(g4_stepper *st, int sampled) {
         if (k > st->ctx - pos - 1) k = st->ctx - pos - 1; /* its k + 1 rows must fit the cache */
         if (k <= 0) continue;
         g->n_draft = k;
+        /* a constrained round drafts from a copy of the grammar's state (none in a thought: free text) */
+        g4_grammar_state_free(g->dstate);
+        g->dstate = g->gstate && !g->in_thought ? g4_grammar_state_copy(g->gstate) : NULL;
+        if (g->gstate && !g->in_thought && !g->dstate) return -1;
         at[n++] = q;
         if (n == 64) {
             if (draft_group(st, at, n) != 0) return -1;
