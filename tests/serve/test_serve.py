@@ -217,6 +217,16 @@ def test_draft(common):
         m = sv.metrics()
         check(m.get("g4_draft_rounds_total", 0) > 0 and 0.5 * m["g4_draft_tokens_total"] < m.get("g4_draft_accepted_tokens_total", 0) <=
               m["g4_draft_tokens_total"], "--draft: /metrics counts the rounds, drafts and accepted drafts", m)
+        # a constrained request drafts too: the same reply as g4 run's under the schema without a drafter
+        schema = {"type": "object", "properties": {"steps": {"type": "string", "maxLength": 40}, "answer": {"type": "integer"}},
+                  "required": ["steps", "answer"], "additionalProperties": False}
+        want = g4_run(problem(41), extra=["--temp", "0", "--json-schema", json.dumps(schema)])
+        rounds = m.get("g4_draft_rounds_total", 0)
+        r = c.chat.completions.create(model=MODEL_ID, temperature=0, messages=[{"role": "user", "content": problem(41)}],
+                                      response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}})
+        got = r.choices[0].message.content
+        check(got == want and sv.metrics().get("g4_draft_rounds_total", 0) > rounds,
+              "--draft: a json_schema request drafts, and answers what g4 run answers under the schema without a drafter", "%r vs %r" % (got, want))
     finally:
         check(sv.stop() == 0, "the --draft server stops cleanly on SIGTERM", "".join(sv.log[-5:]))
 
