@@ -946,6 +946,9 @@ class Model:
         raw: bool = False,
         system: Optional[str] = None,
         thinking: bool = False,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
         stream: Literal[False] = False,
     ) -> str: ...
 
@@ -969,6 +972,9 @@ class Model:
         raw: bool = False,
         system: Optional[str] = None,
         thinking: bool = False,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
         stream: Literal[True],
     ) -> "Stream[str, Completion]": ...
 
@@ -991,6 +997,9 @@ class Model:
         raw: bool = False,
         system: Optional[str] = None,
         thinking: bool = False,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
         stream: bool = False,
     ) -> Union[str, "Stream[str, Completion]"]:
         """Answers a prompt, as `g4 run -p PROMPT` does: the text (str), or with stream=True a
@@ -1002,11 +1011,12 @@ class Model:
         fed as it is. Sampling settings left None are the model's (generation_config.json, as on
         the command line); temperature=0 is greedy decoding. max_tokens None: until a stop id or
         the context is full. stop: strings that end the text where the first of them begins (it
-        is left out). Thoughts are not part of the text (chat() returns them).
+        is left out). Thoughts are not part of the text (chat() returns them). Structured output
+        as chat() takes it (one of response_format, json_schema, grammar): the text is held to it.
         """
         job = self._generation(
             prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking,
-            frequency_penalty, presence_penalty, logit_bias,
+            frequency_penalty, presence_penalty, logit_bias, response_format, json_schema, grammar,
         )
         if stream:
             return Stream(job)
@@ -1033,11 +1043,14 @@ class Model:
         raw: bool = False,
         system: Optional[str] = None,
         thinking: bool = False,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
     ) -> Completion:
         """generate() returning the Completion: the text, the token ids, why it ended, timings."""
         job = self._generation(
             prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, raw, system, thinking,
-            frequency_penalty, presence_penalty, logit_bias,
+            frequency_penalty, presence_penalty, logit_bias, response_format, json_schema, grammar,
         )
         c = _run(job)
         _flush_warnings()
@@ -1061,10 +1074,13 @@ class Model:
         frequency_penalty: Optional[float] = None,
         presence_penalty: Optional[float] = None,
         logit_bias: Optional[Dict[int, float]] = None,
+        response_format: Optional[Any] = None,
+        json_schema: Optional[Any] = None,
+        grammar: Optional[str] = None,
     ) -> Callable[[Optional[Callable[[str], None]], Optional[threading.Event]], Completion]:
         """generate()'s arguments checked, and the generation to run (here or in a stream's thread)."""
         settings = _Settings(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, thinking, None,
-                             frequency_penalty, presence_penalty, logit_bias)
+                             frequency_penalty, presence_penalty, logit_bias, response_format, json_schema, grammar)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if not all(isinstance(s, str) for s in stops):
             raise OptionError("stop: expected a string or a list of strings")

@@ -70,3 +70,21 @@ def test_refusals(model: g4.Model) -> None:
         model.chat(MSGS, grammar='root ::= "a"', json_schema=SCHEMA)
     with pytest.raises(g4.InputError, match="response_format"):
         model.chat(MSGS, response_format={"type": "xml"})
+
+
+def test_generate_and_complete(model: g4.Model) -> None:
+    """generate() and complete() take the same constraint arguments as chat(), streamed or not."""
+    stopped = 0
+    for seed in range(1, 5):
+        c = model.complete("A pet as JSON?", max_tokens=300, temperature=1, seed=seed, json_schema=SCHEMA)
+        if c.finish_reason == "eos":
+            stopped += 1
+            assert keeps_schema(c.text), c.text
+    assert stopped >= 2, f"{stopped} of 4 replies stopped within 300 tokens"
+    for seed in range(1, 4):
+        assert model.generate("Yes or no?", temperature=1, seed=seed, grammar='root ::= "yes" | "no"') in ("yes", "no")
+    assert len("".join(model.generate("Letters?", seed=1, grammar="root ::= [a-c]{3}", stream=True))) == 3
+    text = model.generate([2, 105, 300], max_tokens=300, temperature=1, seed=3, response_format={"type": "json_object"})
+    assert text.startswith("{")
+    with pytest.raises(g4.InputError, match="give one constraint"):
+        model.generate("x", grammar='root ::= "a"', json_schema=SCHEMA)
