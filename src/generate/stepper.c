@@ -510,6 +510,12 @@ static int pick(g4_stepper *st, int q, const g4_batch_row *row, int at, int32_t 
 
 static int mask_has(const uint32_t *mask, int32_t t) { return (mask[t >> 5] >> (t & 31)) & 1; }
 
+/* to = from with every token g->gmask leaves out at -infinity (to may be from). */
+static void apply_mask(const g4_stepper *st, const generation *g, const float *from, float *to) {
+    size_t nv = g4_grammar_vocab_size(g->gvocab);
+    for (int v = 0; v < st->vocab; v++) to[v] = (size_t)v < nv && mask_has(g->gmask, v) ? from[v] : -INFINITY;
+}
+
 /* The logits a constrained pick draws from, into st->fallback: in a thought, the row's but the
  * stop ids (a thought is free text, the answer after it the constraint's); else the row's with
  * every token the grammar's mask leaves out at -infinity (the thought's opening allowed as the
@@ -530,14 +536,13 @@ static int constrained_logits(g4_stepper *st, int q, const float *logits) {
         g->gmask[g->thought_open >> 5] |= 1u << (g->thought_open & 31);
         allowed++;
     }
-    size_t nv = g4_grammar_vocab_size(g->gvocab);
     if (allowed == 0 && g4_grammar_is_complete(g->gstate)) return 2;
     if (allowed <= 0) {
         snprintf(g->error, sizeof g->error, "constraint at generated token %d: %s", g->n_hist - g->n_prompt + 1,
                  allowed < 0 ? g4_last_error() : "the grammar needs bytes that no token of the vocabulary gives");
         return 1;
     }
-    for (int v = 0; v < st->vocab; v++) masked[v] = (size_t)v < nv && mask_has(g->gmask, v) ? logits[v] : -INFINITY;
+    apply_mask(st, g, logits, masked);
     return 0;
 }
 
@@ -651,11 +656,8 @@ static int take_tokens(g4_stepper *st, int n, g4_step_token *out) {
  * only keeps the drafter from spending a round on tokens the target cannot take (a JSON schema's
  * fixed keys and punctuation are then drafted exactly). 0 when nothing is allowed. */
 static int mask_draft(g4_stepper *st, generation *g, float *lg) {
-    long allowed = g4_grammar_mask(g->gvocab, g->dstate, g->gstops, (size_t)g->n_stops, g->gmask);
-    if (allowed <= 0) return 0;
-    size_t nv = g4_grammar_vocab_size(g->gvocab);
-    for (int v = 0; v < st->vocab; v++)
-        if ((size_t)v >= nv || !mask_has(g->gmask, v)) lg[v] = -INFINITY;
+    if (g4_grammar_mask(g->gvocab, g->dstate, g->gstops, (size_t)g->n_stops, g->gmask) <= 0) return 0;
+    apply_mask(st, g, lg, lg);
     return 1;
 }
 
